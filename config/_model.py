@@ -1,0 +1,267 @@
+"""The configuration model: frozen value objects, no I/O, no validation.
+
+Everything here is a plain frozen dataclass. Validation lives in ``_load.py`` because a
+problem is only useful to an operator when it says where the bad value came from, and
+only the loader knows that. A ``Config`` built by hand (tests, embedding) is trusted.
+
+Credentials (``login`` and ``passcode`` fields) never appear in a ``repr``, ``str`` or
+:meth:`Config.redacted` view: passcodes are wrapped in :class:`Secret`, and logins are
+shown as ``'***'`` (DESIGN §3.8: "Credentials never appear in logs, events or metrics").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hmac
+from dataclasses import dataclass
+
+__all__ = ["REDACTED", "Broker", "Config", "ConfigError", "Secret", "format_address"]
+
+#: What every credential is replaced by in reprs, messages and :meth:`Config.redacted`.
+REDACTED = "***"
+
+# Fields whose value is a credential, in Broker and Config alike.
+_CREDENTIAL_FIELDS = frozenset({"login", "passcode", "client_login", "client_passcode"})
+
+
+def format_address(host: str, port: int) -> str:
+    """``host:port``, with an IPv6 literal in brackets (``[::1]:61613``), as in RFC 3986."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+@dataclass(frozen=True)
+class Secret:
+    """A credential that does not print itself.
+
+    ``repr()`` is ``Secret('***')`` and ``str()`` / f-strings give ``***``, so a secret
+    that ends up in a log line, an exception or a ``repr`` of a larger object shows
+    nothing. Call :meth:`reveal` at the one place the real value is needed (the STOMP
+    ``CONNECT`` frame).
+    """
+
+    value: str
+
+    def reveal(self) -> str:
+        """The real value. Only for building the ``CONNECT`` frame; never log it."""
+        return self.value
+
+    def matches(self, candidate: str) -> bool:
+        """Whether ``candidate`` equals the secret, compared in constant time
+        (:func:`hmac.compare_digest`), for checking an app's ``CONNECT`` passcode."""
+        return hmac.compare_digest(self.value.encode(), candidate.encode())
+
+    def __repr__(self) -> str:
+        return f"Secret({REDACTED!r})"
+
+    def __str__(self) -> str:
+        return REDACTED
+
+
+def _safe_repr(obj: Broker | Config) -> str:
+    """A dataclass repr with every credential field shown as ``'***'`` (or ``None``)."""
+    parts = []
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if f.name in _CREDENTIAL_FIELDS and value is not None:
+            shown = repr(value) if isinstance(value, Secret) else repr(REDACTED)
+        else:
+            shown = repr(value)
+        parts.append(f"{f.name}={shown}")
+    return f"{type(obj).__name__}({', '.join(parts)})"
+
+
+@dataclass(frozen=True, repr=False)
+class Broker:
+    """One upstream STOMP broker.
+
+    Built from one URI of the failover URL (see :func:`config.parse_broker_url`), e.g.
+    ``stomp+ssl://user:pass@mq-1.example:61614?host=/``.
+
+    Attributes:
+        host: Host name or IP literal (IPv6 without brackets). Resolved on every connect
+            attempt, never at load time, because a Kubernetes Service may move
+            (DESIGN §3.1).
+        port: TCP port, 1..65535. URL default 61613 (STOMP), 61614 for TLS, the ports
+            ActiveMQ and Artemis ship with.
+        tls: Connect with TLS (schemes ``stomp+ssl``, ``stomp+tls``, ``ssl``, ``tls``).
+        login: This broker's own login (URL userinfo); ``None`` = use ``Config.login``.
+        passcode: This broker's own passcode; ``None`` = use ``Config.passcode``.
+        virtual_host: Value of the STOMP ``CONNECT`` ``host`` header (URL option ``host``
+            or ``vhost``). RabbitMQ reads it as the vhost, e.g. ``/``. ``None`` = the
+            broker's host name, as STOMP 1.2 recommends ("clients set this to the host
+            name that the socket was established against").
+    """
+
+    host: str
+    port: int
+    tls: bool = False
+    login: str | None = None
+    passcode: Secret | None = None
+    virtual_host: str | None = None
+
+    @property
+    def label(self) -> str:
+        """``host:port`` (``[::1]:61613`` for IPv6). Safe to log: never has credentials."""
+        return format_address(self.host, self.port)
+
+    def __str__(self) -> str:
+        return self.label
+
+    def __repr__(self) -> str:
+        return _safe_repr(self)
+
+
+@dataclass(frozen=True, repr=False)
+class Config:
+    """The whole sidecar configuration, immutable.
+
+    Units: every duration is an ``int`` in **milliseconds** (the Artemis convention,
+    e.g. ``retryInterval``), every size is in **bytes**. Names follow Artemis "Client
+    Reconnection and Session Reattachment" / "Client Failover" (``retry_interval`` =
+    ``retryInterval``, ...); ActiveMQ Classic "Failover Transport Reference" names are
+    accepted as aliases in the broker URL only (see :func:`config.parse_broker_url`).
+    The loader (:func:`config.load_config`) enforces the ranges given below; the
+    per-option help text is in :data:`config.OPTIONS`.
+
+    Attributes:
+        listen: ``(host, port)`` of the STOMP listener for apps. Loopback by default
+            (DESIGN §3.7); port 0 = ephemeral (tests).
+        admin_listen: ``(host, port)`` of the HTTP admin plane (metrics, health,
+            status); on all interfaces so Prometheus can scrape it (DESIGN §3.7).
+        brokers: The upstream brokers in failover order. At least one is required.
+        login: The sidecar's own upstream login, used for every broker without its
+            own. When set, the app's ``login``/``passcode`` are not forwarded.
+        passcode: Passcode for ``login``; required with it, forbidden without it.
+        client_login: When set, apps must present this login in ``CONNECT``.
+        client_passcode: Passcode apps must present; required with ``client_login``.
+        retry_interval: ms before the first reconnect attempt, > 0. Artemis
+            ``retryInterval`` (Artemis default 2000 ms); ActiveMQ
+            ``initialReconnectDelay`` (default 10 ms).
+        retry_interval_multiplier: Factor applied to the delay after each failed
+            attempt, >= 1.0 (1.0 = constant). Artemis ``retryIntervalMultiplier``
+            (default 1.0); ActiveMQ ``backOffMultiplier`` (default 2.0).
+        max_retry_interval: Upper bound of the delay in ms, >= ``retry_interval``.
+            Artemis ``maxRetryInterval`` (default 2000 ms); ActiveMQ
+            ``maxReconnectDelay`` (default 30000 ms).
+        reconnect_attempts: Attempts after a connection was lost before giving up,
+            -1 = unlimited (still bounded by ``reconnect_period``), 0 = none. Artemis
+            ``reconnectAttempts``; ActiveMQ 5.6+ ``maxReconnectAttempts``.
+        initial_connect_attempts: Attempts for the first connection of a session,
+            -1 = unlimited, otherwise >= 1. Artemis ``initialConnectAttempts``.
+        reconnect_period: ms after which a reconnect gives up whatever the attempt
+            count, >= 0; 0 = no time bound (DESIGN §3.1).
+        jitter: Fraction of each delay that is drawn at random, 0..1; 1.0 = "full
+            jitter" (AWS Architecture Blog, "Exponential Backoff And Jitter"), so a
+            fleet of sidecars does not reconnect in lockstep (DESIGN §3.1).
+        randomize: Walk the broker list in random order. ActiveMQ ``randomize``
+            (ActiveMQ default true; ours false, so list order = priority).
+        priority_backup: Return to the first broker when it is back, at a quiet
+            point. ActiveMQ ``priorityBackup`` (DESIGN §3.1).
+        call_timeout: ms a frame whose receipt the app waits for may stay
+            unconfirmed during failover before the app gets an ``ERROR``, > 0.
+            Artemis ``callTimeout`` (default 30000 ms); DESIGN §3.4.
+        confirmation_window_size: Bytes of unconfirmed upstream frames kept for
+            replay, > 0; when full the sidecar stops reading from that app.
+            Artemis ``confirmationWindowSize`` (DESIGN §3.3).
+        connect_timeout: ms for TCP connect plus STOMP ``CONNECT``/``CONNECTED`` to
+            one broker, > 0.
+        upstream_heartbeat: ``(cx, cy)`` ms the sidecar offers the broker in its
+            ``heart-beat`` header (STOMP 1.2 "Heart-beating"), each >= 0, 0 = none.
+        client_heartbeat: ``(sx, sy)`` ms the sidecar offers apps in ``CONNECTED``,
+            each >= 0.
+        heartbeat_grace: A peer silent for the negotiated interval times this is
+            dead, > 1.0 (STOMP 1.2: "use some tolerance to account for timing
+            inaccuracies"; DESIGN §3.2).
+        handshake_timeout: ms an app has to complete ``CONNECT``, > 0 (DESIGN §3.8).
+        drain_timeout: ms of graceful shutdown before sessions are cut, > 0.
+        max_frame_bytes: Largest frame accepted from an app, bytes, > 0.
+        max_headers: Most headers in one frame, > 0.
+        max_header_line_bytes: Longest header line, bytes, > 0.
+        max_subscriptions: Most live subscriptions per app session, > 0.
+        max_unacked: Most delivered-but-unacked messages per app session, > 0.
+        events_destination: Reserved destination of the in-band control channel
+            (DESIGN §3.6); never sent upstream.
+        failover_mode: ``"transparent"`` or ``"strict"`` (DESIGN §3.5).
+        transaction_failover: ``"replay"`` or ``"rollback"`` (DESIGN §3.5).
+        log_level: ``"debug"``, ``"info"``, ``"warning"`` or ``"error"``.
+        log_format: ``"text"`` or ``"json"``.
+    """
+
+    listen: tuple[str, int] = ("127.0.0.1", 61613)
+    admin_listen: tuple[str, int] = ("0.0.0.0", 9464)
+    brokers: tuple[Broker, ...] = ()
+    login: str | None = None
+    passcode: Secret | None = None
+    client_login: str | None = None
+    client_passcode: Secret | None = None
+    retry_interval: int = 100
+    retry_interval_multiplier: float = 2.0
+    max_retry_interval: int = 5000
+    reconnect_attempts: int = -1
+    initial_connect_attempts: int = 3
+    reconnect_period: int = 300_000
+    jitter: float = 1.0
+    randomize: bool = False
+    priority_backup: bool = False
+    call_timeout: int = 30_000
+    confirmation_window_size: int = 1_048_576
+    connect_timeout: int = 5_000
+    upstream_heartbeat: tuple[int, int] = (5_000, 5_000)
+    client_heartbeat: tuple[int, int] = (10_000, 10_000)
+    heartbeat_grace: float = 2.0
+    handshake_timeout: int = 10_000
+    drain_timeout: int = 10_000
+    max_frame_bytes: int = 16_777_216
+    max_headers: int = 1000
+    max_header_line_bytes: int = 10_240
+    max_subscriptions: int = 1000
+    max_unacked: int = 10_000
+    events_destination: str = "/mq-sidecar/events"
+    failover_mode: str = "transparent"
+    transaction_failover: str = "replay"
+    log_level: str = "info"
+    log_format: str = "text"
+
+    def redacted(self) -> dict[str, object]:
+        """A JSON-able view for ``/status`` and ``check-config``.
+
+        Addresses become ``"host:port"`` strings, heart-beats ``[x, y]`` lists, brokers
+        their labels (no credentials, no virtual host), and every credential that is
+        set becomes ``"***"`` (unset ones stay ``None``).
+        """
+        out: dict[str, object] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in _CREDENTIAL_FIELDS:
+                out[f.name] = None if value is None else REDACTED
+            elif f.name in ("listen", "admin_listen"):
+                out[f.name] = format_address(*value)
+            elif f.name == "brokers":
+                out[f.name] = [b.label for b in value]
+            elif isinstance(value, tuple):
+                out[f.name] = list(value)
+            else:
+                out[f.name] = value
+        return out
+
+    def __repr__(self) -> str:
+        return _safe_repr(self)
+
+
+class ConfigError(Exception):
+    """The configuration is unusable. Carries *every* problem found, not just the first.
+
+    Attributes:
+        problems: One line per problem, each naming the option and where its value
+            came from, e.g. ``"retry_interval: must be > 0, got -5 (from
+            MQ_SIDECAR_RETRY_INTERVAL)"``. Never contains a credential.
+
+    ``str(err)`` is the problems joined with newlines.
+    """
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems: list[str] = list(problems)
+        super().__init__("\n".join(self.problems))
+
+    def __str__(self) -> str:
+        return "\n".join(self.problems)
