@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Set up an mq-sidecar development / CI machine (Debian bookworm). Idempotent; prints
+# nothing when there is nothing to do. Works from any directory.
+#
+#  1. Installs the real brokers the test suite starts by itself (testbed/): the Debian
+#     packages activemq (ActiveMQ Classic 5.17, pulls in Java 17) and rabbitmq-server
+#     (RabbitMQ 3.10 + rabbitmq_stomp, pulls in Erlang 25), plus python3-venv when the venv
+#     must be created. Needs root; without root and without the packages it exits 1.
+#     While installing, a temporary /usr/sbin/policy-rc.d (exit 101) keeps the packages'
+#     postinst scripts from starting services (unless the machine already has one).
+#  2. On a host running systemd, disables the services the packages enable on default
+#     ports (rabbitmq-server on 5672, epmd on 4369, activemq): the tests run their own
+#     brokers on free ports and need none of them.
+#  3. Creates .venv in the repository root (python3 -m venv) if missing and installs the
+#     project with its test extras (pip install -e '.[test]'); skipped while pyproject.toml
+#     is unchanged since the last successful install (hash in .venv/.mq-sidecar-setup).
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$REPO/.venv"
+STAMP="$VENV/.mq-sidecar-setup"
+PACKAGES=(activemq rabbitmq-server)
+SERVICES=(rabbitmq-server epmd.socket epmd.service activemq)
+
+say() { printf 'setup.sh: %s\n' "$*" >&2; }
+die() { say "$*"; exit 1; }
+
+# Run a command quietly; show its output only if it fails.
+quiet() {
+    local log
+    log="$(mktemp)"
+    if ! "$@" >"$log" 2>&1; then
+        cat "$log" >&2
+        rm -f "$log"
+        die "failed: $*"
+    fi
+    rm -f "$log"
+}
+
+is_root() { [ "$(id -u)" -eq 0 ]; }
+
+pkg_installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q '^install ok installed$'; }
+
+# --- 1. packages ---------------------------------------------------------------------------
+command -v dpkg-query >/dev/null || die "not a Debian system (no dpkg-query): install ActiveMQ 5.17 and RabbitMQ 3.10 by hand"
+
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+    pkg_installed "$pkg" || missing+=("$pkg")
+done
+if [ ! -x "$VENV/bin/python" ] && ! pkg_installed python3-venv; then
+    missing+=(python3-venv)
+fi
+
+if [ "${#missing[@]}" -gt 0 ]; then
+    is_root || die "missing Debian packages: ${missing[*]}; run this script as root (e.g. sudo $0) to install them"
+    say "installing ${missing[*]} (apt-get)"
+    policy=/usr/sbin/policy-rc.d
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\n# temporary, from mq-sidecar scripts/setup.sh\nexit 101\n' >"$policy"
+        chmod 755 "$policy"
+        trap 'rm -f "$policy"' EXIT
+    fi
+    quiet apt-get update
+    quiet env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+    if [ -e "$policy" ] && grep -q 'mq-sidecar scripts/setup.sh' "$policy"; then
+        rm -f "$policy"
+        trap - EXIT
+    fi
+fi
+
+# --- 2. services on a systemd host ----------------------------------------------------------
+if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
+    to_disable=()
+    for unit in "${SERVICES[@]}"; do
+        # "static"/"indirect" units (epmd.service) also exit 0 from is-enabled: compare text.
+        state="$(systemctl is-enabled "$unit" 2>/dev/null || true)"
+        if [ "$state" = enabled ] || systemctl is-active --quiet "$unit" 2>/dev/null; then
+            to_disable+=("$unit")
+        fi
+    done
+    if [ "${#to_disable[@]}" -gt 0 ]; then
+        if is_root; then
+            say "stopping and disabling ${to_disable[*]} (the tests start their own brokers on free ports)"
+            systemctl disable --now "${to_disable[@]}" >/dev/null 2>&1 || true
+        else
+            say "note: ${to_disable[*]} enabled or running on default ports; as root: systemctl disable --now ${to_disable[*]}"
+        fi
+    fi
+fi
+
+# --- 3. virtualenv ---------------------------------------------------------------------------
+if [ ! -x "$VENV/bin/python" ]; then
+    say "creating $VENV"
+    quiet python3 -m venv "$VENV"
+fi
+
+want="$(sha256sum "$REPO/pyproject.toml" | cut -d' ' -f1)"
+have="$(cat "$STAMP" 2>/dev/null || true)"
+if [ "$want" != "$have" ]; then
+    say "installing mq-sidecar[test] into $VENV"
+    quiet "$VENV/bin/python" -m pip install --disable-pip-version-check --quiet -e "$REPO[test]"
+    printf '%s\n' "$want" >"$STAMP"
+fi

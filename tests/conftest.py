@@ -1,0 +1,115 @@
+"""Real-broker fixtures for the whole suite (see testbed/ and BROKERS.md).
+
+* ``activemq`` (session): one ActiveMQ Classic broker, ready (~0.7 s to start).
+* ``rabbitmq`` (session): one RabbitMQ node with rabbitmq_stomp, ready (~5 s to start).
+* ``activemq_pair`` (function): a factory; ``primary, backup = activemq_pair()`` starts a
+  shared-store pair (primary ready, backup blocked on the store lock, ~1.3 s) that is
+  stopped after the test. Keyword arguments: those of ``testbed.start_activemq_pair``.
+
+Brokers run on free 127.0.0.1 ports in ``tmp_path_factory`` directories. A missing broker
+package FAILS the test (CI installs them): run ``scripts/setup.sh``. Tests that use these
+fixtures get the ``activemq`` / ``rabbitmq`` marker automatically, so ``-m "not rabbitmq"``
+deselects them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from testbed import (
+    ActiveMQ,
+    RabbitMQ,
+    activemq_installed,
+    rabbitmq_installed,
+    start_activemq_pair,
+)
+
+#: Type of the ``activemq_pair`` fixture: keyword arguments of ``start_activemq_pair``.
+ActiveMQPairFactory = Callable[..., tuple[ActiveMQ, ActiveMQ]]
+
+_FIXTURE_MARKERS = {
+    "activemq": "activemq",
+    "activemq_pair": "activemq",
+    "rabbitmq": "rabbitmq",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test by the broker fixtures it uses (directly or through other fixtures)."""
+    for item in items:
+        names = getattr(item, "fixturenames", ())
+        for fixture, marker in _FIXTURE_MARKERS.items():
+            if fixture in names and item.get_closest_marker(marker) is None:
+                item.add_marker(getattr(pytest.mark, marker))
+
+
+def _require_activemq() -> None:
+    if not activemq_installed():
+        pytest.fail(
+            "ActiveMQ (Debian package activemq, /usr/share/activemq, java) is not installed: "
+            "run scripts/setup.sh",
+            pytrace=False,
+        )
+
+
+def _require_rabbitmq() -> None:
+    if not rabbitmq_installed():
+        pytest.fail(
+            "RabbitMQ (Debian package rabbitmq-server with rabbitmq_stomp, epmd) is not "
+            "installed: run scripts/setup.sh",
+            pytrace=False,
+        )
+
+
+@pytest.fixture(scope="session")
+def activemq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ActiveMQ]:
+    """One ActiveMQ Classic broker for the session (STOMP on a free 127.0.0.1 port)."""
+    _require_activemq()
+    broker = ActiveMQ("amq", tmp_path_factory.mktemp("activemq"))
+    with broker:
+        yield broker
+
+
+@pytest.fixture(scope="session")
+def rabbitmq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitMQ]:
+    """One RabbitMQ node for the session; connect with ``vhost="/"`` (``broker.vhost``)."""
+    _require_rabbitmq()
+    broker = RabbitMQ("rmq", tmp_path_factory.mktemp("rabbitmq"))
+    with broker:
+        yield broker
+
+
+@pytest.fixture
+def activemq_pair(tmp_path: Path) -> Iterator[ActiveMQPairFactory]:
+    """Factory of shared-store pairs ``(primary, backup)``; all are stopped after the test."""
+    _require_activemq()
+    pairs: list[tuple[ActiveMQ, ActiveMQ]] = []
+
+    def make(
+        *,
+        lock_sleep_ms: int = 200,
+        persist_redelivered: bool = False,
+        heap_mb: int = 256,
+        memory_mb: int = 64,
+        timeout: float = 60.0,
+    ) -> tuple[ActiveMQ, ActiveMQ]:
+        n = len(pairs)
+        pair = start_activemq_pair(
+            tmp_path / f"pair{n}",
+            name=f"amq{n}",
+            lock_sleep_ms=lock_sleep_ms,
+            persist_redelivered=persist_redelivered,
+            heap_mb=heap_mb,
+            memory_mb=memory_mb,
+            timeout=timeout,
+        )
+        pairs.append(pair)
+        return pair
+
+    yield make
+    for primary, backup in reversed(pairs):
+        backup.stop()
+        primary.stop()
