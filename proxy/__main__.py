@@ -1,0 +1,172 @@
+"""``mq-sidecar`` command line (click): ``run``, ``check-config``, ``demo``, ``--version``.
+
+Option names are stable: scripts and the Helm chart use them. Every flag overrides the same
+option from ``MQ_SIDECAR_*`` environment variables and the TOML file (``--config`` or
+``MQ_SIDECAR_CONFIG``). Bad configuration exits with status 2 and one line per problem.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from collections.abc import Callable, Mapping
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import TypeVar
+
+import click
+import trio
+
+import testbed
+from config import Config, ConfigError, load_config
+from proxy.app import ListenError, serve
+from proxy.logs import configure_logging
+
+__all__ = ["main"]
+
+F = TypeVar("F", bound=Callable[..., object])
+
+try:
+    VERSION = version("mq-sidecar")
+except PackageNotFoundError:  # running from a source tree without installing
+    VERSION = "0+unknown"
+
+
+def _config_options(func: F) -> F:
+    """The options shared by ``run`` and ``check-config`` (names = config option names)."""
+    decorators = [
+        click.option(
+            "--config",
+            "config_path",
+            type=click.Path(dir_okay=False, path_type=Path),
+            help="TOML configuration file (default: $MQ_SIDECAR_CONFIG).",
+        ),
+        click.option("--listen", help="STOMP listen address for apps, HOST:PORT."),
+        click.option("--admin-listen", help="HTTP admin address (metrics, health), HOST:PORT."),
+        click.option(
+            "--brokers",
+            help="Broker list: failover:(stomp://a:61613,stomp://b:61613)?retryInterval=100",
+        ),
+        click.option(
+            "--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default=None
+        ),
+        click.option("--log-format", type=click.Choice(["text", "json"]), default=None),
+    ]
+    for decorator in reversed(decorators):
+        func = decorator(func)
+    return func
+
+
+def _load(config_path: Path | None, overrides: Mapping[str, object | None]) -> Config:
+    """Load the configuration or exit 2 with one line per problem."""
+    try:
+        return load_config(path=config_path, overrides=overrides)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            click.echo(f"mq-sidecar: {problem}", err=True)
+        sys.exit(2)
+
+
+def _run(config: Config) -> None:
+    configure_logging(config.log_level, config.log_format)
+    try:
+        trio.run(lambda: serve(config, handle_signals=True))
+    except* ListenError as group:
+        for exc in group.exceptions:
+            click.echo(f"mq-sidecar: {exc}", err=True)
+        sys.exit(1)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(VERSION, prog_name="mq-sidecar")
+def main() -> None:
+    """mq-sidecar: keeps STOMP apps connected to their brokers through failure."""
+
+
+@main.command()
+@_config_options
+def run(
+    *,
+    config_path: Path | None,
+    listen: str | None,
+    admin_listen: str | None,
+    brokers: str | None,
+    log_level: str | None,
+    log_format: str | None,
+) -> None:
+    """Run the sidecar: accept STOMP apps and relay them to the brokers."""
+    config = _load(
+        config_path,
+        {
+            "listen": listen,
+            "admin_listen": admin_listen,
+            "brokers": brokers,
+            "log_level": log_level,
+            "log_format": log_format,
+        },
+    )
+    _run(config)
+
+
+@main.command("check-config")
+@_config_options
+def check_config(
+    *,
+    config_path: Path | None,
+    listen: str | None,
+    admin_listen: str | None,
+    brokers: str | None,
+    log_level: str | None,
+    log_format: str | None,
+) -> None:
+    """Validate the configuration without running; print it (credentials redacted)."""
+    config = _load(
+        config_path,
+        {
+            "listen": listen,
+            "admin_listen": admin_listen,
+            "brokers": brokers,
+            "log_level": log_level,
+            "log_format": log_format,
+        },
+    )
+    click.echo(json.dumps(config.redacted(), indent=2, sort_keys=True))
+    click.echo(f"mq-sidecar: configuration OK ({len(config.brokers)} broker(s))", err=True)
+
+
+@main.command()
+@click.option(
+    "--listen", default="127.0.0.1:61613", show_default=True, help="STOMP listen address."
+)
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where the broker keeps its data and log (default: a temporary directory).",
+)
+def demo(listen: str, workdir: Path | None) -> None:
+    """Start a local ActiveMQ (Debian package) and mq-sidecar in front of it."""
+    if not testbed.activemq_installed():
+        click.echo("mq-sidecar: ActiveMQ is not installed; run scripts/setup.sh first", err=True)
+        sys.exit(1)
+    with tempfile.TemporaryDirectory(prefix="mq-sidecar-demo-") as tmp:
+        base = workdir or Path(tmp)
+        base.mkdir(parents=True, exist_ok=True)
+        broker = testbed.ActiveMQ("demo", base / "activemq")
+        click.echo(f"starting ActiveMQ (log: {broker.log_path}) ...")
+        with broker:
+            config = _load(None, {"listen": listen, "brokers": broker.stomp_url})
+            host, port = config.listen
+            click.echo(
+                f"ActiveMQ pid {broker.pid} answers STOMP on 127.0.0.1:{broker.stomp_port}\n"
+                f"mq-sidecar listens on {host}:{port}; connect your app there, e.g.:\n"
+                f"  .venv/bin/python -c \"import stomp; c = stomp.Connection([('{host}', {port})]);"
+                f" c.connect(wait=True); c.send('/queue/demo', 'hello'); c.disconnect()\"\n"
+                "Ctrl-C (SIGINT) or SIGTERM stops mq-sidecar and the broker."
+            )
+            _run(config)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,167 @@
+"""The daemon: the STOMP listener, one :class:`Session` per app connection, graceful shutdown.
+
+``serve`` is the root of the task tree (STYLE §2 rules 8, 9, 14): it binds the listener,
+reports the bound address through ``task_status`` (tests and readiness wait on that, never on a
+sleep), accepts connections into a sessions nursery it owns, and on shutdown stops accepting,
+asks every session to drain (DISCONNECT upstream, ERROR to the app), and cancels whatever is
+still running when ``drain_timeout`` has passed.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import logging
+import secrets
+import signal
+from dataclasses import dataclass
+
+import trio
+
+from config import Config
+from proxy.session import Session, SessionStatistics
+
+__all__ = ["ListenError", "Sidecar", "SidecarStatistics", "serve"]
+
+log = logging.getLogger("mq_sidecar.app")
+
+#: accept() errors that mean "out of file descriptors/memory for now": retry, don't die
+#: (the same set as trio.serve_listeners).
+_ACCEPT_CAPACITY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
+_ACCEPT_RETRY_SECONDS = 0.1
+
+
+class ListenError(Exception):
+    """The STOMP listen address cannot be bound (in use, no permission, no such address)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SidecarStatistics:
+    """Snapshot of the whole daemon: listener address and every live session."""
+
+    listen: tuple[str, int] | None
+    sessions_total: int
+    sessions: tuple[SessionStatistics, ...]
+
+
+class Sidecar:
+    """The running daemon's state: configuration, live sessions, shutdown trigger.
+
+    Args:
+        config: validated configuration.
+    """
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.sessions: set[Session] = set()
+        self.listen_address: tuple[str, int] | None = None
+        self.shutdown_requested = trio.Event()
+        self.stopped = trio.Event()
+        self._prefix = secrets.token_hex(3)
+        self._counter = itertools.count(1)
+        self.sessions_total = 0
+
+    def request_shutdown(self) -> None:
+        """Begin a graceful shutdown (what SIGTERM/SIGINT do)."""
+        self.shutdown_requested.set()
+
+    def statistics(self) -> SidecarStatistics:
+        """Listener address and per-session statistics."""
+        return SidecarStatistics(
+            listen=self.listen_address,
+            sessions_total=self.sessions_total,
+            sessions=tuple(s.statistics() for s in self.sessions),
+        )
+
+    async def serve(
+        self, *, task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Run until :meth:`request_shutdown`, then drain within ``drain_timeout``.
+
+        Reports the bound ``(host, port)`` through ``task_status``.
+
+        Raises:
+            ListenError: the listen address cannot be bound (in use, permission).
+        """
+        host, port = self.config.listen
+        try:
+            listeners = await trio.open_tcp_listeners(port, host=host)
+        except OSError as exc:
+            raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+        sockname = listeners[0].socket.getsockname()
+        self.listen_address = (str(sockname[0]), int(sockname[1]))
+        log.info("listening for STOMP on %s:%d", *self.listen_address)
+        async with trio.open_nursery() as sessions_nursery:
+            async with trio.open_nursery() as accept_nursery:
+                for listener in listeners:
+                    accept_nursery.start_soon(self._accept_loop, listener, sessions_nursery)
+                task_status.started(self.listen_address)
+                await self.shutdown_requested.wait()
+                accept_nursery.cancel_scope.cancel()
+            for listener in listeners:
+                await listener.aclose()
+            drain = self.config.drain_timeout / 1000
+            log.info("shutting down: draining %d session(s) within %g s", len(self.sessions), drain)
+            for session in list(self.sessions):
+                session.request_drain()
+            sessions_nursery.cancel_scope.deadline = trio.current_time() + drain
+        log.info("shutdown complete")
+        self.stopped.set()
+
+    async def _accept_loop(
+        self, listener: trio.SocketListener, sessions_nursery: trio.Nursery
+    ) -> None:
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as exc:
+                if exc.errno in _ACCEPT_CAPACITY_ERRNOS:
+                    log.error("accept failed (%s); retrying in %g s", exc, _ACCEPT_RETRY_SECONDS)
+                    await trio.sleep(_ACCEPT_RETRY_SECONDS)
+                    continue
+                raise
+            sessions_nursery.start_soon(self._run_session, stream)
+
+    async def _run_session(self, stream: trio.SocketStream) -> None:
+        session_id = f"{self._prefix}-{next(self._counter)}"
+        session = Session(self.config, stream, session_id)
+        self.sessions.add(session)
+        self.sessions_total += 1
+        try:
+            await session.run()
+        finally:
+            self.sessions.discard(session)
+
+
+async def _signals_to_shutdown(sidecar: Sidecar) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            log.info("received %s", signal.Signals(signum).name)
+            sidecar.request_shutdown()
+            return
+
+
+async def serve(
+    config: Config,
+    *,
+    handle_signals: bool = False,
+    task_status: trio.TaskStatus[Sidecar] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run a sidecar for ``config`` until shutdown; report the :class:`Sidecar` when bound.
+
+    Args:
+        config: validated configuration.
+        handle_signals: turn SIGTERM/SIGINT into a graceful shutdown (main thread only).
+
+    Raises:
+        ListenError: the listen address cannot be bound (raised as the only member of an
+            ExceptionGroup, as everything leaving a nursery is).
+    """
+    sidecar = Sidecar(config)
+    async with trio.open_nursery(strict_exception_groups=True) as nursery:
+        if handle_signals:
+            nursery.start_soon(_signals_to_shutdown, sidecar)
+        await nursery.start(sidecar.serve)
+        task_status.started(sidecar)
+        await sidecar.stopped.wait()
+        nursery.cancel_scope.cancel()  # the signal task, if it is still waiting

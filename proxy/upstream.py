@@ -1,0 +1,207 @@
+"""The upstream leg: one STOMP client connection from the sidecar to one broker.
+
+``open_upstream`` is an async context manager (STYLE §2 rule 8): it connects, performs the
+CONNECT/CONNECTED exchange, and runs the leg's heart-beat sender in a nursery it owns; leaving
+the block cancels that task and closes the socket. The session reads frames from it with
+:meth:`Upstream.receive_event` (one reader) and writes with :meth:`Upstream.send`.
+
+Connecting is bounded by ``connect_timeout`` (TCP connect, TLS handshake and CONNECTED
+together): a broker that accepts TCP but never answers CONNECT (a SIGSTOPped JVM still
+completes the kernel's handshake, BROKERS.md §2.4) fails the attempt like a refused one.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import trio
+
+import protocol
+from config import Broker
+from protocol import Command, ConnectionClosed, Frame, HeartBeat
+from proxy.wire import FrameStream, TransportLost, send_heartbeats
+
+__all__ = [
+    "ConnectFailed",
+    "Upstream",
+    "UpstreamRefused",
+    "UpstreamStatistics",
+    "UpstreamUnavailable",
+    "open_upstream",
+]
+
+
+class UpstreamUnavailable(Exception):
+    """Connecting to a broker failed. ``broker`` is the one tried; ``str()`` says why."""
+
+    def __init__(self, broker: Broker, reason: str) -> None:
+        super().__init__(f"{broker.label}: {reason}")
+        self.broker = broker
+        self.reason = reason
+
+
+class ConnectFailed(UpstreamUnavailable):
+    """No STOMP session: refused, reset, timed out, or garbage instead of CONNECTED."""
+
+
+class UpstreamRefused(UpstreamUnavailable):
+    """The broker answered CONNECT with an ERROR frame (typically authentication refused).
+
+    ``error`` is that frame, to pass on to the app when no other broker accepts the session
+    (issue 2: "a broker that refuses the login: the app gets the broker's ERROR message").
+    """
+
+    def __init__(self, broker: Broker, error: Frame) -> None:
+        message = error.get("message") or error.body.decode("utf-8", "replace").strip()
+        super().__init__(broker, f"CONNECT refused: {message or 'ERROR without message'}")
+        self.error = error
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamStatistics:
+    """Snapshot of one upstream leg (``/status``, metrics). Times in trio seconds."""
+
+    broker: str
+    version: str
+    server: str | None
+    heartbeat_ms: tuple[int, int]
+    connected_at: float
+    frames_in: int
+    frames_out: int
+    bytes_in: int
+    bytes_out: int
+
+
+class Upstream:
+    """A live, CONNECTED leg to ``broker``. Created only by :func:`open_upstream`.
+
+    Attributes:
+        broker: the broker this leg talks to.
+        connected: the broker's CONNECTED frame (``server``, ``session``, ``version``...).
+        version: the STOMP version negotiated with the broker.
+    """
+
+    def __init__(self, broker: Broker, wire: FrameStream, connected: Frame) -> None:
+        self.broker = broker
+        self.wire = wire
+        self.connected = connected
+        self.version = wire.conn.version
+        self.connected_at = trio.current_time()
+
+    async def send(self, frame: Frame) -> None:
+        """Write a frame to the broker. Raises :class:`TransportLost` if the leg is broken."""
+        await self.wire.send(frame)
+
+    async def receive_event(self) -> Frame | HeartBeat | ConnectionClosed:
+        """Next frame, heart-beat or ``CONNECTION_CLOSED`` from the broker.
+
+        Raises:
+            TransportLost: reset, or silent past the heart-beat tolerance (HeartBeatTimeout).
+            protocol.RemoteProtocolError: the broker sent something that is not STOMP.
+        """
+        return await self.wire.receive_event()
+
+    def statistics(self) -> UpstreamStatistics:
+        """Counters and negotiated parameters of this leg."""
+        w = self.wire
+        return UpstreamStatistics(
+            broker=self.broker.label,
+            version=self.version,
+            server=self.connected.get("server"),
+            heartbeat_ms=w.conn.heartbeat,
+            connected_at=self.connected_at,
+            frames_in=w.frames_in,
+            frames_out=w.frames_out,
+            bytes_in=w.bytes_in,
+            bytes_out=w.bytes_out,
+        )
+
+
+async def _open_stream(broker: Broker) -> trio.abc.Stream:
+    # Names are resolved on every attempt: a Kubernetes Service may move (DESIGN §3.1).
+    tcp = await trio.open_tcp_stream(broker.host, broker.port)
+    if not broker.tls:
+        return tcp
+    tls = trio.SSLStream(tcp, ssl.create_default_context(), server_hostname=broker.host)
+    try:
+        await tls.do_handshake()
+    except BaseException:
+        await trio.aclose_forcefully(tcp)
+        raise
+    return tls
+
+
+@asynccontextmanager
+async def open_upstream(
+    broker: Broker,
+    connect: Frame,
+    *,
+    limits: protocol.Limits,
+    grace: float,
+    connect_timeout: float,
+) -> AsyncIterator[Upstream]:
+    """Connect to ``broker``, send ``connect`` and yield the CONNECTED leg.
+
+    Args:
+        broker: where to connect.
+        connect: the CONNECT frame to send (credentials, ``host``, ``heart-beat`` set by caller).
+        limits: parser limits for frames coming from the broker.
+        grace: heart-beat tolerance factor for this leg.
+        connect_timeout: seconds for TCP + TLS + CONNECTED together.
+
+    Raises:
+        UpstreamRefused: the broker answered with an ERROR frame.
+        ConnectFailed: anything else that prevented a STOMP session.
+    """
+    wire: FrameStream | None = None
+    try:
+        with trio.fail_after(connect_timeout):
+            stream = await _open_stream(broker)
+            wire = FrameStream(
+                stream, protocol.Connection(protocol.Role.CLIENT, limits), grace=grace
+            )
+            await wire.send(connect)
+            while True:
+                event = await wire.receive_event()
+                if isinstance(event, HeartBeat):
+                    continue
+                if isinstance(event, ConnectionClosed):
+                    raise ConnectFailed(broker, "connection closed before CONNECTED")
+                if event.command is Command.ERROR:
+                    raise UpstreamRefused(broker, event)
+                connected = event
+                break
+    except trio.TooSlowError:
+        if wire is not None:
+            await trio.aclose_forcefully(wire.stream)
+        raise ConnectFailed(broker, f"no CONNECTED within {connect_timeout:g} s") from None
+    except (OSError, TransportLost, protocol.RemoteProtocolError, trio.BrokenResourceError) as exc:
+        if wire is not None:
+            await trio.aclose_forcefully(wire.stream)
+        raise ConnectFailed(broker, str(exc) or type(exc).__name__) from exc
+    except BaseException:
+        if wire is not None:
+            await trio.aclose_forcefully(wire.stream)
+        raise
+
+    wire.start_heartbeats()
+    upstream = Upstream(broker, wire, connected)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_keep_alive, wire)
+            yield upstream
+            nursery.cancel_scope.cancel()
+    finally:
+        await trio.aclose_forcefully(wire.stream)
+
+
+async def _keep_alive(wire: FrameStream) -> None:
+    # A failed heart-beat write means the leg is broken; the reader sees the reset or EOF and
+    # reports it, so the sender just stops rather than tearing the session's scope down itself.
+    try:
+        await send_heartbeats(wire)
+    except TransportLost:
+        return
