@@ -1,0 +1,136 @@
+"""Session events (RECONNECTING, FAILOVER, DISCONNECT) and the bus that fans them out.
+
+The events tell an app what happened to its broker connection, like the JMS
+``ExceptionListener``/``FailoverEventListener`` codes of the seeds (AMQ Broker 7.1
+"Client Failover": FAILOVER and DISCONNECT; Qpid client failover draft: "stop the world").
+They reach apps in band (a SUBSCRIBE to the reserved destination, DESIGN §3.6) and operators out
+of band (``GET /events`` on the admin port, Server-Sent Events).
+
+Fan-out follows STYLE §2 rule 12: one bounded memory channel per subscriber, filled with
+``send_nowait``; a subscriber too slow to keep up is dropped (its channel closed, counted),
+never allowed to block the session that publishes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import trio
+
+__all__ = ["EventBus", "EventBusStatistics", "EventKind", "SessionEvent"]
+
+
+class EventKind(enum.StrEnum):
+    """What happened to a session's upstream connection."""
+
+    #: The upstream leg was lost; the session is stopped while the sidecar reconnects.
+    RECONNECTING = "RECONNECTING"
+    #: The session runs again on a broker (the same one: reattach; another: failover;
+    #: the first one again with ``priority_backup``: failback), restored and replayed.
+    FAILOVER = "FAILOVER"
+    #: Reconnecting failed for good; the app's connection is closed.
+    DISCONNECT = "DISCONNECT"
+
+
+@dataclass(frozen=True, slots=True)
+class SessionEvent:
+    """One event of one session; ``to_json()`` is the body apps and SSE readers get.
+
+    Times: ``timestamp`` is Unix seconds; ``outage_ms`` is milliseconds from the loss of the
+    old leg to the restored session. Broker fields are labels (``host:port``), never
+    credentials. ``frames_lost`` lists the ids (the app's receipt ids, or ``<COMMAND> #<seq>``
+    for frames without one) of frames the broker never confirmed and the sidecar could not
+    replay.
+    """
+
+    kind: EventKind
+    session_id: str
+    reason: str
+    from_broker: str | None = None
+    to_broker: str | None = None
+    attempts: int = 0
+    outage_ms: int | None = None
+    reattached: bool = False
+    replayed_frames: int = 0
+    transactions_replayed: tuple[str, ...] = ()
+    transactions_rolled_back: tuple[str, ...] = ()
+    redeliveries_hidden: int = 0
+    frames_lost: tuple[str, ...] = ()
+    renamed_destinations: tuple[tuple[str, str], ...] = ()
+    timestamp: float = field(default_factory=time.time)
+
+    def to_dict(self) -> dict[str, object]:
+        """A JSON-able mapping with the field names as keys (``event`` for ``kind``)."""
+        out = dataclasses.asdict(self)
+        out["event"] = str(out.pop("kind"))
+        out["renamed_destinations"] = [list(p) for p in self.renamed_destinations]
+        return out
+
+    def to_json(self) -> str:
+        """The event as one line of JSON."""
+        return json.dumps(self.to_dict(), sort_keys=True, ensure_ascii=False)
+
+
+@dataclass(frozen=True, slots=True)
+class EventBusStatistics:
+    """Counters of an :class:`EventBus`."""
+
+    subscribers: int
+    published: int
+    dropped_subscribers: int
+
+
+class EventBus:
+    """Publish session events to any number of bounded subscribers without ever blocking.
+
+    Args:
+        subscriber_buffer: events a subscriber may have pending before it is dropped.
+    """
+
+    def __init__(self, *, subscriber_buffer: int = 256) -> None:
+        self.subscriber_buffer = subscriber_buffer
+        self._subscribers: set[trio.MemorySendChannel[SessionEvent]] = set()
+        self.published = 0
+        self.dropped_subscribers = 0
+
+    def publish(self, event: SessionEvent) -> None:
+        """Hand ``event`` to every subscriber; drop (and count) those whose buffer is full."""
+        self.published += 1
+        for send in list(self._subscribers):
+            try:
+                send.send_nowait(event)
+            except trio.WouldBlock:
+                self._subscribers.discard(send)
+                send.close()
+                self.dropped_subscribers += 1
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self._subscribers.discard(send)
+
+    @contextmanager
+    def subscribe(self) -> Iterator[trio.MemoryReceiveChannel[SessionEvent]]:
+        """A receive channel of every event published while the block runs.
+
+        The channel ends (``EndOfChannel``) if the subscriber was dropped for being slow.
+        """
+        send, receive = trio.open_memory_channel[SessionEvent](self.subscriber_buffer)
+        self._subscribers.add(send)
+        try:
+            with receive:
+                yield receive
+        finally:
+            self._subscribers.discard(send)
+            send.close()
+
+    def statistics(self) -> EventBusStatistics:
+        """Subscribers now, events published, subscribers dropped for being slow."""
+        return EventBusStatistics(
+            subscribers=len(self._subscribers),
+            published=self.published,
+            dropped_subscribers=self.dropped_subscribers,
+        )
