@@ -125,7 +125,8 @@ class Connection:
 
         Received frames are checked against the peer's role, the connection's progress and the
         negotiated version's per-command rules (see :mod:`protocol._rules`). An ERROR frame
-        received in CLIENT role is returned as an event and sets the state to ERROR. EOF at a
+        received in CLIENT role is returned as an event; it sets the state to ERROR only in
+        answer to CONNECT (after CONNECTED the broker may keep the connection). EOF at a
         frame boundary sets the state to CLOSED (unless it is ERROR).
 
         Raises:
@@ -204,12 +205,19 @@ class Connection:
 
     # -- sending --------------------------------------------------------------------------------
 
-    def send(self, frame: Frame) -> bytes:
+    def send(self, frame: Frame, *, fatal: bool = True) -> bytes:
         """Serialize ``frame`` in the negotiated version and update the state machine.
 
         Sending CONNECT (CLIENT) or CONNECTED (SERVER) records it; sending CONNECTED switches the
         parser and serializer to its ``version`` header (absent means 1.0) and negotiates the
         heart-beats. DISCONNECT (CLIENT) -> DISCONNECTING; ERROR (SERVER) -> ERROR.
+
+        ``fatal=False`` (SERVER role, ERROR frames only, once CONNECTED) sends an ERROR that
+        rejects one frame and leaves the state unchanged. STOMP 1.2 "ERROR" says a server closes
+        the connection after an ERROR; mq-sidecar deliberately keeps the session for per-frame
+        failures (a stale ack id, a COMMIT rolled back by a failover, a receipt not confirmed
+        within ``call_timeout``), as JEUS raises per-message exceptions, and clients such as
+        stomp.py carry on after such an ERROR.
 
         Returns:
             The bytes to write to the peer.
@@ -229,6 +237,14 @@ class Connection:
             raise TypeError(f"send() takes a Frame, not {type(frame).__name__}")
         command = frame.command
         role = self._our_role
+        if not fatal:
+            if role is not Role.SERVER or command is not Command.ERROR:
+                raise LocalProtocolError("only a server's ERROR frame can be sent with fatal=False")
+            if self._state not in (State.CONNECTED, State.DISCONNECTING):
+                raise LocalProtocolError(
+                    f"a non-fatal ERROR needs an open connection, the state is {self._state.name}"
+                )
+            return serialize(frame, self._version)
         if command not in _COMMANDS[role]:
             raise LocalProtocolError(f"a {role.value.lower()} cannot send a {command} frame")
         self._check_can_send(command)

@@ -8,10 +8,13 @@ EOF (-> CLOSED unless ERROR), a protocol error and ``send_failed()`` (-> ERROR).
 
     CLIENT  CONNECTING --recv CONNECTED--> CONNECTED --send DISCONNECT--> DISCONNECTING
     SERVER  CONNECTING --send CONNECTED--> CONNECTED --recv DISCONNECT--> DISCONNECTING
-    any     --recv ERROR (client) / send ERROR (server)--> ERROR      EOF --> CLOSED
+    CLIENT  CONNECTING --recv ERROR--> ERROR
+    SERVER  any --send ERROR--> ERROR (unless sent with fatal=False)      EOF --> CLOSED
 
 ERROR is terminal: the peer is expected to close (STOMP 1.2 "ERROR": the server "MUST then
-close the connection just after sending the ERROR frame").
+close the connection just after sending the ERROR frame"). A CLIENT that receives an ERROR
+after CONNECTED stays CONNECTED until the EOF, because brokers do not always close (ActiveMQ
+keeps the connection after a non-fatal ERROR).
 """
 
 from __future__ import annotations
@@ -63,11 +66,13 @@ TRANSITIONS: dict[Role, dict[State, dict[tuple[Direction, Command], State]]] = {
             (_R, Command.CONNECTED): State.CONNECTED,
             (_R, Command.ERROR): State.ERROR,
         },
+        # A received ERROR after CONNECTED leaves the state alone: STOMP 1.2 says the server
+        # closes after it, and EOF then ends the connection, but brokers do not always close
+        # (ActiveMQ keeps the connection after a non-fatal ERROR such as an unexpected ACK),
+        # and a client must be able to go on sending then.
         State.CONNECTED: {
             (_S, Command.DISCONNECT): State.DISCONNECTING,
-            (_R, Command.ERROR): State.ERROR,
         },
-        State.DISCONNECTING: {(_R, Command.ERROR): State.ERROR},
     },
     Role.SERVER: {
         State.CONNECTING: {

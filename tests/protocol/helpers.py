@@ -155,9 +155,9 @@ class ConnectionPair:
     def peer(self, conn: Connection) -> Connection:
         return self.server if conn is self.client else self.client
 
-    def send(self, sender: Connection, frame: Frame) -> list[Event]:
+    def send(self, sender: Connection, frame: Frame, *, fatal: bool = True) -> list[Event]:
         """Send ``frame`` from ``sender``; the peer must receive exactly that frame."""
-        data = sender.send(frame)
+        data = sender.send(frame, fatal=fatal)
         events = self.deliver(sender, data)
         assert events == [normalized(frame)]
         return events

@@ -390,11 +390,9 @@ def test_server_rejects_frames_after_disconnect() -> None:
     expect_remote_error(pair.server, b"SEND\ndestination:/q\n\n\x00", "after DISCONNECT")
 
 
-@pytest.mark.parametrize("connected", [False, True])
-def test_client_receives_error_as_an_event(connected: bool) -> None:
-    pair = connected_pair() if connected else ConnectionPair()
-    if not connected:
-        pair.send(pair.client, frame(C.CONNECT, ("accept-version", "1.2")))
+def test_client_receives_error_answering_connect_as_final() -> None:
+    pair = ConnectionPair()
+    pair.send(pair.client, frame(C.CONNECT, ("accept-version", "1.2")))
     error = frame(C.ERROR, ("message", "bad login"), body=b"details")
     pair.send(pair.server, error)
     assert pair.client.state is State.ERROR
@@ -406,6 +404,19 @@ def test_client_receives_error_as_an_event(connected: bool) -> None:
     pair.client.receive_data(b"")
     assert drain(pair.client) == [CONNECTION_CLOSED]
     assert pair.client.state is State.ERROR  # ERROR is terminal
+
+
+def test_client_keeps_going_after_an_error_once_connected() -> None:
+    """ActiveMQ keeps the connection after a non-fatal ERROR (an unexpected ACK): the client
+    stays CONNECTED, may go on sending, and the EOF, if the broker closes, ends it."""
+    pair = connected_pair()
+    pair.send(pair.server, frame(C.ERROR, ("message", "Unexpected ACK")), fatal=False)
+    assert pair.client.state is State.CONNECTED
+    pair.client.send(frame(C.SEND, ("destination", "/queue/a")))
+    pair.client.send_heartbeat()
+    pair.client.receive_data(b"")
+    assert drain(pair.client) == [CONNECTION_CLOSED]
+    assert state_of(pair.client) is State.CLOSED
 
 
 def test_eof_at_frame_boundary_and_mid_frame() -> None:
@@ -436,3 +447,29 @@ def test_limits_apply_to_received_frames() -> None:
     pair.connect()
     big = frame(C.SEND, ("destination", "/q"), body=b"x" * 2000)
     expect_remote_error(pair.server, pair.client.send(big), "frame too large")
+
+
+def test_a_non_fatal_error_keeps_the_server_connected() -> None:
+    pair = connected_pair()
+    pair.send(pair.server, frame(C.ERROR, ("message", "stale ack id")), fatal=False)
+    assert pair.server.state is State.CONNECTED
+    pair.send(pair.server, frame(C.RECEIPT, ("receipt-id", "r1")))
+    pair.send(pair.server, frame(C.ERROR, ("message", "the end")))
+    assert state_of(pair.server) is State.ERROR
+
+
+def test_fatal_false_is_only_for_a_connected_servers_error() -> None:
+    pair = connected_pair()
+    with pytest.raises(LocalProtocolError, match="fatal=False"):
+        pair.server.send(frame(C.RECEIPT, ("receipt-id", "r")), fatal=False)
+    with pytest.raises(LocalProtocolError, match="fatal=False"):
+        pair.client.send(frame(C.SEND, ("destination", "/q")), fatal=False)
+    fresh = ConnectionPair()
+    fresh.send(fresh.client, frame(C.CONNECT, ("accept-version", "1.2")))
+    with pytest.raises(LocalProtocolError, match="open connection"):
+        fresh.server.send(frame(C.ERROR, ("message", "m")), fatal=False)
+
+
+def state_of(conn: Connection) -> State:
+    """The state, read through a call (keeps mypy from narrowing it between assertions)."""
+    return conn.state
