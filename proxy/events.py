@@ -60,7 +60,9 @@ class SessionEvent:
     replayed_frames: int = 0
     transactions_replayed: tuple[str, ...] = ()
     transactions_rolled_back: tuple[str, ...] = ()
+    transactions_in_doubt: tuple[str, ...] = ()
     redeliveries_hidden: int = 0
+    duplicates_hidden: int = 0
     frames_lost: tuple[str, ...] = ()
     renamed_destinations: tuple[tuple[str, str], ...] = ()
     timestamp: float = field(default_factory=time.time)

@@ -1,30 +1,35 @@
-"""One app session: the app's STOMP connection to the sidecar and its upstream leg to a broker.
+"""One app session: the app's STOMP connection to the sidecar, kept alive across broker failure.
 
 The sidecar *terminates* the app's connection (DESIGN §3): toward the app it is a STOMP server,
 toward the broker a STOMP client, and each leg negotiates its own version and heart-beats.
 Everything that must outlive one upstream connection (subscriptions, transactions, ack ids,
-receipt ids) is in :class:`proxy.tracking.SessionState`, so the upstream leg can be replaced
-under a live app session.
+identities of delivered messages) is in :class:`proxy.tracking.SessionState`, and every frame
+bound for the broker sits in the :class:`proxy.window.ConfirmationWindow` until a RECEIPT
+confirms it. So when the upstream leg dies the app's session stays up: the sidecar reattaches
+or fails over (:mod:`proxy.failover`), restores the session and replays what the old broker
+never confirmed (:mod:`proxy.replay`), and tells the app (:mod:`proxy.events`).
 
 Task layout (STYLE §2 rule 8: every task has an owner). ``Session.run`` owns one nursery with:
 
-- the **upstream task**: ``async with open_upstream(...)`` then relays broker → app until EOF.
-  It is the only reader of the upstream leg, so it also performs the upstream goodbye
-  (DISCONNECT and wait for its RECEIPT) before leaving the ``async with``;
-- the **app reader**: relays app → broker;
-- the **app heart-beat sender** and the **drain watcher** (graceful shutdown).
+- the **link task**: connects by policy, restores, relays broker → app until the leg is lost,
+  then (RECONNECTING: "stop the world", Qpid draft) connects again; it is the only reader of
+  the upstream leg. Each leg's heart-beat sender runs in a nursery the link task opens for it;
+- the **app side**: the app reader (app → window → broker), the app heart-beat sender, the
+  ``call_timeout`` watchdog, the control-channel pump and the drain watcher.
 
-Whoever decides that the session is over calls :meth:`Session._end` with an :class:`Ending`:
-the first ending wins; it cancels the app-facing tasks and the upstream relay loop; the upstream
-task then says goodbye to the broker (bounded, shielded) and, once the nursery is done, ``run``
-sends the app its ERROR if the ending has one and closes the app's socket.
+Frames reach the broker in window order: appending and sending happen under one lock, which
+the link task also holds while it replays on a new leg. Whoever decides that the session is
+over calls :meth:`Session._end`: the first :class:`Ending` wins; the link task then says goodbye
+to the broker (bounded, shielded) and ``run`` sends the app its ERROR, if any, and closes.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hmac
 import logging
+import random
 from dataclasses import dataclass
 
 import trio
@@ -32,8 +37,19 @@ import trio
 import protocol
 from config import Broker, Config
 from protocol import Command, ConnectionClosed, Frame, HeartBeat
-from proxy.tracking import SessionError, SessionState
-from proxy.upstream import Upstream, UpstreamRefused, UpstreamUnavailable, open_upstream
+from proxy.events import EventBus, EventKind, SessionEvent
+from proxy.failover import Attempt, ReconnectExhausted, connect_by_policy
+from proxy.policy import ReconnectPolicy
+from proxy.replay import ReplayPlan, plan_replay
+from proxy.tracking import (
+    DUPLICATE_ID_HEADER,
+    DurableRemoval,
+    FrameRejected,
+    SessionError,
+    SessionState,
+)
+from proxy.upstream import Upstream, UpstreamRefused, UpstreamUnavailable, connect_upstream
+from proxy.window import ConfirmationWindow, Entry, WindowStatistics, frame_size
 from proxy.wire import FrameStream, HeartBeatTimeout, TransportLost, send_heartbeats
 
 __all__ = ["Ending", "Session", "SessionStatistics", "error_frame"]
@@ -46,6 +62,19 @@ SUPPORTED_VERSIONS = protocol.VERSIONS
 GOODBYE_TIMEOUT = 2.0
 #: Headers of the app's CONNECT that the sidecar sets itself on the upstream CONNECT.
 _CONNECT_OWN_HEADERS = ("accept-version", "host", "heart-beat", "login", "passcode")
+#: Artemis' duplicate detection header (Artemis "Duplicate Message Detection").
+ARTEMIS_DUPLICATE_ID = "_AMQ_DUPL_ID"
+#: Commands that always carry a sidecar receipt (DESIGN §3.3).
+_ALWAYS_RECEIPTED = frozenset(
+    {
+        Command.BEGIN,
+        Command.COMMIT,
+        Command.ABORT,
+        Command.SUBSCRIBE,
+        Command.UNSUBSCRIBE,
+        Command.DISCONNECT,
+    }
+)
 
 
 def error_frame(message: str, *, receipt_id: str | None = None, detail: str = "") -> Frame:
@@ -77,8 +106,21 @@ class Ending:
 
 
 @dataclass(frozen=True, slots=True)
+class _Loss:
+    """The loss of an upstream leg: when (trio seconds), which broker, why."""
+
+    at: float
+    broker: str | None
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class SessionStatistics:
-    """Snapshot of one session for ``/status`` and metrics."""
+    """Snapshot of one session for ``/status`` and metrics.
+
+    ``state``: handshake, running, reconnecting, closing or closed. ``reconnect_attempts``:
+    attempts made in the reconnect now in progress (0 when running).
+    """
 
     session_id: str
     state: str
@@ -91,22 +133,41 @@ class SessionStatistics:
     pending_receipts: int
     frames_from_app: int
     frames_to_app: int
+    window: WindowStatistics | None
+    reconnect_attempts: int
+    failovers: int
+    duplicates_hidden: int
+    redeliveries_hidden: int
 
 
 class Session:
-    """Relay one accepted app connection to a broker until either side ends it.
+    """Serve one accepted app connection until either side ends it, through broker failure.
 
     Args:
-        config: the sidecar's configuration (limits, timeouts, brokers, credentials).
+        config: the sidecar's configuration (brokers, policy, limits, timeouts, credentials).
         stream: the accepted app connection.
         session_id: the sidecar's id for the session (logs, ``session`` header, id prefix).
+        bus: where RECONNECTING/FAILOVER/DISCONNECT events go (the sidecar's; a private one
+            when None, which still serves the in-band control channel).
+        rng: randomness for backoff jitter and ``randomize`` (seeded in tests).
 
     ``run()`` never raises for anything the app or a broker does; only cancellation propagates.
     """
 
-    def __init__(self, config: Config, stream: trio.abc.Stream, session_id: str) -> None:
+    def __init__(
+        self,
+        config: Config,
+        stream: trio.abc.Stream,
+        session_id: str,
+        *,
+        bus: EventBus | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
         self.config = config
         self.id = session_id
+        self.bus = bus if bus is not None else EventBus()
+        self.rng = rng if rng is not None else random.Random()
+        self.policy = ReconnectPolicy.from_config(config)
         limits = protocol.Limits(
             max_frame_bytes=config.max_frame_bytes,
             max_headers=config.max_headers,
@@ -117,16 +178,32 @@ class Session:
             stream, protocol.Connection(protocol.Role.SERVER, limits), grace=config.heartbeat_grace
         )
         self.state: SessionState | None = None
+        self.window = ConfirmationWindow(
+            config.confirmation_window_size, receipt_prefix=f"{session_id}-r"
+        )
         self.upstream: Upstream | None = None
+        self.broker_index: int | None = None
         self.phase = "handshake"
+        self.failovers = 0
+        self._connect: Frame | None = None
         self._ending: Ending | None = None
         self._app_scope = trio.CancelScope()
-        self._relay_scope = trio.CancelScope()
+        self._link_scope = trio.CancelScope()
         self._drain_requested = trio.Event()
-        self._disconnect_receipt: str | None = None
-        self._disconnected = trio.Event()
+        self._send_lock = trio.Lock()
+        self._link_ready = False
+        self._window_event = trio.Event()
         self._acks_freed = trio.Event()
+        self._disconnect_entry: Entry | None = None
+        self._disconnected = trio.Event()
         self._upstream_error_sent = False
+        self._reconnect_attempts: list[Attempt] = []
+        self._dup_seq = 0
+        self._event_seq = 0
+        self._cumulative_receipts = True  # False on a RabbitMQ leg (Upstream.confirms_in_order)
+        self._acks_to_send: collections.deque[Frame] = collections.deque()
+        self._acks_queued = trio.Event()
+        self._acks_sent = trio.Event()
 
     # -- public -------------------------------------------------------------------------------
 
@@ -147,9 +224,14 @@ class Session:
             subscriptions=len(st.subscriptions) if st else 0,
             transactions=len(st.transactions) if st else 0,
             unacked=st.unacked if st else 0,
-            pending_receipts=st.pending_receipts if st else 0,
+            pending_receipts=self.window.statistics().receipts_pending,
             frames_from_app=self.app.frames_in,
             frames_to_app=self.app.frames_out,
+            window=self.window.statistics(),
+            reconnect_attempts=len(self._reconnect_attempts) if self.phase == "reconnecting" else 0,
+            failovers=self.failovers,
+            duplicates_hidden=st.duplicates_hidden if st else 0,
+            redeliveries_hidden=st.redeliveries_hidden if st else 0,
         )
 
     async def run(self) -> None:
@@ -230,7 +312,9 @@ class Session:
             version,
             max_subscriptions=self.config.max_subscriptions,
             max_unacked=self.config.max_unacked,
+            transparent=self.config.failover_mode == "transparent",
         )
+        self._connect = connect
         return connect
 
     def _app_credentials_ok(self, connect: Frame) -> bool:
@@ -255,7 +339,8 @@ class Session:
         headers: list[tuple[str, str]] = [
             ("accept-version", ",".join(SUPPORTED_VERSIONS)),
             ("host", broker.virtual_host if broker.virtual_host is not None else broker.host),
-            ("heart-beat", f"{cfg.upstream_heartbeat[0]},{cfg.upstream_heartbeat[1]}"),
+            # Ask for beats at half the interval we judge silence by (FrameStream.start_heartbeats).
+            ("heart-beat", f"{cfg.upstream_heartbeat[0]},{(cfg.upstream_heartbeat[1] + 1) // 2}"),
         ]
         login: str | None
         passcode: str | None
@@ -272,7 +357,7 @@ class Session:
         headers.extend((k, v) for k, v in app_connect.headers if k not in _CONNECT_OWN_HEADERS)
         return Frame(Command.CONNECT, tuple(headers))
 
-    def _app_connected_frame(self, app_connect: Frame, upstream: Upstream) -> Frame:
+    def _app_connected_frame(self, upstream: Upstream) -> Frame:
         assert self.state is not None
         version = self.state.app_version
         server = "mq-sidecar"
@@ -291,20 +376,22 @@ class Session:
     async def _serve(self, connect: Frame) -> None:
         async with trio.open_nursery() as nursery:
             try:
-                await nursery.start(self._upstream_task, connect)
+                await nursery.start(self._link_task)
             except UpstreamUnavailable as exc:
                 self._end(self._unavailable_ending(exc))
+                return
+            except ReconnectExhausted as exc:
+                self._end(self._exhausted_initial(exc))
                 return
             if self._ending is not None:
                 return
             assert self.upstream is not None
             try:
-                await self.app.send(self._app_connected_frame(connect, self.upstream))
+                await self.app.send(self._app_connected_frame(self.upstream))
             except TransportLost as exc:
                 self._end(Ending(f"app connection lost: {exc}"))
                 return
             self.app.start_heartbeats()
-            self.phase = "running"
             assert self.state is not None
             log.info(
                 "session %s: app (STOMP %s) relayed to %s (STOMP %s, %s)",
@@ -328,26 +415,37 @@ class Session:
             level=logging.WARNING,
         )
 
+    def _exhausted_initial(self, exc: ReconnectExhausted) -> Ending:
+        if exc.last is not None:
+            return self._unavailable_ending(exc.last)
+        return Ending(
+            f"no broker available: {exc}",
+            app_error=error_frame(f"mq-sidecar could not connect to a broker: {exc}"),
+            level=logging.WARNING,
+        )
+
     def _end(self, ending: Ending) -> None:
-        """End the session (first call wins): stop the app side and the upstream relay."""
+        """End the session (first call wins): stop the app side and the link task."""
         if self._ending is None:
             self._ending = ending
             self.phase = "closing"
         self._app_scope.cancel()
-        self._relay_scope.cancel()
+        self._link_scope.cancel()
 
     async def _app_side(self) -> None:
         with self._app_scope:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._app_heartbeats)
                 nursery.start_soon(self._watch_drain)
+                nursery.start_soon(self._watch_call_timeouts)
+                nursery.start_soon(self._pump_events)
                 await self._relay_app()
 
     async def _app_heartbeats(self) -> None:
         try:
             await send_heartbeats(self.app)
         except TransportLost as exc:
-            self._end(Ending(f"app connection lost: {exc}", disconnect_upstream=True))
+            self._end(Ending(f"app connection lost: {exc}"))
 
     async def _watch_drain(self) -> None:
         await self._drain_requested.wait()
@@ -358,81 +456,348 @@ class Session:
             )
         )
 
-    # -- upstream -----------------------------------------------------------------------------
+    # -- window -------------------------------------------------------------------------------
 
-    async def _upstream_task(
-        self, connect: Frame, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-    ) -> None:
-        """Connect to the first broker that accepts the session, then relay broker → app.
+    def _window_changed(self) -> None:
+        self._window_event.set()
+        self._window_event = trio.Event()
 
-        Raises UpstreamUnavailable (before ``task_status.started``) when none does; the
-        broker's refusal is preferred as the reason, since it carries the broker's words.
+    async def _submit(
+        self, frame: Frame, *, app_receipt: str | None, idle: bool, context: object = None
+    ) -> Entry:
+        """Put a frame in the confirmation window and send it if a leg is up.
+
+        Blocks (stops reading the app: backpressure through TCP) while the window is full
+        (DESIGN §3.3). The sidecar's receipt is requested as DESIGN §3.3 says: when the app
+        asked for one, on BEGIN/COMMIT/ABORT/SUBSCRIBE/UNSUBSCRIBE/DISCONNECT, when the bytes
+        since the last receipt pass half the window, and on the last frame of a burst.
         """
-        cfg = self.config
-        failures: list[UpstreamUnavailable] = []
-        for broker in cfg.brokers:
-            try:
-                async with open_upstream(
-                    broker,
-                    self._upstream_connect_frame(connect, broker),
-                    limits=self.limits,
-                    grace=cfg.heartbeat_grace,
-                    connect_timeout=cfg.connect_timeout / 1000,
-                ) as upstream:
-                    self.upstream = upstream
-                    task_status.started()
-                    try:
-                        await self._relay_upstream(upstream)
-                    finally:
-                        self.upstream = None
-                return
-            except UpstreamUnavailable as exc:
-                log.warning(
-                    "session %s: broker %s unavailable: %s", self.id, broker.label, exc.reason
-                )
-                failures.append(exc)
-        refused = [f for f in failures if isinstance(f, UpstreamRefused)]
-        raise refused[0] if refused else failures[-1]
-
-    async def _relay_upstream(self, upstream: Upstream) -> None:
-        with self._relay_scope:
-            try:
-                while True:
-                    event = await upstream.receive_event()
-                    if isinstance(event, HeartBeat):
-                        continue
-                    if isinstance(event, ConnectionClosed):
-                        self._end(self._upstream_gone("broker closed the connection"))
-                        break
-                    await self._on_upstream_frame(event)
-            except HeartBeatTimeout as exc:
-                self._end(self._upstream_gone(f"broker silent: {exc}"))
-            except TransportLost as exc:
-                self._end(self._upstream_gone(f"broker connection lost: {exc}"))
-            except protocol.RemoteProtocolError as exc:
-                self._end(self._upstream_gone(f"broker sent invalid STOMP: {exc}"))
-        ending = self._ending
-        if ending is not None and ending.disconnect_upstream and self._disconnect_receipt is None:
-            with trio.move_on_after(GOODBYE_TIMEOUT, shield=True):
-                await self._disconnect_upstream(upstream)
-
-    def _upstream_gone(self, reason: str) -> Ending:
-        if self._disconnect_receipt is not None:
-            return Ending("app disconnected", disconnect_upstream=False)
-        if self._upstream_error_sent:
-            return Ending(f"{reason} after an ERROR", disconnect_upstream=False)
-        return Ending(
-            reason,
-            app_error=error_frame(f"mq-sidecar lost its broker connection: {reason}"),
-            disconnect_upstream=False,
-            level=logging.WARNING,
+        size = frame_size(frame)
+        while not self.window.has_room(size):
+            await self._window_event.wait()
+        want = (
+            idle
+            or frame.command in _ALWAYS_RECEIPTED
+            or (frame.command is Command.SEND and not self._cumulative_receipts)
         )
+        async with self._send_lock:
+            entry = self.window.append(
+                frame,
+                app_receipt=app_receipt,
+                want_receipt=want,
+                now=trio.current_time(),
+                context=context,
+            )
+            self._window_changed()
+            upstream = self.upstream
+            if self._link_ready and upstream is not None:
+                try:
+                    await upstream.send(entry.frame)
+                    entry.sent = True
+                except TransportLost:
+                    pass  # the link task sees the loss and replays the window
+        return entry
+
+    async def _answer_locally(self, app_receipt: str | None) -> None:
+        """RECEIPT for a frame whose effect the sidecar itself guarantees."""
+        if app_receipt is not None:
+            await self._to_app(Frame(Command.RECEIPT, (("receipt-id", app_receipt),)))
+
+    async def _watch_call_timeouts(self) -> None:
+        """ERROR for every app receipt unconfirmed after ``call_timeout`` (Artemis
+        "unblocking calls"; JEUS request-blocking-time): the app is never left waiting
+        forever, and a frame that was never sent is dropped (DESIGN §3.4)."""
+        timeout = self.config.call_timeout / 1000
+        while True:
+            changed = self._window_event
+            entry = self.window.first_unanswered()
+            if entry is None:
+                await changed.wait()
+                continue
+            deadline = entry.enqueued_at + timeout
+            if trio.current_time() < deadline:
+                with trio.move_on_at(deadline):
+                    await changed.wait()
+                continue
+            entry.answered = True
+            state = "while reconnecting" if self.phase == "reconnecting" else "by the broker"
+            detail = "it was never sent and is dropped" if not entry.sent else "it may still be"
+            await self._to_app(
+                error_frame(
+                    f"{entry.frame.command} not confirmed {state} within "
+                    f"{self.config.call_timeout} ms",
+                    receipt_id=entry.app_receipt,
+                    detail=f"{entry.frame.command} {entry.label} not confirmed; {detail}",
+                )
+            )
+            if not entry.sent:
+                async with self._send_lock:
+                    if not entry.sent and not entry.confirmed:
+                        self.window.drop(entry)
+                        self._window_changed()
+
+    # -- upstream link ------------------------------------------------------------------------
+
+    async def _connect_one(self, broker: Broker) -> Upstream:
+        assert self._connect is not None
+        return await connect_upstream(
+            broker,
+            self._upstream_connect_frame(self._connect, broker),
+            limits=self.limits,
+            grace=self.config.heartbeat_grace,
+            connect_timeout=self.config.connect_timeout / 1000,
+        )
+
+    def _log_attempt(self, attempt: Attempt) -> None:
+        self._reconnect_attempts.append(attempt)
+        if attempt.outcome != "connected":
+            # Debug: a reconnect makes many attempts; the RECONNECTING/FAILOVER/DISCONNECT
+            # events (logged once each by the app) summarise them.
+            log.debug(
+                "session %s: broker %s %s: %s",
+                self.id,
+                attempt.broker,
+                attempt.outcome,
+                attempt.detail,
+            )
+
+    async def _link_task(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Connect, restore, relay; on loss reconnect by policy; until the session ends.
+
+        Raises (before ``task_status.started``) UpstreamUnavailable or ReconnectExhausted
+        when the first connection fails.
+        """
+        try:
+            with self._link_scope:
+                await self._link_loop(task_status)
+        finally:
+            upstream, self.upstream = self.upstream, None
+            self._link_ready = False
+            if upstream is not None:
+                with trio.move_on_after(GOODBYE_TIMEOUT, shield=True):
+                    ending = self._ending
+                    if ending is not None and ending.disconnect_upstream:
+                        await self._disconnect_upstream(upstream)
+                    await upstream.aclose()
+
+    async def _link_loop(self, task_status: trio.TaskStatus[None]) -> None:
+        assert self.state is not None
+        first = True
+        loss = _Loss(0.0, None, "")
+        while True:
+            self._reconnect_attempts = []
+            try:
+                upstream, index, attempts = await connect_by_policy(
+                    self.config.brokers,
+                    self.policy,
+                    self.rng,
+                    self._connect_one,
+                    current=self.broker_index,
+                    initial=first,
+                    on_attempt=self._log_attempt,
+                )
+            except ReconnectExhausted as exc:
+                if first:
+                    raise
+                await self._exhausted(exc, loss)
+                return
+            self.upstream = upstream
+            self.broker_index = index
+            self._cumulative_receipts = upstream.confirms_in_order
+            self._acks_to_send.clear()  # ack ids of the old leg mean nothing on this one
+            async with trio.open_nursery() as link:
+                link.start_soon(upstream.keep_alive)
+                link.start_soon(self._send_hidden_acks, upstream)
+                if first:
+                    self.state.new_link(stable_message_ids=upstream.stable_message_ids)
+                    self._link_ready = True
+                    self.phase = "running"
+                    task_status.started()
+                else:
+                    # The restore writes while the relay reads: a broker blocked writing
+                    # RECEIPTs we do not read would stop reading what we replay (deadlock).
+                    link.start_soon(self._restore_quietly, upstream, attempts, loss)
+                loss_reason = await self._relay_upstream(upstream)
+                link.cancel_scope.cancel()
+            # The leg is gone: stop the world (Qpid draft), then reconnect.
+            self._link_ready = False
+            self.upstream = None
+            await upstream.aclose()
+            if self._ending is not None:
+                return
+            first = False
+            lost_from = upstream.broker.label
+            loss = _Loss(trio.current_time(), lost_from, loss_reason)
+            self.phase = "reconnecting"
+            async with self._send_lock:
+                self.window.mark_all_unsent()
+            log.warning("session %s: lost %s: %s; reconnecting", self.id, lost_from, loss_reason)
+            await self._publish(
+                SessionEvent(
+                    EventKind.RECONNECTING,
+                    self.id,
+                    loss_reason,
+                    from_broker=lost_from,
+                )
+            )
+
+    async def _restore_quietly(
+        self, upstream: Upstream, attempts: list[Attempt], loss: _Loss
+    ) -> None:
+        try:
+            await self._restore(upstream, attempts, loss)
+        except TransportLost:
+            return  # the relay sees the loss too and the link task reconnects
+
+    async def _restore(self, upstream: Upstream, attempts: list[Attempt], loss: _Loss) -> None:
+        """Re-create the session on a new leg and replay the window (DESIGN §3.5).
+
+        Runs beside the relay of the new leg. The FAILOVER event is written to the app before
+        anything is sent, so the app hears of the failover before a message of the new leg.
+        """
+        state = self.state
+        assert state is not None
+        replay_tx = self.config.transaction_failover == "replay"
+        async with self._send_lock:
+            state.new_link(stable_message_ids=upstream.stable_message_ids)
+            plan = plan_replay(state, self.window, replay_transactions=replay_tx)
+            for entry in (*plan.answer, *plan.in_doubt):
+                self.window.drop(entry)
+            self._window_changed()
+            await self._announce_failover(upstream, plan, attempts, loss)
+            for frame in (*plan.subscribe, *plan.recreate):
+                await upstream.send(frame)
+            for entry in (*plan.replay, *(e for e in self.window if not e.sent)):
+                # plan.replay, then what the app handed over while we reconnected
+                if entry.sent:
+                    continue
+                if not self._cumulative_receipts and entry.frame.command is Command.SEND:
+                    self.window.ensure_receipt(entry)
+                await upstream.send(entry.frame)
+                entry.sent = True
+            self._link_ready = True
+            self.phase = "running"
+        for entry in plan.answer:
+            if not entry.answered:
+                entry.answered = True
+                await self._answer_locally(entry.app_receipt)
+            if entry is self._disconnect_entry:
+                self._disconnected.set()
+        for entry in plan.in_doubt:
+            if not entry.answered:
+                entry.answered = True
+                await self._to_app(
+                    error_frame(
+                        f"transaction outcome in doubt: the broker connection was lost before "
+                        f"{entry.frame.command} was confirmed",
+                        receipt_id=entry.app_receipt,
+                    )
+                )
+
+    async def _announce_failover(
+        self, upstream: Upstream, plan: ReplayPlan, attempts: list[Attempt], loss: _Loss
+    ) -> None:
+        state = self.state
+        assert state is not None
+        self.failovers += 1
+        to = upstream.broker.label
+        lost_from, loss_reason = loss.broker, loss.reason
+        outage_ms = round((trio.current_time() - loss.at) * 1000)
+        reattached = to == lost_from
+        log.warning(
+            "session %s: %s %s -> %s after %d ms, %d attempt(s); replayed %d frame(s)",
+            self.id,
+            "reattached" if reattached else "failed over",
+            lost_from,
+            to,
+            outage_ms,
+            len(attempts),
+            plan.frames_sent,
+        )
+        await self._publish(
+            SessionEvent(
+                EventKind.FAILOVER,
+                self.id,
+                loss_reason,
+                from_broker=lost_from,
+                to_broker=to,
+                attempts=len(attempts),
+                outage_ms=outage_ms,
+                reattached=reattached,
+                replayed_frames=plan.frames_sent,
+                transactions_replayed=tuple(plan.transactions_replayed),
+                transactions_rolled_back=tuple(plan.transactions_rolled_back),
+                transactions_in_doubt=tuple(plan.transactions_in_doubt),
+                redeliveries_hidden=state.redeliveries_hidden,
+                duplicates_hidden=state.duplicates_hidden,
+                renamed_destinations=tuple(
+                    (s.destination, "re-created")
+                    for s in state.subscriptions.values()
+                    if "/temp-" in s.destination
+                ),
+            )
+        )
+
+    async def _exhausted(self, exc: ReconnectExhausted, loss: _Loss) -> None:
+        """Reconnect failed for good: DISCONNECT event, ERROR naming every lost frame, close."""
+        lost = [e.label for e in self.window.drop_all()]
+        self._window_changed()
+        reason = f"{loss.reason}; reconnect {exc}"
+        await self._publish(
+            SessionEvent(
+                EventKind.DISCONNECT,
+                self.id,
+                reason,
+                from_broker=loss.broker,
+                attempts=len(exc.attempts),
+                frames_lost=tuple(lost),
+            )
+        )
+        summary = f"{len(lost)} frame(s) not confirmed" + (f": {', '.join(lost)}" if lost else "")
+        self._end(
+            Ending(
+                f"reconnect exhausted: {reason}; {summary}",
+                app_error=error_frame(
+                    f"mq-sidecar lost the broker connection and could not reconnect; {summary}",
+                    detail=f"{reason}\n{summary}",
+                ),
+                disconnect_upstream=False,
+                level=logging.ERROR,
+            )
+        )
+
+    async def _relay_upstream(self, upstream: Upstream) -> str:
+        """Relay broker → app until the leg is lost; returns why it was lost."""
+        try:
+            while True:
+                event = await upstream.receive_event()
+                if isinstance(event, HeartBeat):
+                    continue
+                if isinstance(event, ConnectionClosed):
+                    reason = "broker closed the connection"
+                    break
+                await self._on_upstream_frame(upstream, event)
+        except HeartBeatTimeout as exc:
+            reason = f"broker silent: {exc}"
+        except TransportLost as exc:
+            reason = f"connection lost: {exc}"
+        except protocol.RemoteProtocolError as exc:
+            reason = f"broker sent invalid STOMP: {exc}"
+        if self._disconnect_entry is not None and self._disconnected.is_set():
+            self._end(Ending("app disconnected", disconnect_upstream=False))
+        elif self._upstream_error_sent:
+            # DESIGN §3.2: an ERROR answering the app's own frame is an application error,
+            # not a failover; the broker closes after it, and so does the session.
+            self._end(Ending(f"{reason} after an ERROR", disconnect_upstream=False))
+        return reason
 
     async def _disconnect_upstream(self, upstream: Upstream) -> None:
         """Graceful goodbye to the broker: DISCONNECT with a receipt, wait for it (STOMP 1.2
-        "Connection Lingering"). Only called by the upstream task, the leg's only reader."""
+        "Connection Lingering"). Only called by the link task, the leg's only reader."""
         assert self.state is not None
-        receipt = self.state.new_receipt(None)
+        receipt = self.state.new_internal_receipt()
         try:
             await upstream.send(Frame(Command.DISCONNECT, (("receipt", receipt),)))
             while True:
@@ -448,7 +813,7 @@ class Session:
         except (TransportLost, protocol.ProtocolError):
             return
 
-    async def _on_upstream_frame(self, frame: Frame) -> None:
+    async def _on_upstream_frame(self, upstream: Upstream, frame: Frame) -> None:
         state = self.state
         assert state is not None
         command = frame.command
@@ -457,32 +822,41 @@ class Session:
                 # Bounded: stop reading the broker until the app acknowledges (DESIGN §3.8).
                 self._acks_freed = trio.Event()
                 await self._acks_freed.wait()
-            await self._to_app(state.deliver(frame))
+            decision = state.deliver(
+                frame, upstream_version=upstream.version, now=trio.current_time()
+            )
+            if decision.to_app is not None:
+                await self._to_app(decision.to_app)
+            if decision.to_broker is not None:
+                # After the app has it (the sidecar's own ACK of an auto subscription), and
+                # never written from the reader itself (see _link_loop): queued.
+                while len(self._acks_to_send) >= state.max_unacked:
+                    self._acks_sent = trio.Event()
+                    await self._acks_sent.wait()
+                self._acks_to_send.append(decision.to_broker)
+                self._acks_queued.set()
         elif command is Command.RECEIPT:
-            own = frame.get("receipt-id") or ""
-            known, app_receipt = state.take_receipt(own)
-            if not known:
-                log.warning("session %s: broker sent unknown receipt-id %r", self.id, own)
-                return
-            if app_receipt is not None:
-                await self._to_app(Frame(Command.RECEIPT, (("receipt-id", app_receipt),)))
-            if own == self._disconnect_receipt:
-                self._disconnected.set()
-                self._end(Ending("app disconnected", disconnect_upstream=False))
+            await self._confirm(frame.get("receipt-id") or "")
         elif command is Command.ERROR:
             error_receipt = frame.get("receipt-id")
             out = frame
             if error_receipt is not None:
-                _, app_receipt = state.take_receipt(error_receipt)
-                out = (
-                    frame.with_header("receipt-id", app_receipt)
-                    if app_receipt
-                    else frame.without("receipt-id")
-                )
+                confirmed = self.window.confirm(error_receipt) or []
+                self._window_changed()
+                answered = next((e for e in confirmed if e.receipt == error_receipt), None)
+                for entry in confirmed:
+                    if entry is not answered and entry.app_receipt and not entry.answered:
+                        entry.answered = True
+                        await self._answer_locally(entry.app_receipt)
+                if answered is not None and answered.app_receipt and not answered.answered:
+                    answered.answered = True
+                    out = frame.with_header("receipt-id", answered.app_receipt)
+                else:
+                    out = frame.without("receipt-id")
             log.warning(
                 "session %s: broker %s sent ERROR: %s",
                 self.id,
-                self.upstream.broker.label if self.upstream else "?",
+                upstream.broker.label,
                 frame.get("message"),
             )
             self._upstream_error_sent = True
@@ -490,17 +864,101 @@ class Session:
         else:  # CONNECTED twice: protocol.Connection already rejects it
             log.warning("session %s: unexpected %s from broker ignored", self.id, command)
 
+    async def _send_hidden_acks(self, upstream: Upstream) -> None:
+        """Send the ACKs of hidden duplicates and redeliveries, queued by the relay."""
+        while True:
+            while not self._acks_to_send:
+                self._acks_queued = trio.Event()
+                await self._acks_queued.wait()
+            frame = self._acks_to_send.popleft()
+            self._acks_sent.set()
+            try:
+                await upstream.send(frame)
+            except TransportLost:
+                return  # the relay sees the loss; the redelivery will be hidden again
+
+    async def _confirm(self, receipt: str) -> None:
+        """Apply a broker RECEIPT to the window and answer the app's receipts it covers."""
+        state = self.state
+        assert state is not None
+        confirmed = self.window.confirm(receipt)
+        if confirmed is None:
+            if not state.take_internal_receipt(receipt):
+                log.warning("session %s: broker sent unknown receipt-id %r", self.id, receipt)
+            return
+        self._window_changed()
+        for entry in confirmed:
+            if entry.app_receipt is not None and not entry.answered:
+                entry.answered = True
+                await self._to_app(Frame(Command.RECEIPT, (("receipt-id", entry.app_receipt),)))
+            if entry is self._disconnect_entry:
+                self._disconnected.set()
+
     async def _to_app(self, frame: Frame) -> None:
-        """Write to the app; if the app is gone, end the session (and unwind the caller)."""
+        """Write to the app; if the app is gone, end the session (and unwind the caller).
+
+        An ERROR written here rejects one frame and keeps the session (``fatal=False``); the
+        ERROR that ends a session is written by :meth:`run`.
+        """
         try:
-            await self.app.send(frame)
+            await self.app.send(frame, fatal=frame.command is not Command.ERROR)
         except TransportLost as exc:
             self._end(Ending(f"app connection lost: {exc}"))
             await trio.lowlevel.checkpoint()  # raises Cancelled: _end cancelled our scope
+        except protocol.LocalProtocolError:
+            # A header the app's STOMP version cannot carry (a line break in STOMP 1.0):
+            # drop those headers rather than the frame, and say so.
+            assert self.state is not None
+            cleaned = _representable(frame, self.state.app_version)
+            log.warning(
+                "session %s: %s header(s) not representable in STOMP %s dropped: %s",
+                self.id,
+                frame.command,
+                self.state.app_version,
+                ", ".join(sorted({k for k, _ in frame.headers} - {k for k, _ in cleaned.headers})),
+            )
+            await self._to_app(cleaned)
 
     async def _send_app_quietly(self, frame: Frame) -> None:
         with contextlib.suppress(TransportLost, protocol.LocalProtocolError):
             await self.app.send(frame)
+
+    # -- control channel ----------------------------------------------------------------------
+
+    async def _publish(self, event: SessionEvent) -> None:
+        """Publish an event of this session: on the bus (SSE, other sessions) and, written
+        before anything else happens on the session, to its own control subscriptions, so
+        the app learns of a failover before it sees a message of the new leg."""
+        self.bus.publish(event)
+        await self._deliver_event(event)
+
+    async def _deliver_event(self, event: SessionEvent) -> None:
+        state = self.state
+        if state is None:
+            return
+        for sub in state.local_subscriptions():
+            if event.session_id != self.id and sub.frame.get("mq-sidecar-scope") != "all":
+                continue
+            self._event_seq += 1
+            message = Frame(
+                Command.MESSAGE,
+                (
+                    ("destination", sub.destination),
+                    ("message-id", f"{self.id}-e{self._event_seq}"),
+                    ("event", str(event.kind)),
+                    ("content-type", "application/json"),
+                ),
+                event.to_json().encode(),
+            )
+            await self._to_app(state.local_delivery(sub, message))
+
+    async def _pump_events(self) -> None:
+        """Deliver other sessions' events to control subscriptions that asked for them with
+        ``mq-sidecar-scope:all`` (DESIGN §3.6); this session's own are written directly."""
+        with self.bus.subscribe() as events:
+            async for event in events:
+                if event.session_id != self.id:
+                    await self._deliver_event(event)
 
     # -- app → broker -------------------------------------------------------------------------
 
@@ -527,85 +985,143 @@ class Session:
                     )
                 )
                 return
-            if isinstance(event, HeartBeat):
-                continue
-            if isinstance(event, ConnectionClosed):
-                self._end(Ending("app closed the connection"))
-                return
-            try:
-                done = await self._on_app_frame(event)
-            except SessionError as exc:
-                self._end(
-                    Ending(
-                        f"app error: {exc}",
-                        app_error=error_frame(str(exc), receipt_id=event.get("receipt")),
-                        level=logging.WARNING,
-                    )
-                )
-                return
-            if done:
-                return
+            # Handle the burst already read; the last frame of it gets a receipt (idle).
+            while True:
+                if isinstance(event, ConnectionClosed):
+                    self._end(Ending("app closed the connection"))
+                    return
+                try:
+                    upcoming = self.app.next_buffered()
+                except protocol.RemoteProtocolError:
+                    upcoming = None  # reported when read again, after this frame
+                if isinstance(event, Frame):
+                    try:
+                        done = await self._on_app_frame(event, idle=upcoming is None)
+                    except FrameRejected as exc:
+                        await self._to_app(error_frame(str(exc), receipt_id=event.get("receipt")))
+                        done = False
+                    except SessionError as exc:
+                        self._end(
+                            Ending(
+                                f"app error: {exc}",
+                                app_error=error_frame(str(exc), receipt_id=event.get("receipt")),
+                                level=logging.WARNING,
+                            )
+                        )
+                        return
+                    if done:
+                        return
+                if upcoming is None:
+                    break
+                event = upcoming
 
-    async def _to_broker(self, frame: Frame) -> None:
-        upstream = self.upstream
-        if upstream is None:  # the relay loop ended; the session is ending too
-            await trio.lowlevel.checkpoint()
-            return
-        try:
-            await upstream.send(frame)
-        except TransportLost as exc:
-            self._end(self._upstream_gone(f"broker connection lost: {exc}"))
-            await trio.lowlevel.checkpoint()
+    def _with_duplicate_id(self, frame: Frame) -> Frame:
+        """Give a SEND its duplicate-detection id (DESIGN §3.5): ``mq-sidecar-id``, kept when
+        the app set one, and the same value as Artemis' ``_AMQ_DUPL_ID``."""
+        dup_id = frame.get(DUPLICATE_ID_HEADER)
+        if dup_id is None:
+            self._dup_seq += 1
+            dup_id = f"{self.id}-{self._dup_seq}"
+            frame = frame.with_header(DUPLICATE_ID_HEADER, dup_id)
+        if not frame.has(ARTEMIS_DUPLICATE_ID):
+            frame = frame.with_header(ARTEMIS_DUPLICATE_ID, dup_id)
+        return frame
 
-    async def _on_app_frame(self, frame: Frame) -> bool:
-        """Relay one app frame; True when the app's DISCONNECT has been handled."""
+    async def _on_app_frame(self, frame: Frame, *, idle: bool) -> bool:
+        """Handle one app frame; True when the app's DISCONNECT has been handled."""
         state = self.state
         assert state is not None
         command = frame.command
+        app_receipt = frame.get("receipt")
+        bare = frame.without("receipt")
         if command is Command.SEND:
-            state.record_in_transaction(frame)
-            await self._to_broker(state.map_receipt(frame))
+            tx = state.transaction_of(frame)
+            if tx is not None and tx.rolled_back:
+                await self._answer_locally(app_receipt)  # COMMIT will fail, ABORT succeeds
+                return False
+            entry = await self._submit(
+                self._with_duplicate_id(bare), app_receipt=app_receipt, idle=idle, context=tx
+            )
+            if tx is not None:
+                tx.entries.append(entry)
         elif command is Command.SUBSCRIBE:
-            upstream = state.subscribe(frame)
-            app_receipt = frame.get("receipt")
-            if app_receipt is not None:
-                upstream = upstream.with_header("receipt", state.new_receipt(app_receipt))
-            await self._to_broker(upstream)
+            if frame.get("destination") == self.config.events_destination:
+                state.subscribe(frame, local=True)  # never goes upstream (DESIGN §3.6)
+                await self._answer_locally(app_receipt)
+                return False
+            await self._submit(state.subscribe(frame), app_receipt=app_receipt, idle=idle)
         elif command is Command.UNSUBSCRIBE:
             sub = state.unsubscribe(frame)
+            if sub is not None and sub.local:
+                await self._answer_locally(app_receipt)
+                return False
+            self._acks_freed.set()
             if sub is None:
                 # No live subscription: e.g. ActiveMQ's removal of a durable subscription
                 # (UNSUBSCRIBE with activemq.subscriptionName after the consumer closed).
                 # The broker decides; its ERROR, if any, reaches the app.
-                await self._to_broker(state.map_receipt(frame))
-                return False
-            rest = state.map_receipt(frame).without("id", "destination")
-            self._acks_freed.set()
-            await self._to_broker(rest.replace(headers=(("id", sub.upstream_id), *rest.headers)))
+                await self._submit(bare, app_receipt=app_receipt, idle=idle, context="passthrough")
+            else:
+                rest = bare.without("id", "destination")
+                upstream = rest.replace(headers=(("id", sub.upstream_id), *rest.headers))
+                durable = frame.get("durable") == "true"
+                context = DurableRemoval(sub.frame) if durable else None
+                await self._submit(upstream, app_receipt=app_receipt, idle=idle, context=context)
         elif command in (Command.ACK, Command.NACK):
             upstream_version = self.upstream.version if self.upstream else "1.2"
             if command is Command.NACK and upstream_version == "1.0":
-                raise SessionError("NACK is not possible: the broker speaks STOMP 1.0")
-            state.record_in_transaction(frame)
-            delivery = state.settle(frame)
+                raise FrameRejected("NACK is not possible: the broker speaks STOMP 1.0")
+            tx = state.transaction_of(frame)
+            settled = state.settle(bare, upstream_version=upstream_version, now=trio.current_time())
             self._acks_freed.set()
-            await self._to_broker(
-                state.upstream_ack(state.map_receipt(frame), delivery, upstream_version)
+            if settled.to_broker is None or (tx is not None and tx.rolled_back):
+                await self._answer_locally(app_receipt)
+                return False
+            entry = await self._submit(
+                settled.to_broker, app_receipt=app_receipt, idle=idle, context=tx
             )
+            if tx is not None:
+                tx.entries.append(entry)
+            if settled.also is not None:
+                await self._submit(settled.also, app_receipt=None, idle=idle)
         elif command is Command.BEGIN:
             state.begin(frame)
-            await self._to_broker(state.map_receipt(frame))
+            tx = state.transactions[frame.get("transaction", "") or ""]
+            tx.begin = await self._submit(bare, app_receipt=app_receipt, idle=idle, context=tx)
         elif command in (Command.COMMIT, Command.ABORT):
-            state.end(frame)
-            await self._to_broker(state.map_receipt(frame))
+            tx = state.end(frame)
+            if tx.rolled_back:
+                if command is Command.COMMIT:
+                    raise FrameRejected(
+                        f"transaction '{tx.id}' rolled back: the broker connection failed over "
+                        "before COMMIT (transaction_failover = rollback); its messages will be "
+                        "redelivered"
+                    )
+                await self._answer_locally(app_receipt)
+                return False
+            tx.end = await self._submit(bare, app_receipt=app_receipt, idle=idle, context=tx)
         elif command is Command.DISCONNECT:
-            own = state.new_receipt(frame.get("receipt"))
-            self._disconnect_receipt = own
-            await self._to_broker(frame.with_header("receipt", own))
-            with trio.move_on_after(GOODBYE_TIMEOUT):
+            self._disconnect_entry = await self._submit(bare, app_receipt=app_receipt, idle=True)
+            with trio.move_on_after(self.config.call_timeout / 1000):
                 await self._disconnected.wait()
-            self._end(Ending("app disconnected", disconnect_upstream=False))
+            lost = [e.label for e in self.window if not e.confirmed]
+            reason = "app disconnected"
+            if lost:
+                reason += f"; {len(lost)} frame(s) never confirmed: {', '.join(lost)}"
+            self._end(Ending(reason, disconnect_upstream=False))
             return True
         else:  # CONNECT/STOMP again: protocol.Connection rejects these before we get here
             raise SessionError(f"unexpected {command} frame")
         return False
+
+
+def _representable(frame: Frame, version: str) -> Frame:
+    """``frame`` without the headers STOMP ``version`` cannot carry (1.0 has no escaping)."""
+    if version != "1.0":
+        return frame
+    bad = {
+        name
+        for name, value in frame.headers
+        if ":" in name or "\n" in name or "\r" in name or "\n" in value or "\r" in value
+    }
+    return frame.without(*bad)

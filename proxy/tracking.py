@@ -1,50 +1,74 @@
-"""Session bookkeeping, pure: subscriptions, deliveries and ack ids, transactions, receipts.
+"""Session bookkeeping, pure: subscriptions, deliveries and ack ids, transactions, identities.
 
-No I/O and no trio here (like ``protocol/``): the session feeds frames in and gets frames out,
-and the tests drive it directly. Everything a later reconnect needs to restore a session lives
+No I/O and no trio here (like ``protocol/``): the session feeds frames in and gets decisions
+out, and the tests drive it directly. Everything a reconnect needs to restore a session lives
 in :class:`SessionState` (DESIGN §3.5): every live subscription with the headers it was made
 with, every open transaction with its frames, every message delivered to the app and not yet
-acknowledged, and the map from the sidecar's receipt ids to the app's.
+acknowledged, and the identities of messages already seen, to recognise redeliveries.
 
 Identifiers the app sees are the sidecar's own (DESIGN §3.3, §3.5):
 
 - **ack ids** (STOMP 1.2 ``ack`` header of MESSAGE) are numbers the sidecar allocates per
-  session and maps to the upstream delivery, so a later upstream change can keep them valid.
-  STOMP 1.0/1.1 apps acknowledge by ``message-id`` (+ ``subscription`` in 1.1); those keys are
-  mapped the same way.
-- **receipt ids** sent upstream are ``<session id>-r<n>``; the app's receipt id never reaches a
-  broker, so one session's ids can never collide with another's on a shared broker.
+  session and maps to the current upstream delivery; after a failover, a redelivery of the
+  same message is mapped to the same ack id (``transparent`` mode). STOMP 1.0/1.1 apps
+  acknowledge by ``message-id`` (+ ``subscription`` in 1.1); those keys are mapped the same way.
 - **subscription ids** upstream are the app's own (RabbitMQ names durable subscription queues
   after them, so they must survive a reconnect unchanged); a STOMP 1.0 SUBSCRIBE without an id
   gets ``<session id>-s<n>``.
+
+The **identity** of a message is its ``mq-sidecar-id`` header (the duplicate-detection id every
+SEND through a sidecar carries), else its ``message-id`` when the broker keeps message ids
+stable across redelivery and failover (ActiveMQ does, RabbitMQ does not: BROKERS.md §3, §8.9).
+Each link (upstream connection) has a *generation*; a message seen again on a later generation
+is a redelivery, one seen again on the same generation is a duplicate (a producer's replay).
 """
 
 from __future__ import annotations
 
+import time
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from protocol import Frame
+from protocol import Command, Frame
+from proxy.window import Entry
 
 __all__ = [
     "ACK_MODES",
+    "DUPLICATE_ID_HEADER",
+    "Delivered",
     "Delivery",
+    "DurableRemoval",
+    "FrameRejected",
     "SessionError",
     "SessionState",
+    "Settled",
     "Subscription",
     "Transaction",
 ]
 
 #: STOMP 1.2 "SUBSCRIBE ack Header".
 ACK_MODES = ("auto", "client", "client-individual")
+#: The duplicate-detection id on every SEND through the sidecar (DESIGN §3.5).
+DUPLICATE_ID_HEADER = "mq-sidecar-id"
+#: Identities remembered per subscription to recognise duplicates and redeliveries
+#: (DESIGN §3.5 "bounded window of ids and time"): at most this many...
+SEEN_MAX = 20_000
+#: ...and none older than this many seconds.
+SEEN_SECONDS = 600.0
 
 
 class SessionError(Exception):
-    """The app sent a frame that is valid STOMP but wrong for this session's state.
+    """The app sent a frame that is valid STOMP but wrong for this session; fatal.
 
     The message is one line, fit for the ``message`` header of the ERROR frame the app gets
-    (e.g. ``unknown ack id '17'``, ``transaction 'tx1' is not open``).
+    (e.g. ``unknown ack id '17'``, ``transaction 'tx1' is not open``); the session then closes.
     """
+
+
+class FrameRejected(SessionError):
+    """One frame is refused, the session goes on (JEUS per-message exceptions; a stale ack
+    id in ``strict`` mode; the COMMIT of a transaction rolled back by a failover)."""
 
 
 @dataclass(eq=False)
@@ -52,7 +76,14 @@ class Subscription:
     """One live subscription of the app.
 
     ``frame`` is the SUBSCRIBE as sent upstream (upstream id, destination, ack mode, selector,
-    durable-subscription headers...): replaying it restores the subscription.
+    durable-subscription headers...): replaying it restores the subscription. ``local`` marks
+    the control-channel subscription, which never goes upstream (DESIGN §3.6).
+
+    ``ack`` is the app's ack mode. An app's ``auto`` subscription is made ``client-individual``
+    upstream and the sidecar acknowledges each message itself once it is written to the app:
+    with ``ack:auto`` a broker counts a message as acknowledged when it sends it, so the
+    messages in flight when a connection breaks would be lost (issue 3, "AUTO ack's last
+    message"); this way they are redelivered, and those the app already got are hidden.
     """
 
     app_id: str | None
@@ -60,29 +91,93 @@ class Subscription:
     destination: str
     ack: str
     frame: Frame
+    local: bool = False
     deliveries: dict[str, Delivery] = field(default_factory=dict)  # app key -> delivery, in order
+    pending_by_identity: dict[str, Delivery] = field(default_factory=dict)
+    arrivals: int = 0  # upstream MESSAGEs seen on this subscription (orders cumulative acks)
+    deferred_ack: Delivery | None = None  # a hidden message still to ACK ("client" mode)
+    # identity -> (generation, "acked" | "nacked" | "delivered", seen at)
+    seen: OrderedDict[str, tuple[int, str, float]] = field(default_factory=OrderedDict)
 
 
 @dataclass(eq=False)
 class Delivery:
     """A MESSAGE delivered to the app that still needs its ACK/NACK.
 
-    ``upstream_ack`` is the broker's ``ack`` header (STOMP 1.2) when it sent one; otherwise the
-    upstream acknowledgement is built from ``message_id`` (and the subscription id in 1.1).
+    ``upstream_ack`` is the broker's ``ack`` header (STOMP 1.2) on the current delivery;
+    otherwise the upstream acknowledgement is built from ``message_id`` (and the subscription
+    id in 1.1). ``generation`` is the link that delivered it: an ACK is only valid upstream on
+    that link.
     """
 
     app_key: str
     subscription: Subscription
     message_id: str
     upstream_ack: str | None
+    identity: str | None
+    generation: int
+    arrival: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DurableRemoval:
+    """Window-entry context of an UNSUBSCRIBE that also removes a durable subscription
+    (RabbitMQ ``durable:true``): replaying it on a new leg needs the subscription re-made
+    first, or the broker would keep the durable queue the app asked to delete."""
+
+    subscribe: Frame
 
 
 @dataclass(eq=False)
 class Transaction:
-    """An open transaction (BEGIN seen, no COMMIT/ABORT yet) and the frames sent in it."""
+    """A transaction and its window entries: the BEGIN, the SEND/ACK/NACK frames sent in it
+    and the COMMIT/ABORT that ends it (each knows whether the broker confirmed it).
+
+    ``acked`` are the deliveries its ACKs settled: held again after an ABORT, shown again
+    after a failover rolls the transaction back.
+    ``rolled_back``: a failover rolled it back (``rollback`` mode); its COMMIT answers an ERROR.
+    """
 
     id: str
-    frames: list[Frame] = field(default_factory=list)
+    begin: Entry | None = None
+    entries: list[Entry] = field(default_factory=list)
+    end: Entry | None = None
+    acked: list[Delivery] = field(default_factory=list)
+    rolled_back: bool = False
+
+    @property
+    def dirty(self) -> bool:
+        """Work was done in it (Qpid draft: a "dirty" session cannot fail over silently)."""
+        return bool(self.entries)
+
+
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    """What to do with one upstream MESSAGE.
+
+    ``to_app``: the MESSAGE for the app (None: hidden). ``to_broker``: an ACK/NACK to send for
+    a hidden message. ``hidden``: why it was hidden ("duplicate", "redelivery") or None.
+    """
+
+    to_app: Frame | None
+    to_broker: Frame | None = None
+    hidden: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """What an app ACK/NACK resolved to.
+
+    ``to_broker``: the ACK/NACK to send upstream, or None when the delivery belongs to an older
+    link and the redelivery will be settled on arrival (``transparent`` mode); ``local``: the
+    delivery was the sidecar's own (control channel), nothing goes upstream. ``also``: an ACK
+    for a hidden message that had to wait until the app held nothing before it (``client``
+    mode, where an ACK is cumulative).
+    """
+
+    to_broker: Frame | None
+    local: bool = False
+    also: Frame | None = None
 
 
 class SessionState:
@@ -93,8 +188,9 @@ class SessionState:
         app_version: the STOMP version negotiated with the app ("1.0", "1.1", "1.2").
         max_subscriptions: live subscriptions allowed per session (DESIGN §3.8).
         max_unacked: delivered-but-unacknowledged messages allowed (DESIGN §3.8).
+        transparent: ``failover_mode`` is "transparent" (else "strict", JMS semantics).
 
-    Methods raise :class:`SessionError` for frames that do not fit the session's state.
+    Methods raise :class:`SessionError` (fatal) or :class:`FrameRejected` (that frame only).
     """
 
     def __init__(
@@ -104,50 +200,65 @@ class SessionState:
         *,
         max_subscriptions: int,
         max_unacked: int,
+        transparent: bool = True,
     ) -> None:
         self.session_id = session_id
         self.app_version = app_version
         self.max_subscriptions = max_subscriptions
         self.max_unacked = max_unacked
+        self.transparent = transparent
+        self.generation = 0
+        self.stable_message_ids = False
         self.subscriptions: dict[str, Subscription] = {}  # by upstream id
         self.transactions: dict[str, Transaction] = {}
-        self._receipts: dict[str, str | None] = {}  # own receipt id -> app's (None: ours)
+        self._internal: set[str] = set()
         self._deliveries: dict[str, Delivery] = {}  # app key -> delivery (all subscriptions)
-        self._next_receipt = 0
+        self._stale: OrderedDict[str, None] = OrderedDict()  # strict mode: superseded ack keys
+        self.removing: set[str] = set()  # upstream ids of durable subscriptions being removed
+        self._next_internal = 0
         self._next_ack = 0
         self._next_sub = 0
+        self.duplicates_hidden = 0
+        self.redeliveries_hidden = 0
 
-    # -- receipts -----------------------------------------------------------------------------
+    # -- links ------------------------------------------------------------------------------
 
-    def new_receipt(self, app_receipt: str | None) -> str:
-        """Allocate a receipt id for an upstream frame; remember the app's id it answers."""
-        self._next_receipt += 1
-        own = f"{self.session_id}-r{self._next_receipt}"
-        self._receipts[own] = app_receipt
+    def new_link(self, *, stable_message_ids: bool) -> None:
+        """A new upstream connection: deliveries of older links are stale from now on."""
+        self.generation += 1
+        self.stable_message_ids = stable_message_ids
+
+    def identity(self, message: Frame) -> str | None:
+        """The identity of a message (module docstring), or None when it has none."""
+        dup_id = message.get(DUPLICATE_ID_HEADER)
+        if dup_id is not None:
+            return f"d:{dup_id}"
+        if self.stable_message_ids:
+            message_id = message.get("message-id")
+            if message_id is not None:
+                return f"m:{message_id}"
+        return None
+
+    # -- internal receipts ------------------------------------------------------------------
+
+    def new_internal_receipt(self) -> str:
+        """A receipt id for a frame of the sidecar's own (restore, goodbye)."""
+        self._next_internal += 1
+        own = f"{self.session_id}-i{self._next_internal}"
+        self._internal.add(own)
         return own
 
-    def map_receipt(self, frame: Frame) -> Frame:
-        """Return ``frame`` with the app's ``receipt`` header replaced by a sidecar receipt id."""
-        app_receipt = frame.get("receipt")
-        if app_receipt is None:
-            return frame
-        return frame.with_header("receipt", self.new_receipt(app_receipt))
+    def take_internal_receipt(self, receipt: str) -> bool:
+        """Whether ``receipt`` was one of ours (and forget it)."""
+        if receipt in self._internal:
+            self._internal.discard(receipt)
+            return True
+        return False
 
-    def take_receipt(self, own: str) -> tuple[bool, str | None]:
-        """Resolve an upstream ``receipt-id``: ``(known, app receipt id or None if ours)``."""
-        if own not in self._receipts:
-            return False, None
-        return True, self._receipts.pop(own)
+    # -- subscriptions ----------------------------------------------------------------------
 
-    @property
-    def pending_receipts(self) -> int:
-        """Receipts requested upstream and not yet answered."""
-        return len(self._receipts)
-
-    # -- subscriptions ------------------------------------------------------------------------
-
-    def subscribe(self, frame: Frame) -> Frame:
-        """Record an app SUBSCRIBE; return the SUBSCRIBE to send upstream (receipt not mapped).
+    def subscribe(self, frame: Frame, *, local: bool = False) -> Frame:
+        """Record an app SUBSCRIBE; return the SUBSCRIBE to send upstream (no receipt).
 
         Raises:
             SessionError: duplicate id, unknown ack mode, or too many subscriptions.
@@ -175,8 +286,16 @@ class SessionState:
                     break
             upstream = frame.with_header("id", upstream_id)
         upstream = upstream.without("receipt")
+        if ack == "auto" and not local:
+            upstream = upstream.with_header("ack", "client-individual")
+        self.removing.discard(upstream_id)
         self.subscriptions[upstream_id] = Subscription(
-            app_id=app_id, upstream_id=upstream_id, destination=destination, ack=ack, frame=upstream
+            app_id=app_id,
+            upstream_id=upstream_id,
+            destination=destination,
+            ack=ack,
+            frame=upstream,
+            local=local,
         )
         return upstream
 
@@ -205,41 +324,121 @@ class SessionState:
         for key in sub.deliveries:
             self._deliveries.pop(key, None)
         sub.deliveries.clear()
+        sub.pending_by_identity.clear()
         return sub
 
-    # -- deliveries ---------------------------------------------------------------------------
+    def local_subscriptions(self) -> list[Subscription]:
+        """The control-channel subscriptions (never sent upstream)."""
+        return [s for s in self.subscriptions.values() if s.local]
+
+    def iter_subscribe_frames(self) -> Iterator[Frame]:
+        """The SUBSCRIBE frames that recreate every live broker subscription, in order."""
+        for sub in self.subscriptions.values():
+            if not sub.local:
+                yield sub.frame
+
+    # -- deliveries -------------------------------------------------------------------------
 
     @property
     def unacked(self) -> int:
         """Messages delivered to the app that still need an ACK/NACK."""
         return len(self._deliveries)
 
-    def deliver(self, message: Frame) -> Frame:
-        """Turn an upstream MESSAGE into the MESSAGE the app gets, recording what needs an ack.
+    def _remember(
+        self,
+        sub: Subscription,
+        identity: str,
+        status: str,
+        now: float,
+        generation: int | None = None,
+    ) -> None:
+        seen = sub.seen
+        seen[identity] = (self.generation if generation is None else generation, status, now)
+        seen.move_to_end(identity)
+        while seen and (len(seen) > SEEN_MAX or next(iter(seen.values()))[2] < now - SEEN_SECONDS):
+            seen.popitem(last=False)
 
-        The upstream ``ack`` header is replaced by the sidecar's ack id (STOMP 1.2 apps) or
-        removed (1.0/1.1 apps acknowledge by ``message-id``); ``subscription`` is the app's id.
-        A MESSAGE for a subscription the app never made (RabbitMQ delivers temp-queue replies
-        with ``subscription:/temp-queue/...``) passes through unchanged and needs no ack.
-        """
+    def _find_subscription(self, message: Frame) -> Subscription | None:
         upstream_sub = message.get("subscription")
-        sub = self.subscriptions.get(upstream_sub) if upstream_sub is not None else None
-        if sub is None and upstream_sub is None:  # a STOMP 1.0 broker: match by destination
-            destination = message.get("destination")
-            sub = next(
-                (s for s in self.subscriptions.values() if s.destination == destination), None
-            )
+        if upstream_sub is not None:
+            return self.subscriptions.get(upstream_sub)
+        destination = message.get("destination")  # a STOMP 1.0 broker: match by destination
+        return next((s for s in self.subscriptions.values() if s.destination == destination), None)
+
+    def deliver(
+        self, message: Frame, *, upstream_version: str = "1.2", now: float | None = None
+    ) -> Delivered:
+        """Decide what an upstream MESSAGE becomes for the app.
+
+        ``to_broker``, when set, is sent after ``to_app`` was written (for an ``auto``
+        subscription: the sidecar's own ACK, see :class:`Subscription`). Normal case: the
+        upstream ``ack`` header is replaced by the sidecar's ack id (STOMP 1.2 apps) or
+        removed (1.0/1.1 apps acknowledge by ``message-id``) and ``subscription`` is the
+        app's id. A MESSAGE for a subscription the app never made (RabbitMQ delivers
+        temp-queue replies with ``subscription:/temp-queue/...``) passes through unchanged.
+
+        Recognised by identity (DESIGN §3.5):
+
+        - a redelivery (after a failover) of a message the app holds unacknowledged: in
+          ``transparent`` mode hidden, and its ack id now maps to this delivery; in ``strict``
+          mode shown as a new delivery with ``redelivered:true`` (the old ack id is stale);
+        - a redelivery of a message the app already acknowledged: acknowledged upstream and
+          hidden in ``transparent`` mode, shown again in ``strict``; a message the app NACKed
+          is always shown again (it asked for a redelivery);
+        - a duplicate (same identity on the same link, e.g. a producer's replayed SEND):
+          acknowledged upstream and hidden in both modes.
+        """
+        now = time.monotonic() if now is None else now
+        sub = self._find_subscription(message)
         if sub is None:
-            return message
+            if message.get("subscription") in self.removing:
+                return Delivered(None, hidden="unsubscribed")
+            return Delivered(message)
+        sub.arrivals += 1
+        identity = self.identity(message)
         upstream_ack = message.get("ack")
+        message_id = message.get("message-id", "") or ""
+        redelivered = False
+        if identity is not None:
+            held = sub.pending_by_identity.get(identity)
+            if held is not None:
+                if held.generation == self.generation:
+                    return self._hide(sub, message, "duplicate", upstream_version)
+                if self.transparent:
+                    held.upstream_ack = upstream_ack
+                    held.message_id = message_id
+                    held.generation = self.generation
+                    held.arrival = sub.arrivals
+                    self.redeliveries_hidden += 1
+                    return Delivered(None, hidden="redelivery")
+                redelivered = True  # strict: the held ack id is stale from now on
+                self._forget(held)
+                self._stale[held.app_key] = None
+                while len(self._stale) > 2 * self.max_unacked:
+                    self._stale.popitem(last=False)
+            else:
+                seen = sub.seen.get(identity)
+                if seen is not None and seen[1] == "nacked":
+                    # The app asked for it to come back (RabbitMQ requeues a NACKed message
+                    # at once): deliver it again, never hide it.
+                    del sub.seen[identity]
+                elif seen is not None:
+                    if seen[0] == self.generation:
+                        return self._hide(sub, message, "duplicate", upstream_version)
+                    if self.transparent:
+                        return self._hide(sub, message, "redelivery", upstream_version)
+                    redelivered = True
         out = message.without("ack")
         if sub.app_id is not None:
             out = out.with_header("subscription", sub.app_id)
         elif out.has("subscription"):
             out = out.without("subscription")
+        if redelivered:
+            out = out.with_header("redelivered", "true")
         if sub.ack == "auto":
-            return out
-        message_id = message.get("message-id", "") or ""
+            if identity is not None:
+                self._remember(sub, identity, "acked", now)
+            return Delivered(out, to_broker=self._ack_for(sub, message, upstream_version))
         if self.app_version == "1.2":
             self._next_ack += 1
             key = str(self._next_ack)
@@ -249,21 +448,108 @@ class SessionState:
         else:
             key = message_id
         delivery = Delivery(
-            app_key=key, subscription=sub, message_id=message_id, upstream_ack=upstream_ack
+            app_key=key,
+            subscription=sub,
+            message_id=message_id,
+            upstream_ack=upstream_ack,
+            identity=identity,
+            generation=self.generation,
+            arrival=sub.arrivals,
         )
+        self._stale.pop(key, None)
+        self._deliveries[key] = delivery
+        sub.deliveries[key] = delivery
+        if identity is not None:
+            sub.pending_by_identity[identity] = delivery
+            self._remember(sub, identity, "delivered", now)
+        return Delivered(out)
+
+    def _hide(
+        self, sub: Subscription, message: Frame, why: str, upstream_version: str
+    ) -> Delivered:
+        """Hide a duplicate or redelivery; in the client ack modes acknowledge it upstream.
+
+        In ``client`` mode an ACK is cumulative: while the app still holds an earlier message
+        of the subscription, the ACK waits (``deferred_ack``), or it would acknowledge that
+        message too; :meth:`settle` sends it once nothing earlier is held.
+        """
+        if why == "duplicate":
+            self.duplicates_hidden += 1
+        else:
+            self.redeliveries_hidden += 1
+        ghost = self._ghost(sub, message)
+        if sub.ack == "client" and any(
+            d.generation == self.generation for d in sub.deliveries.values()
+        ):
+            # Only deliveries of this link come before it on the broker's side: an older
+            # link's are not covered by a cumulative ACK sent here.
+            sub.deferred_ack = ghost
+            return Delivered(None, hidden=why)
+        ack = self.upstream_ack(Frame(Command.ACK), ghost, upstream_version)
+        return Delivered(None, to_broker=ack, hidden=why)
+
+    def _ghost(self, sub: Subscription, message: Frame) -> Delivery:
+        """A delivery record for a message the app will never acknowledge itself."""
+        return Delivery(
+            app_key="",
+            subscription=sub,
+            message_id=message.get("message-id", "") or "",
+            upstream_ack=message.get("ack"),
+            identity=None,
+            generation=self.generation,
+            arrival=sub.arrivals,
+        )
+
+    def _ack_for(self, sub: Subscription, message: Frame, upstream_version: str) -> Frame:
+        return self.upstream_ack(Frame(Command.ACK), self._ghost(sub, message), upstream_version)
+
+    def _forget(self, delivery: Delivery) -> None:
+        sub = delivery.subscription
+        sub.deliveries.pop(delivery.app_key, None)
+        self._deliveries.pop(delivery.app_key, None)
+        if (
+            delivery.identity is not None
+            and sub.pending_by_identity.get(delivery.identity) is delivery
+        ):
+            del sub.pending_by_identity[delivery.identity]
+
+    def local_delivery(self, sub: Subscription, message: Frame) -> Frame:
+        """Address a sidecar-made MESSAGE (an event) to a local subscription; an ack id is
+        added when the subscription asks for acks, and settling it sends nothing upstream."""
+        out = message
+        if sub.app_id is not None:
+            out = out.with_header("subscription", sub.app_id)
+        if sub.ack == "auto":
+            return out
+        message_id = out.get("message-id", "") or ""
+        if self.app_version == "1.2":
+            self._next_ack += 1
+            key = str(self._next_ack)
+            out = out.with_header("ack", key)
+        elif self.app_version == "1.1":
+            key = f"{sub.app_id}\x00{message_id}"
+        else:
+            key = message_id
+        delivery = Delivery(key, sub, message_id, None, None, self.generation)
         self._deliveries[key] = delivery
         sub.deliveries[key] = delivery
         return out
 
-    def settle(self, frame: Frame) -> Delivery:
-        """Resolve an app ACK/NACK to its delivery and forget what it settles.
+    def settle(self, frame: Frame, *, upstream_version: str, now: float | None = None) -> Settled:
+        """Resolve an app ACK/NACK to the frame for the broker, and forget what it settles.
 
         In ``client`` ack mode an ACK/NACK is cumulative (STOMP 1.2 "SUBSCRIBE ack Header"):
-        every earlier delivery on that subscription is settled too.
+        every earlier delivery on that subscription is settled too. A delivery from an older
+        link has no valid upstream ack id: in ``transparent`` mode its identity is remembered
+        and the redelivery is settled when it arrives (``to_broker`` None); in ``strict`` mode
+        the ACK is rejected as stale (JMS: acknowledgements of messages received before a
+        failover fail).
 
         Raises:
             SessionError: the ack id (or message-id) matches no outstanding delivery.
+            FrameRejected: a stale ack id in ``strict`` mode.
         """
+        now = time.monotonic() if now is None else now
         if self.app_version == "1.2":
             key = frame.get("id", "") or ""
             what = f"ack id '{key}'"
@@ -278,26 +564,59 @@ class SessionState:
             what = f"message-id '{key}'"
         delivery = self._deliveries.get(key)
         if delivery is None:
+            if key in self._stale:
+                raise FrameRejected(
+                    f"{what} is stale: the message was delivered before a failover and has been "
+                    "redelivered with a new ack id"
+                )
             raise SessionError(f"unknown {what}: no unacknowledged message has it")
         sub = delivery.subscription
+        stale = delivery.generation != self.generation and not sub.local
+        if stale and not self.transparent:
+            self._forget(delivery)
+            raise FrameRejected(
+                f"{what} is stale: the message was delivered before a failover and will be "
+                "redelivered"
+            )
+        status = "nacked" if frame.command == "NACK" else "acked"
+        settled = [delivery]
         if sub.ack == "client":
-            while sub.deliveries:
-                first_key = next(iter(sub.deliveries))
-                sub.deliveries.pop(first_key)
-                self._deliveries.pop(first_key, None)
-                if first_key == key:
+            settled = []
+            for candidate in list(sub.deliveries.values()):
+                settled.append(candidate)
+                if candidate is delivery:
                     break
-        else:
-            sub.deliveries.pop(key, None)
-            del self._deliveries[key]
-        return delivery
+        tx = frame.get("transaction")
+        for d in settled:
+            self._forget(d)
+            if d.identity is not None:
+                self._remember(sub, d.identity, status, now, generation=d.generation)
+            if tx is not None and tx in self.transactions:
+                self.transactions[tx].acked.append(d)
+        if sub.local:
+            return Settled(None, local=True)
+        if stale:
+            return Settled(None)
+        also: Frame | None = None
+        deferred = sub.deferred_ack
+        if deferred is not None and sub.ack == "client":
+            if deferred.arrival <= delivery.arrival:
+                sub.deferred_ack = None  # this cumulative ACK covers it
+            elif (
+                not any(d.generation == self.generation for d in sub.deliveries.values())
+                and tx is None
+                and status == "acked"
+            ):
+                sub.deferred_ack = None
+                also = self.upstream_ack(Frame(Command.ACK), deferred, upstream_version)
+        return Settled(self.upstream_ack(frame, delivery, upstream_version), also=also)
 
     def upstream_ack(self, frame: Frame, delivery: Delivery, upstream_version: str) -> Frame:
         """Build the ACK/NACK for the broker, in the upstream leg's STOMP version.
 
-        The app's other headers (``transaction``, ``receipt`` already mapped) are kept; the
-        identifying headers are rewritten: ``id`` in 1.2, ``message-id`` + ``subscription`` in
-        1.1, ``message-id`` in 1.0 (STOMP 1.0/1.1/1.2 "ACK").
+        The app's other headers (``transaction``, ``receipt``) are kept; the identifying
+        headers are rewritten: ``id`` in 1.2, ``message-id`` + ``subscription`` in 1.1,
+        ``message-id`` in 1.0 (STOMP 1.0/1.1/1.2 "ACK").
         """
         rest = frame.without("id", "message-id", "subscription")
         if upstream_version == "1.2":
@@ -313,7 +632,7 @@ class SessionState:
             ident = (("message-id", delivery.message_id),)
         return rest.replace(headers=ident + rest.headers)
 
-    # -- transactions -------------------------------------------------------------------------
+    # -- transactions -----------------------------------------------------------------------
 
     def begin(self, frame: Frame) -> None:
         """Open the transaction a BEGIN names. Raises SessionError if it is already open."""
@@ -327,21 +646,42 @@ class SessionState:
         tx = frame.get("transaction", "") or ""
         if tx not in self.transactions:
             raise SessionError(f"transaction '{tx}' is not open")
-        return self.transactions.pop(tx)
+        ended = self.transactions.pop(tx)
+        if frame.command == "ABORT":
+            # The broker keeps what the transaction acknowledged unacknowledged (ActiveMQ
+            # StompSubscription.onStompAbort); so does the sidecar: the app holds them again.
+            for d in ended.acked:
+                self._restore_delivery(d)
+            ended.acked.clear()
+        return ended
 
-    def record_in_transaction(self, frame: Frame) -> None:
-        """Remember a SEND/ACK/NACK sent in a transaction (replayed or rolled back on failover).
+    def _restore_delivery(self, d: Delivery) -> None:
+        sub = d.subscription
+        if sub.upstream_id not in self.subscriptions:
+            return
+        self._deliveries[d.app_key] = d
+        sub.deliveries[d.app_key] = d
+        if d.identity is not None:
+            sub.pending_by_identity[d.identity] = d
+            self._remember(sub, d.identity, "delivered", time.monotonic(), generation=d.generation)
 
-        Raises SessionError if the frame names a transaction that is not open.
+    def transaction_of(self, frame: Frame) -> Transaction | None:
+        """The open transaction a SEND/ACK/NACK names, if any.
+
+        Raises SessionError if it names a transaction that is not open.
         """
         tx = frame.get("transaction")
         if tx is None:
-            return
+            return None
         if tx not in self.transactions:
             raise SessionError(f"transaction '{tx}' is not open")
-        self.transactions[tx].frames.append(frame)
+        return self.transactions[tx]
 
-    def iter_subscribe_frames(self) -> Iterator[Frame]:
-        """The SUBSCRIBE frames that recreate every live subscription, in creation order."""
-        for sub in self.subscriptions.values():
-            yield sub.frame
+    def roll_back(self, tx: Transaction) -> None:
+        """A failover rolled ``tx`` back (``rollback`` mode): the messages its ACKs settled
+        will come back and must be shown again (GigaSpaces/JMS: redelivered after rollback)."""
+        tx.rolled_back = True
+        for d in tx.acked:
+            if d.identity is not None:
+                d.subscription.seen.pop(d.identity, None)
+        tx.acked.clear()

@@ -30,6 +30,7 @@ __all__ = [
     "UpstreamRefused",
     "UpstreamStatistics",
     "UpstreamUnavailable",
+    "connect_upstream",
     "open_upstream",
 ]
 
@@ -90,6 +91,7 @@ class Upstream:
         self.connected = connected
         self.version = wire.conn.version
         self.connected_at = trio.current_time()
+        self.closed = False
 
     async def send(self, frame: Frame) -> None:
         """Write a frame to the broker. Raises :class:`TransportLost` if the leg is broken."""
@@ -103,6 +105,36 @@ class Upstream:
             protocol.RemoteProtocolError: the broker sent something that is not STOMP.
         """
         return await self.wire.receive_event()
+
+    async def keep_alive(self) -> None:
+        """Send heart-beats until cancelled (run it in the owner's nursery).
+
+        A failed heart-beat write means the leg is broken; the reader sees the reset or EOF
+        and reports it, so this just returns rather than tearing its owner's scope down.
+        """
+        try:
+            await send_heartbeats(self.wire)
+        except TransportLost:
+            return
+
+    async def aclose(self) -> None:
+        """Close the socket at once (no DISCONNECT: callers say goodbye first if they want)."""
+        self.closed = True
+        await trio.aclose_forcefully(self.wire.stream)
+
+    @property
+    def confirms_in_order(self) -> bool:
+        """Whether one RECEIPT confirms every frame sent before it. RabbitMQ sends a SEND's
+        RECEIPT when the message is confirmed (publisher confirms), a transient message at
+        once and a persistent one after it is on disk, so its receipts overtake each other
+        (measured in tests/integration/test_failover.py): there every SEND needs its own."""
+        return not (self.connected.get("server") or "").startswith("RabbitMQ")
+
+    @property
+    def stable_message_ids(self) -> bool:
+        """Whether this broker keeps a message's ``message-id`` across redelivery and
+        failover: ActiveMQ Classic and Artemis do, RabbitMQ does not (BROKERS.md §3, §8.9)."""
+        return (self.connected.get("server") or "").startswith("ActiveMQ")
 
     def statistics(self) -> UpstreamStatistics:
         """Counters and negotiated parameters of this leg."""
@@ -134,16 +166,18 @@ async def _open_stream(broker: Broker) -> trio.abc.Stream:
     return tls
 
 
-@asynccontextmanager
-async def open_upstream(
+async def connect_upstream(
     broker: Broker,
     connect: Frame,
     *,
     limits: protocol.Limits,
     grace: float,
     connect_timeout: float,
-) -> AsyncIterator[Upstream]:
-    """Connect to ``broker``, send ``connect`` and yield the CONNECTED leg.
+) -> Upstream:
+    """Connect to ``broker``, send ``connect`` and return the CONNECTED leg.
+
+    The caller owns the result: it runs :meth:`Upstream.keep_alive` in a nursery of its own
+    and calls :meth:`Upstream.aclose` when done (or uses :func:`open_upstream`).
 
     Args:
         broker: where to connect.
@@ -160,9 +194,8 @@ async def open_upstream(
     try:
         with trio.fail_after(connect_timeout):
             stream = await _open_stream(broker)
-            wire = FrameStream(
-                stream, protocol.Connection(protocol.Role.CLIENT, limits), grace=grace
-            )
+            conn = protocol.Connection(protocol.Role.CLIENT, limits)
+            wire = FrameStream(stream, conn, grace=grace)
             await wire.send(connect)
             while True:
                 event = await wire.receive_event()
@@ -186,22 +219,31 @@ async def open_upstream(
         if wire is not None:
             await trio.aclose_forcefully(wire.stream)
         raise
+    # Silence is judged against the receive interval the caller offered, not the halved one
+    # it asked the broker for (see FrameStream.start_heartbeats).
+    offered = protocol.parse_heartbeat(connect.get("heart-beat"))[1]
+    wire.start_heartbeats(silence_ms=offered * 2)
+    return Upstream(broker, wire, connected)
 
-    wire.start_heartbeats()
-    upstream = Upstream(broker, wire, connected)
+
+@asynccontextmanager
+async def open_upstream(
+    broker: Broker,
+    connect: Frame,
+    *,
+    limits: protocol.Limits,
+    grace: float,
+    connect_timeout: float,
+) -> AsyncIterator[Upstream]:
+    """:func:`connect_upstream` as an async context manager that owns the leg's heart-beat
+    task and closes the socket on exit (for short-lived legs such as readiness probes)."""
+    upstream = await connect_upstream(
+        broker, connect, limits=limits, grace=grace, connect_timeout=connect_timeout
+    )
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_keep_alive, wire)
+            nursery.start_soon(upstream.keep_alive)
             yield upstream
             nursery.cancel_scope.cancel()
     finally:
-        await trio.aclose_forcefully(wire.stream)
-
-
-async def _keep_alive(wire: FrameStream) -> None:
-    # A failed heart-beat write means the leg is broken; the reader sees the reset or EOF and
-    # reports it, so the sender just stops rather than tearing the session's scope down itself.
-    try:
-        await send_heartbeats(wire)
-    except TransportLost:
-        return
+        await upstream.aclose()

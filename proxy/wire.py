@@ -53,31 +53,49 @@ class FrameStream:
         self.grace = grace
         self._send_lock = trio.Lock()
         self.timer: protocol.HeartBeatTimer | None = None
+        self.broken: str | None = None  # why the stream failed, once a read or write did
         self.frames_in = 0
         self.frames_out = 0
         self.bytes_in = 0
         self.bytes_out = 0
 
-    def start_heartbeats(self) -> None:
-        """Arm the heart-beat timer once the CONNECT/CONNECTED exchange has negotiated it."""
+    def start_heartbeats(self, *, silence_ms: int = 0) -> None:
+        """Arm the heart-beat timer once the CONNECT/CONNECTED exchange has negotiated it.
+
+        ``silence_ms``: when receiving beats was negotiated, judge silence against at least
+        this interval (the peer is dead after ``max(negotiated, silence_ms) * grace``). The
+        upstream leg asks the broker for beats twice as often as ``silence_ms`` and judges by
+        ``silence_ms`` itself: a broker writes a beat only when it wrote nothing during its
+        last check period, so its gaps reach twice the interval it was asked for (ActiveMQ's
+        InactivityMonitor; RabbitMQ beats at half the interval).
+        """
         send_ms, receive_ms = self.conn.heartbeat
+        if receive_ms:
+            receive_ms = max(receive_ms, silence_ms)
         self.timer = protocol.HeartBeatTimer(
             send_ms, receive_ms, trio.current_time(), grace=self.grace
         )
 
-    async def send(self, frame: Frame) -> None:
+    async def send(self, frame: Frame, *, fatal: bool = True) -> None:
         """Serialize ``frame`` for this leg's negotiated version and write it.
+
+        ``fatal=False``: an ERROR that rejects one frame and keeps the connection
+        (:meth:`protocol.Connection.send`).
 
         Raises:
             TransportLost: the stream is broken or closed.
             protocol.LocalProtocolError: the frame cannot be sent in this state/version.
         """
-        data = self.conn.send(frame)
+        if self.broken is not None:
+            raise TransportLost(self.broken)
+        data = self.conn.send(frame, fatal=fatal)
         await self._write(data)
         self.frames_out += 1
 
     async def send_heartbeat(self) -> None:
         """Write one EOL heart-beat (STOMP 1.2 "Heart-beating")."""
+        if self.broken is not None:
+            raise TransportLost(self.broken)
         await self._write(self.conn.send_heartbeat())
 
     async def _write(self, data: bytes) -> None:
@@ -88,8 +106,9 @@ class FrameStream:
                 # As in h11's trio example: a write that did not complete leaves the peer with
                 # a partial frame, so the connection is unusable. Cancelled is re-raised too.
                 self.conn.send_failed()
+                self.broken = f"write failed: {exc or type(exc).__name__}"
                 if isinstance(exc, trio.BrokenResourceError | trio.ClosedResourceError):
-                    raise TransportLost(f"write failed: {exc or type(exc).__name__}") from exc
+                    raise TransportLost(self.broken) from exc
                 raise
         self.bytes_out += len(data)
         if self.timer is not None:
@@ -123,11 +142,25 @@ class FrameStream:
                             f"(heart-beat {self.conn.heartbeat[1]} ms x {self.grace})"
                         )
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                raise TransportLost(f"read failed: {exc or type(exc).__name__}") from exc
+                self.broken = f"read failed: {exc or type(exc).__name__}"
+                raise TransportLost(self.broken) from exc
             self.bytes_in += len(data)
             if self.timer is not None:
                 self.timer.data_received(trio.current_time())
             self.conn.receive_data(bytes(data))
+
+    def next_buffered(self) -> Frame | HeartBeat | ConnectionClosed | None:
+        """The next event if it is already in the buffer, else None; never does I/O.
+
+        Lets a reader see whether a frame is the last of a burst (DESIGN §3.3: request a
+        receipt when the session goes idle).
+        """
+        event = self.conn.next_event()
+        if isinstance(event, protocol.NeedData):
+            return None
+        if isinstance(event, Frame):
+            self.frames_in += 1
+        return event
 
     async def aclose(self) -> None:
         """Close the stream (no goodbye frame; callers send DISCONNECT/ERROR first)."""

@@ -48,7 +48,11 @@ def unique(prefix: str = "/queue/t") -> str:
 
 def sidecar_config(brokers: str, **overrides: object) -> Config:
     """A config for a test sidecar on an ephemeral loopback port."""
-    values: dict[str, object | None] = {"listen": "127.0.0.1:0", "brokers": brokers}
+    values: dict[str, object | None] = {
+        "listen": "127.0.0.1:0",
+        "admin_listen": "127.0.0.1:0",
+        "brokers": brokers,
+    }
     values.update(overrides)
     return load_config(path=None, env={}, overrides=values)
 

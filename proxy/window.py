@@ -1,0 +1,232 @@
+"""The confirmation window: every frame sent upstream, kept until the broker confirms it.
+
+DESIGN §3.3, after Artemis' ``confirmationWindowSize`` ("Client Reconnection and Session
+Reattachment"): each frame bound for the broker gets a sequence number and stays here until a
+RECEIPT covers it, so that after a reconnect whatever the old broker never confirmed can be
+replayed, and whatever cannot be replayed can be reported by id.
+
+Confirmation is cumulative, because a broker processes one connection's frames in order: the
+RECEIPT for entry *k* confirms *k* and every earlier entry. One caution: RabbitMQ sends a SEND's
+RECEIPT when the message is confirmed (publisher confirms), which its documentation allows to
+happen out of order. So an earlier entry that carries a receipt of its own is only confirmed by
+that receipt; when a later receipt overtakes it, it stays, and ``out_of_order`` counts it (the
+integration tests assert that both brokers keep this at 0).
+
+Pure: no trio, no clock (``now`` is passed in). Bounded in bytes: :meth:`has_room` says when
+the session must stop reading from the app (backpressure through TCP).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from protocol import Frame
+
+__all__ = ["ConfirmationWindow", "Entry", "WindowStatistics", "frame_size"]
+
+
+def frame_size(frame: Frame) -> int:
+    """Bytes a frame counts against the window: about its size on the wire."""
+    size = len(frame.command) + len(frame.body) + 3
+    for name, value in frame.headers:
+        size += len(name) + len(value) + 2
+    return size
+
+
+@dataclass(eq=False, slots=True)
+class Entry:
+    """One frame in the window.
+
+    Attributes:
+        seq: position in the session's upstream stream (1-based, never reused).
+        frame: the frame as sent upstream (sidecar receipt id, duplicate-detection id).
+        size: bytes counted against the window.
+        app_receipt: the receipt id the app asked for, if any (answered when confirmed).
+        receipt: the sidecar's receipt id requested on this frame, if any.
+        enqueued_at: when the app handed the frame over (seconds, caller's clock).
+        sent: written to the current upstream leg.
+        answered: the app's receipt was answered (RECEIPT, or ERROR after ``call_timeout``).
+        context: what the session needs to replay it (the Transaction a COMMIT ends).
+    """
+
+    seq: int
+    frame: Frame
+    size: int
+    app_receipt: str | None
+    receipt: str | None
+    enqueued_at: float
+    sent: bool = False
+    answered: bool = False
+    confirmed: bool = False
+    context: object = field(default=None)
+
+    @property
+    def label(self) -> str:
+        """How reports name this frame: the app's receipt id, else ``COMMAND #seq``."""
+        if self.app_receipt is not None:
+            return self.app_receipt
+        return f"{self.frame.command} #{self.seq}"
+
+
+@dataclass(frozen=True, slots=True)
+class WindowStatistics:
+    """Occupancy and counters of a window (``/status``, metrics)."""
+
+    frames: int
+    bytes: int
+    max_bytes: int
+    unsent: int
+    receipts_pending: int
+    confirmed_total: int
+    out_of_order: int
+
+
+class ConfirmationWindow:
+    """Frames sent (or to be sent) upstream and not yet confirmed, in order.
+
+    Args:
+        max_bytes: the bound (``confirmation_window_size``). A frame larger than the whole
+            window is admitted when the window is empty, so it can never deadlock.
+        receipt_prefix: prefix of the receipt ids the window requests (``<session>-r``).
+        receipt_fraction: request a receipt once this fraction of ``max_bytes`` was appended
+            since the last receipted entry (DESIGN §3.3: "when unconfirmed bytes pass a
+            fraction of the window").
+    """
+
+    def __init__(
+        self, max_bytes: int, *, receipt_prefix: str, receipt_fraction: float = 0.5
+    ) -> None:
+        if max_bytes <= 0:
+            raise ValueError("max_bytes must be > 0")
+        self.max_bytes = max_bytes
+        self.receipt_prefix = receipt_prefix
+        self._receipt_threshold = max(1, int(max_bytes * receipt_fraction))
+        self._entries: deque[Entry] = deque()
+        self._by_receipt: dict[str, Entry] = {}
+        self._seq = 0
+        self.bytes = 0
+        self._unreceipted = 0
+        self.confirmed_total = 0
+        self.out_of_order = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[Entry]:
+        return iter(self._entries)
+
+    def has_room(self, size: int) -> bool:
+        """Whether a frame of ``size`` bytes fits now."""
+        return not self._entries or self.bytes + size <= self.max_bytes
+
+    def append(
+        self,
+        frame: Frame,
+        *,
+        app_receipt: str | None,
+        want_receipt: bool,
+        now: float,
+        context: object = None,
+    ) -> Entry:
+        """Add a frame; returns its entry (with the sidecar's receipt header set if one is
+        requested: when ``want_receipt``, when the app asked for one, or when the bytes since
+        the last receipted entry passed the threshold). The caller checks :meth:`has_room`."""
+        self._seq += 1
+        size = frame_size(frame)
+        receipt: str | None = None
+        wanted = want_receipt or app_receipt is not None
+        if wanted or self._unreceipted + size >= self._receipt_threshold:
+            receipt = f"{self.receipt_prefix}{self._seq}"
+            frame = frame.with_header("receipt", receipt)
+            self._unreceipted = 0
+        else:
+            self._unreceipted += size
+        entry = Entry(self._seq, frame, size, app_receipt, receipt, now, context=context)
+        self._entries.append(entry)
+        if receipt is not None:
+            self._by_receipt[receipt] = entry
+        self.bytes += size
+        return entry
+
+    def confirm(self, receipt: str) -> list[Entry] | None:
+        """Apply a RECEIPT: the confirmed entries in order, or None for an unknown id.
+
+        Confirms the receipted entry and every earlier entry that has no receipt pending of
+        its own (see the module docstring on out-of-order receipts).
+        """
+        target = self._by_receipt.pop(receipt, None)
+        if target is None:
+            return None
+        confirmed: list[Entry] = []
+        kept: list[Entry] = []
+        while self._entries:
+            entry = self._entries.popleft()
+            if entry is target:
+                confirmed.append(entry)
+                break
+            if entry.receipt is not None and entry.receipt in self._by_receipt:
+                kept.append(entry)  # overtaken by a later receipt: wait for its own
+                self.out_of_order += 1
+            else:
+                confirmed.append(entry)
+        self._entries.extendleft(reversed(kept))
+        for entry in confirmed:
+            self.bytes -= entry.size
+            entry.confirmed = True
+        self.confirmed_total += len(confirmed)
+        return confirmed
+
+    def ensure_receipt(self, entry: Entry) -> None:
+        """Give an entry a receipt of its own if it has none (before it is sent again)."""
+        if entry.receipt is not None:
+            return
+        receipt = f"{self.receipt_prefix}{entry.seq}"
+        entry.receipt = receipt
+        entry.frame = entry.frame.with_header("receipt", receipt)
+        self._by_receipt[receipt] = entry
+
+    def drop(self, entry: Entry) -> None:
+        """Remove an entry without a receipt: never sent and given up (``call_timeout``), or
+        made moot by a reconnect (an ACK for a delivery of the old link)."""
+        self._entries.remove(entry)
+        if entry.receipt is not None:
+            self._by_receipt.pop(entry.receipt, None)
+        self.bytes -= entry.size
+
+    def unconfirmed(self) -> list[Entry]:
+        """Every entry, in order (all of them are unconfirmed)."""
+        return list(self._entries)
+
+    def mark_all_unsent(self) -> None:
+        """The leg they were written to is gone: every entry needs sending again."""
+        for entry in self._entries:
+            entry.sent = False
+
+    def drop_all(self) -> list[Entry]:
+        """Empty the window (the session ends); returns what was in it."""
+        entries = list(self._entries)
+        self._entries.clear()
+        self._by_receipt.clear()
+        self.bytes = 0
+        return entries
+
+    def first_unanswered(self) -> Entry | None:
+        """The oldest entry whose app receipt is still unanswered (``call_timeout`` watch)."""
+        for entry in self._entries:
+            if entry.app_receipt is not None and not entry.answered:
+                return entry
+        return None
+
+    def statistics(self) -> WindowStatistics:
+        """Frames, bytes, unsent frames and receipts pending now; counters since start."""
+        return WindowStatistics(
+            frames=len(self._entries),
+            bytes=self.bytes,
+            max_bytes=self.max_bytes,
+            unsent=sum(1 for e in self._entries if not e.sent),
+            receipts_pending=len(self._by_receipt),
+            confirmed_total=self.confirmed_total,
+            out_of_order=self.out_of_order,
+        )
