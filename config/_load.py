@@ -358,7 +358,13 @@ def _validate(cfg: Config, settings: Mapping[str, _Setting], skip: set[str]) -> 
     )
     check("reconnect_period", cfg.reconnect_period >= 0, "must be >= 0 (0 = no time bound)")
     check("jitter", 0.0 <= cfg.jitter <= 1.0, "must be between 0 and 1")
-    for name in ("call_timeout", "connect_timeout", "handshake_timeout", "drain_timeout"):
+    for name in (
+        "call_timeout",
+        "connect_timeout",
+        "handshake_timeout",
+        "drain_timeout",
+        "broker_probe_interval",
+    ):
         check(name, getattr(cfg, name) > 0, "must be > 0")
     for name in (
         "confirmation_window_size",

@@ -128,6 +128,11 @@ class Config:
             (DESIGN §3.7); port 0 = ephemeral (tests).
         admin_listen: ``(host, port)`` of the HTTP admin plane (metrics, health,
             status); on all interfaces so Prometheus can scrape it (DESIGN §3.7).
+        broker_probe_interval: ms between readiness checks of each broker, > 0: the
+            admin plane's ``/readyz`` needs "a STOMP CONNECT answered recently", so every
+            interval it opens one (unless a live session leg already proves the broker
+            answers). 5000 ms: readiness follows a broker within seconds, and a probe
+            connection every 5 s is negligible load.
         brokers: The upstream brokers in failover order. At least one is required.
         login: The sidecar's own upstream login, used for every broker without its
             own. When set, the app's ``login``/``passcode`` are not forwarded.
@@ -189,6 +194,7 @@ class Config:
 
     listen: tuple[str, int] = ("127.0.0.1", 61613)
     admin_listen: tuple[str, int] = ("0.0.0.0", 9464)
+    broker_probe_interval: int = 5_000
     brokers: tuple[Broker, ...] = ()
     login: str | None = None
     passcode: Secret | None = None

@@ -80,6 +80,12 @@ _ROWS = (
     Option("listen", "address", "STOMP listener for apps, host:port (port 0 = ephemeral)"),
     Option("admin_listen", "address", "HTTP admin plane (metrics, health, status), host:port"),
     Option(
+        "broker_probe_interval",
+        "int",
+        "ms between readiness probes (STOMP CONNECT) of each broker for /readyz, > 0",
+        "ms",
+    ),
+    Option(
         "brokers",
         "brokers",
         "broker list: failover:(stomp://a:61613,stomp+ssl://b:61614)?retryInterval=100 "

@@ -11,7 +11,6 @@ import json
 import sys
 import tempfile
 from collections.abc import Callable, Mapping
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TypeVar
 
@@ -20,17 +19,13 @@ import trio
 
 import testbed
 from config import Config, ConfigError, load_config
+from proxy._version import VERSION
 from proxy.app import ListenError, serve
 from proxy.logs import configure_logging
 
 __all__ = ["main"]
 
 F = TypeVar("F", bound=Callable[..., object])
-
-try:
-    VERSION = version("mq-sidecar")
-except PackageNotFoundError:  # running from a source tree without installing
-    VERSION = "0+unknown"
 
 
 def _config_options(func: F) -> F:
@@ -43,7 +38,10 @@ def _config_options(func: F) -> F:
             help="TOML configuration file (default: $MQ_SIDECAR_CONFIG).",
         ),
         click.option("--listen", help="STOMP listen address for apps, HOST:PORT."),
-        click.option("--admin-listen", help="HTTP admin address (metrics, health), HOST:PORT."),
+        click.option(
+            "--admin-listen",
+            help="HTTP admin plane address (/metrics /healthz /readyz /status /events), HOST:PORT.",
+        ),
         click.option(
             "--brokers",
             help="Broker list: failover:(stomp://a:61613,stomp://b:61613)?retryInterval=100",
@@ -140,12 +138,18 @@ def check_config(
     "--listen", default="127.0.0.1:61613", show_default=True, help="STOMP listen address."
 )
 @click.option(
+    "--admin-listen",
+    default="127.0.0.1:9464",
+    show_default=True,
+    help="HTTP admin plane address (/metrics, /healthz, /readyz, /status, /events).",
+)
+@click.option(
     "--workdir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
     help="Where the broker keeps its data and log (default: a temporary directory).",
 )
-def demo(listen: str, workdir: Path | None) -> None:
+def demo(listen: str, admin_listen: str, workdir: Path | None) -> None:
     """Start a local ActiveMQ (Debian package) and mq-sidecar in front of it."""
     if not testbed.activemq_installed():
         click.echo("mq-sidecar: ActiveMQ is not installed; run scripts/setup.sh first", err=True)
@@ -156,13 +160,18 @@ def demo(listen: str, workdir: Path | None) -> None:
         broker = testbed.ActiveMQ("demo", base / "activemq")
         click.echo(f"starting ActiveMQ (log: {broker.log_path}) ...")
         with broker:
-            config = _load(None, {"listen": listen, "brokers": broker.stomp_url})
+            config = _load(
+                None, {"listen": listen, "admin_listen": admin_listen, "brokers": broker.stomp_url}
+            )
             host, port = config.listen
+            admin_host, admin_port = config.admin_listen
             click.echo(
                 f"ActiveMQ pid {broker.pid} answers STOMP on 127.0.0.1:{broker.stomp_port}\n"
                 f"mq-sidecar listens on {host}:{port}; connect your app there, e.g.:\n"
                 f"  .venv/bin/python -c \"import stomp; c = stomp.Connection([('{host}', {port})]);"
                 f" c.connect(wait=True); c.send('/queue/demo', 'hello'); c.disconnect()\"\n"
+                f"Admin plane: http://{admin_host}:{admin_port}/ (metrics, healthz, readyz, status,"
+                " events; with port 0 the log line names the real port)\n"
                 "Ctrl-C (SIGINT) or SIGTERM stops mq-sidecar and the broker."
             )
             _run(config)

@@ -1,10 +1,17 @@
-"""The daemon: the STOMP listener, one :class:`Session` per app connection, graceful shutdown.
+"""The daemon: the STOMP listener, one :class:`Session` per app connection, the admin plane,
+graceful shutdown.
 
 ``serve`` is the root of the task tree (STYLE §2 rules 8, 9, 14): it binds the listener,
-reports the bound address through ``task_status`` (tests and readiness wait on that, never on a
-sleep), accepts connections into a sessions nursery it owns, and on shutdown stops accepting,
-asks every session to drain (DISCONNECT upstream, ERROR to the app), and cancels whatever is
-still running when ``drain_timeout`` has passed.
+starts the admin plane (``proxy.admin``: metrics, health, status, events) and the event log in
+the same nursery, reports the :class:`Sidecar` through ``task_status`` once both listeners are
+bound (tests and readiness wait on that, never on a sleep), accepts connections into a sessions
+nursery it owns, and on shutdown stops accepting, asks every session to drain (DISCONNECT
+upstream, ERROR to the app), and cancels whatever is still running when ``drain_timeout`` has
+passed. The admin plane answers during the drain (``/readyz`` says "shutting down").
+
+The :class:`Sidecar` owns what sessions report into: the Prometheus ``registry`` (never the
+global one), the :class:`~proxy.metrics.Metrics` recorded on it, and the
+:class:`~proxy.events.EventBus` of session events.
 """
 
 from __future__ import annotations
@@ -17,8 +24,14 @@ import signal
 from dataclasses import dataclass
 
 import trio
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
 from config import Config
+from proxy._errors import ListenError
+from proxy.admin import AdminLimits, AdminServer
+from proxy.events import EventBus
+from proxy.logs import log_session_event
+from proxy.metrics import Metrics
 from proxy.session import Session, SessionStatistics
 
 __all__ = ["ListenError", "Sidecar", "SidecarStatistics", "serve"]
@@ -31,10 +44,6 @@ _ACCEPT_CAPACITY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBU
 _ACCEPT_RETRY_SECONDS = 0.1
 
 
-class ListenError(Exception):
-    """The STOMP listen address cannot be bound (in use, no permission, no such address)."""
-
-
 @dataclass(frozen=True, slots=True)
 class SidecarStatistics:
     """Snapshot of the whole daemon: listener address and every live session."""
@@ -42,6 +51,7 @@ class SidecarStatistics:
     listen: tuple[str, int] | None
     sessions_total: int
     sessions: tuple[SessionStatistics, ...]
+    admin_listen: tuple[str, int] | None = None
 
 
 class Sidecar:
@@ -49,12 +59,28 @@ class Sidecar:
 
     Args:
         config: validated configuration.
+
+    Attributes:
+        registry: this sidecar's Prometheus registry (``/metrics``), with the process,
+            platform and GC collectors of prometheus-client.
+        metrics: the counters and histograms the session code records into.
+        events: the bus of RECONNECTING/FAILOVER/DISCONNECT events (in-band control channel,
+            ``GET /events``, the event log).
+        admin: the admin plane once :func:`serve` has started it.
     """
 
     def __init__(self, config: Config) -> None:
         self.config = config
+        self.registry = CollectorRegistry()
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
+        self.metrics = Metrics(self.registry, brokers=[b.label for b in config.brokers])
+        self.events = EventBus()
+        self.admin: AdminServer | None = None
         self.sessions: set[Session] = set()
         self.listen_address: tuple[str, int] | None = None
+        self.admin_address: tuple[str, int] | None = None
         self.shutdown_requested = trio.Event()
         self.stopped = trio.Event()
         self._prefix = secrets.token_hex(3)
@@ -71,6 +97,7 @@ class Sidecar:
             listen=self.listen_address,
             sessions_total=self.sessions_total,
             sessions=tuple(s.statistics() for s in self.sessions),
+            admin_listen=self.admin_address,
         )
 
     async def serve(
@@ -92,14 +119,17 @@ class Sidecar:
         self.listen_address = (str(sockname[0]), int(sockname[1]))
         log.info("listening for STOMP on %s:%d", *self.listen_address)
         async with trio.open_nursery() as sessions_nursery:
-            async with trio.open_nursery() as accept_nursery:
+            try:
+                async with trio.open_nursery() as accept_nursery:
+                    for listener in listeners:
+                        accept_nursery.start_soon(self._accept_loop, listener, sessions_nursery)
+                    task_status.started(self.listen_address)
+                    await self.shutdown_requested.wait()
+                    accept_nursery.cancel_scope.cancel()
+            finally:
+                # Also when cancelled (e.g. the admin plane failed to bind): never leak a socket.
                 for listener in listeners:
-                    accept_nursery.start_soon(self._accept_loop, listener, sessions_nursery)
-                task_status.started(self.listen_address)
-                await self.shutdown_requested.wait()
-                accept_nursery.cancel_scope.cancel()
-            for listener in listeners:
-                await listener.aclose()
+                    await trio.aclose_forcefully(listener)
             drain = self.config.drain_timeout / 1000
             log.info("shutting down: draining %d session(s) within %g s", len(self.sessions), drain)
             for session in list(self.sessions):
@@ -124,7 +154,7 @@ class Sidecar:
 
     async def _run_session(self, stream: trio.SocketStream) -> None:
         session_id = f"{self._prefix}-{next(self._counter)}"
-        session = Session(self.config, stream, session_id)
+        session = Session(self.config, stream, session_id, bus=self.events)
         self.sessions.add(session)
         self.sessions_total += 1
         try:
@@ -141,10 +171,21 @@ async def _signals_to_shutdown(sidecar: Sidecar) -> None:
             return
 
 
+async def _log_events(events: EventBus) -> None:
+    """One log line per session event (with session id and broker), for as long as it runs."""
+    while True:
+        with events.subscribe() as channel:
+            async for event in channel:
+                log_session_event(event)
+        # Dropped for being slow (a burst larger than the bus buffer): say so, subscribe again.
+        log.warning("event log fell behind; some session events were not logged")
+
+
 async def serve(
     config: Config,
     *,
     handle_signals: bool = False,
+    admin_limits: AdminLimits | None = None,
     task_status: trio.TaskStatus[Sidecar] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run a sidecar for ``config`` until shutdown; report the :class:`Sidecar` when bound.
@@ -152,16 +193,20 @@ async def serve(
     Args:
         config: validated configuration.
         handle_signals: turn SIGTERM/SIGINT into a graceful shutdown (main thread only).
+        admin_limits: bounds of the admin plane (default :class:`~proxy.admin.AdminLimits`).
 
     Raises:
-        ListenError: the listen address cannot be bound (raised as the only member of an
-            ExceptionGroup, as everything leaving a nursery is).
+        ListenError: the STOMP or the admin address cannot be bound (raised as the only
+            member of an ExceptionGroup, as everything leaving a nursery is).
     """
     sidecar = Sidecar(config)
     async with trio.open_nursery(strict_exception_groups=True) as nursery:
         if handle_signals:
             nursery.start_soon(_signals_to_shutdown, sidecar)
+        nursery.start_soon(_log_events, sidecar.events)
         await nursery.start(sidecar.serve)
+        sidecar.admin = AdminServer(sidecar, limits=admin_limits)
+        sidecar.admin_address = await nursery.start(sidecar.admin.serve)
         task_status.started(sidecar)
         await sidecar.stopped.wait()
-        nursery.cancel_scope.cancel()  # the signal task, if it is still waiting
+        nursery.cancel_scope.cancel()  # the admin plane, the event log, the signal task

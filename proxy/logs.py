@@ -2,6 +2,10 @@
 
 Credentials never reach a log line: the code logs broker labels (``host:port``) and STOMP
 commands, never CONNECT headers, and config objects render secrets as ``***``.
+
+Structured fields. A log call may pass ``extra={"session": id, "broker": label, "event": kind}``;
+the JSON format shows them as keys of their own (``session``, ``broker``, ``event``), so a log
+shipper can filter on them; the text format has them in the message already.
 """
 
 from __future__ import annotations
@@ -11,11 +15,19 @@ import logging
 import sys
 import time
 
-__all__ = ["JsonFormatter", "configure_logging"]
+from proxy.events import EventKind, SessionEvent
+
+__all__ = ["STRUCTURED_FIELDS", "JsonFormatter", "configure_logging", "log_session_event"]
+
+#: ``extra=`` keys the JSON format copies into the record's object.
+STRUCTURED_FIELDS = ("session", "broker", "event")
+
+_events_log = logging.getLogger("mq_sidecar.events")
 
 
 class JsonFormatter(logging.Formatter):
-    """Render a record as one JSON object: ts (RFC 3339, UTC), level, logger, message."""
+    """Render a record as one JSON object: ts (RFC 3339, UTC), level, logger, message, and the
+    :data:`STRUCTURED_FIELDS` given as ``extra``."""
 
     def format(self, record: logging.LogRecord) -> str:
         ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
@@ -25,9 +37,13 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        for key in STRUCTURED_FIELDS:
+            value = record.__dict__.get(key)
+            if value is not None:
+                out[key] = value
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out, ensure_ascii=False)
+        return json.dumps(out, ensure_ascii=False, default=str)
 
 
 def configure_logging(level: str, fmt: str) -> None:
@@ -41,3 +57,54 @@ def configure_logging(level: str, fmt: str) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     root.propagate = False
+
+
+def _event_message(e: SessionEvent) -> str:
+    attempts = f"{e.attempts} attempt(s)"
+    if e.kind is EventKind.RECONNECTING:
+        return (
+            f"session {e.session_id}: RECONNECTING: lost broker {e.from_broker or '-'}: {e.reason}"
+        )
+    if e.kind is EventKind.FAILOVER:
+        where = (
+            f"reattached to {e.to_broker}"
+            if e.reattached
+            else f"failed over {e.from_broker or '-'} -> {e.to_broker or '-'}"
+        )
+        parts = [f"session {e.session_id}: FAILOVER: {where} after {attempts}"]
+        if e.outage_ms is not None:
+            parts.append(f"outage {e.outage_ms} ms")
+        parts.append(f"replayed {e.replayed_frames} frame(s)")
+        if e.transactions_replayed:
+            parts.append(f"transactions replayed {len(e.transactions_replayed)}")
+        if e.transactions_rolled_back:
+            parts.append(f"transactions rolled back {len(e.transactions_rolled_back)}")
+        if e.redeliveries_hidden:
+            parts.append(f"redeliveries hidden {e.redeliveries_hidden}")
+        if e.frames_lost:
+            parts.append(f"frames lost {len(e.frames_lost)}")
+        return ", ".join(parts) + f" ({e.reason})"
+    lost = f"; {len(e.frames_lost)} frame(s) never confirmed" if e.frames_lost else ""
+    return (
+        f"session {e.session_id}: DISCONNECT from {e.from_broker or '-'} after {attempts}: "
+        f"{e.reason}{lost}"
+    )
+
+
+def log_session_event(event: SessionEvent) -> None:
+    """Log one session event as one line on ``mq_sidecar.events`` (with session and broker).
+
+    RECONNECTING is a warning, FAILOVER (the session runs again) info, DISCONNECT an error.
+    """
+    level = {
+        EventKind.RECONNECTING: logging.WARNING,
+        EventKind.FAILOVER: logging.INFO,
+        EventKind.DISCONNECT: logging.ERROR,
+    }[event.kind]
+    broker = event.to_broker if event.kind is EventKind.FAILOVER else event.from_broker
+    _events_log.log(
+        level,
+        "%s",
+        _event_message(event),
+        extra={"session": event.session_id, "broker": broker, "event": str(event.kind)},
+    )

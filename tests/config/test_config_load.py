@@ -554,6 +554,7 @@ def test_no_brokers() -> None:
         ("CONNECT_TIMEOUT", "-1", "connect_timeout: must be > 0, got -1"),
         ("HANDSHAKE_TIMEOUT", "0", "handshake_timeout: must be > 0, got 0"),
         ("DRAIN_TIMEOUT", "0", "drain_timeout: must be > 0, got 0"),
+        ("BROKER_PROBE_INTERVAL", "0", "broker_probe_interval: must be > 0, got 0"),
         ("CONFIRMATION_WINDOW_SIZE", "0", "confirmation_window_size: must be > 0, got 0"),
         ("MAX_FRAME_BYTES", "0", "max_frame_bytes: must be > 0, got 0"),
         ("MAX_HEADERS", "-1", "max_headers: must be > 0, got -1"),

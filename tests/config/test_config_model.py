@@ -114,6 +114,7 @@ def test_config_defaults() -> None:
     cfg = Config()
     assert cfg.listen == ("127.0.0.1", 61613)
     assert cfg.admin_listen == ("0.0.0.0", 9464)
+    assert cfg.broker_probe_interval == 5_000
     assert cfg.brokers == ()
     assert (cfg.retry_interval, cfg.retry_interval_multiplier, cfg.max_retry_interval) == (
         100,

@@ -63,7 +63,16 @@ def test_run_relays_and_drains_on_sigterm(activemq: ActiveMQ, tmp_path: Path) ->
     log = tmp_path / "sidecar.log"
     with log.open("w") as log_file:
         proc = subprocess.Popen(
-            [*MQ_SIDECAR, "run", "--listen", f"127.0.0.1:{port}", "--brokers", activemq.stomp_url],
+            [
+                *MQ_SIDECAR,
+                "run",
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--admin-listen",
+                "127.0.0.1:0",
+                "--brokers",
+                activemq.stomp_url,
+            ],
             stdout=log_file,
             stderr=subprocess.STDOUT,
         )
@@ -107,7 +116,16 @@ def test_run_exits_1_with_a_reason_when_the_port_is_taken(activemq: ActiveMQ) ->
 def test_demo_starts_a_broker_and_the_sidecar(tmp_path: Path) -> None:
     port = free_port()
     proc = subprocess.Popen(
-        [*MQ_SIDECAR, "demo", "--listen", f"127.0.0.1:{port}", "--workdir", str(tmp_path)],
+        [
+            *MQ_SIDECAR,
+            "demo",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--workdir",
+            str(tmp_path),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -1,0 +1,321 @@
+"""Broker reachability (a background prober) and the readiness verdict of ``GET /readyz``.
+
+Readiness (issue 4): *at least one broker reachable* — a STOMP CONNECT answered recently — and
+*no session stuck beyond its* ``call_timeout``.
+
+Reachability is never checked inside a request: :class:`BrokerProber` runs one small task per
+configured broker that, every ``broker_probe_interval``, either
+
+* sees a live session leg to that broker (state ``running``: its heart-beats prove the broker
+  answers, so no extra connection is opened), or
+* opens one with :func:`proxy.upstream.open_upstream`, says DISCONNECT and leaves
+  (:func:`probe_broker`), bounded by ``connect_timeout``.
+
+Requests read the last results (:meth:`BrokerProber.statistics`) and the session statistics, and
+:func:`evaluate_readiness` — a pure function, tested without I/O — turns them into a verdict.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+import trio
+
+import protocol
+from config import Broker, Config
+from protocol import Command, ConnectionClosed, Frame
+from proxy.metrics import Metrics, ProbeOutcome
+from proxy.session import SessionStatistics
+from proxy.upstream import ConnectFailed, UpstreamRefused, open_upstream
+from proxy.wire import TransportLost
+
+__all__ = [
+    "BrokerHealth",
+    "BrokerProber",
+    "ProbeFunction",
+    "Readiness",
+    "evaluate_readiness",
+    "probe_broker",
+    "stuck_for",
+]
+
+#: A probe: CONNECT to one broker; returns the outcome and a one-line detail. Never raises
+#: for anything the broker or the network does.
+ProbeFunction = Callable[[Broker], Awaitable[tuple[ProbeOutcome, str]]]
+
+_PROBE_RECEIPT = "mq-sidecar-probe"
+
+log = logging.getLogger("mq_sidecar.health")
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerHealth:
+    """What the prober knows about one broker. Times are trio seconds.
+
+    ``state``: ``"unknown"`` (not checked yet), ``"up"`` (the last check was answered, and
+    recently) or ``"down"``.
+    """
+
+    broker: str
+    state: str
+    last_check: float | None
+    last_answer: float | None
+    last_outcome: ProbeOutcome | None
+    detail: str
+    checks: int
+    failures: int
+
+
+@dataclass(frozen=True, slots=True)
+class Readiness:
+    """The verdict of ``/readyz``: ``reasons`` say why not when ``ready`` is false."""
+
+    ready: bool
+    reasons: tuple[str, ...]
+    brokers_up: tuple[str, ...]
+
+    def text(self) -> str:
+        """The response body: ``ready`` or ``not ready`` and one line per reason/broker."""
+        if self.ready:
+            return "ready: broker(s) reachable: " + ", ".join(self.brokers_up) + "\n"
+        return "not ready:\n" + "".join(f"- {r}\n" for r in self.reasons)
+
+
+def stuck_for(session: SessionStatistics) -> float:
+    """Seconds a session has been unable to make progress (0.0 when it is fine).
+
+    Reads the optional statistics fields ``reconnecting_for`` (seconds in RECONNECTING) and
+    ``oldest_unconfirmed_age`` (age of the oldest frame awaiting broker confirmation), both
+    ``float | None``, and takes the larger.
+    """
+    ages = (
+        getattr(session, "reconnecting_for", None),
+        getattr(session, "oldest_unconfirmed_age", None),
+    )
+    return max((float(a) for a in ages if a is not None), default=0.0)
+
+
+def evaluate_readiness(
+    *,
+    brokers: Sequence[BrokerHealth],
+    sessions: Sequence[SessionStatistics],
+    call_timeout: float,
+    shutting_down: bool = False,
+) -> Readiness:
+    """Ready when not shutting down, some broker is ``up`` and no session is stuck.
+
+    Args:
+        brokers: the prober's view (states already account for staleness).
+        sessions: the live sessions' statistics.
+        call_timeout: seconds (``Config.call_timeout`` / 1000) a session may be stuck.
+        shutting_down: a graceful shutdown has begun.
+    """
+    reasons: list[str] = []
+    if shutting_down:
+        reasons.append("shutting down: draining sessions")
+    up = tuple(b.broker for b in brokers if b.state == "up")
+    if not up:
+        if not brokers:
+            reasons.append("no brokers configured")
+        for b in brokers:
+            if b.state == "unknown":
+                reasons.append(f"broker {b.broker}: not checked yet")
+            else:
+                reasons.append(f"broker {b.broker}: unreachable: {b.detail}")
+    for s in sessions:
+        age = stuck_for(s)
+        if age > call_timeout:
+            reasons.append(
+                f"session {s.session_id} ({s.state}, broker {s.broker or '-'}) stuck for "
+                f"{age:.1f} s, longer than call_timeout {call_timeout:g} s"
+            )
+    return Readiness(ready=not reasons, reasons=tuple(reasons), brokers_up=up)
+
+
+def _connect_frame(broker: Broker, config: Config) -> tuple[Frame, bool]:
+    """The probe's CONNECT, and whether it carries configured credentials."""
+    headers: list[tuple[str, str]] = [
+        ("accept-version", ",".join(protocol.VERSIONS)),
+        ("host", broker.virtual_host if broker.virtual_host is not None else broker.host),
+        ("heart-beat", "0,0"),
+    ]
+    login, secret = (
+        (broker.login, broker.passcode)
+        if broker.login is not None
+        else (config.login, config.passcode)
+    )
+    if login is not None:
+        headers.append(("login", login))
+        if secret is not None:
+            headers.append(("passcode", secret.reveal()))
+    return Frame(Command.CONNECT, tuple(headers)), login is not None
+
+
+async def probe_broker(broker: Broker, config: Config) -> tuple[ProbeOutcome, str]:
+    """CONNECT to ``broker`` as the sessions would (same credentials), then DISCONNECT.
+
+    Bounded by ``connect_timeout`` for the CONNECT and again for the goodbye. The detail
+    never contains a credential (only the broker's label and its own words).
+    """
+    connect, own_credentials = _connect_frame(broker, config)
+    timeout = config.connect_timeout / 1000
+    try:
+        async with open_upstream(
+            broker,
+            connect,
+            limits=protocol.Limits(),
+            grace=config.heartbeat_grace,
+            connect_timeout=timeout,
+        ) as upstream:
+            server = upstream.connected.get("server") or "unknown server"
+            detail = f"CONNECT answered: STOMP {upstream.version}, {server}"
+            with trio.move_on_after(timeout):
+                try:
+                    await upstream.send(Frame(Command.DISCONNECT, (("receipt", _PROBE_RECEIPT),)))
+                    while True:
+                        event = await upstream.receive_event()
+                        if isinstance(event, ConnectionClosed) or (
+                            isinstance(event, Frame) and event.command is Command.RECEIPT
+                        ):
+                            break
+                except (TransportLost, protocol.ProtocolError):
+                    pass  # the CONNECT was answered; a rude goodbye does not change that
+    except UpstreamRefused as exc:
+        what = (
+            "the sidecar's credentials were refused" if own_credentials else "answered with ERROR"
+        )
+        return ProbeOutcome.REFUSED, f"{what}: {exc.reason}"
+    except ConnectFailed as exc:
+        return ProbeOutcome.FAILED, exc.reason
+    return ProbeOutcome.CONNECTED, detail
+
+
+@dataclass(slots=True)
+class _Record:
+    broker: Broker
+    own_credentials: bool
+    last_check: float | None = None
+    last_answer: float | None = None
+    last_outcome: ProbeOutcome | None = None
+    detail: str = "not checked yet"
+    checks: int = 0
+    failures: int = 0
+    answered: bool | None = None  # the last check's verdict (None: not checked yet)
+
+
+class BrokerProber:
+    """Checks every configured broker in the background; see the module docstring.
+
+    Args:
+        config: brokers, credentials, ``connect_timeout``, ``broker_probe_interval``.
+        sessions: returns the live sessions' statistics (``Sidecar.statistics().sessions``).
+        metrics: where to count checks (``mq_sidecar_broker_probes_total``), optional.
+        probe: the CONNECT probe; default :func:`probe_broker` (tests pass their own).
+
+    A broker is ``up`` while its last check was answered less than ``stale_after`` ago
+    (two intervals plus ``connect_timeout``: a check in progress never makes it stale).
+    A refusal (ERROR to CONNECT) counts as an answer, unless the probe presented the
+    sidecar's own configured credentials: then the sessions would be refused too.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        sessions: Callable[[], Sequence[SessionStatistics]],
+        *,
+        metrics: Metrics | None = None,
+        probe: ProbeFunction | None = None,
+    ) -> None:
+        self.config = config
+        self.interval = config.broker_probe_interval / 1000
+        self.stale_after = 2 * self.interval + config.connect_timeout / 1000
+        self._sessions = sessions
+        self._metrics = metrics
+        self._probe: ProbeFunction = probe or (lambda b: probe_broker(b, config))
+        self._records = [
+            _Record(b, b.login is not None or config.login is not None) for b in config.brokers
+        ]
+        self._checked = 0
+        #: Set once every broker has been checked at least once.
+        self.first_round_done = trio.Event()
+        if not self._records:
+            self.first_round_done.set()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Check every broker every ``interval`` until cancelled."""
+        async with trio.open_nursery() as nursery:
+            for record in self._records:
+                nursery.start_soon(self._watch, record)
+            task_status.started()
+
+    async def _watch(self, record: _Record) -> None:
+        label = record.broker.label
+        while True:
+            try:
+                if any(s.broker == label and s.state == "running" for s in self._sessions()):
+                    outcome, detail = ProbeOutcome.LIVE_SESSION, "a session leg to it is live"
+                else:
+                    outcome, detail = await self._probe(record.broker)
+            except Exception as exc:
+                # A bug in a probe must not end the sidecar (the admin plane never disturbs
+                # STOMP traffic): the broker counts as unreachable and the bug is logged.
+                log.exception("broker %s: readiness probe failed", label)
+                outcome, detail = ProbeOutcome.FAILED, f"probe error: {type(exc).__name__}"
+            self._record(record, outcome, detail)
+            await trio.sleep(self.interval)
+
+    def _record(self, record: _Record, outcome: ProbeOutcome, detail: str) -> None:
+        now = trio.current_time()
+        if record.last_check is None:
+            self._checked += 1
+            if self._checked == len(self._records):
+                self.first_round_done.set()
+        record.last_check = now
+        record.last_outcome = outcome
+        record.detail = detail
+        record.checks += 1
+        answered = outcome is not ProbeOutcome.FAILED and not (
+            outcome is ProbeOutcome.REFUSED and record.own_credentials
+        )
+        if answered:
+            record.last_answer = now
+        else:
+            record.failures += 1
+        if answered is not record.answered:  # one log line per change, not per check
+            label = record.broker.label
+            extra = {"broker": label}
+            if answered:
+                log.info("broker %s reachable: %s", label, detail, extra=extra)
+            else:
+                log.warning("broker %s unreachable: %s", label, detail, extra=extra)
+            record.answered = answered
+        if self._metrics is not None:
+            self._metrics.probe(record.broker.label, outcome)
+
+    def _health(self, r: _Record, now: float) -> BrokerHealth:
+        state, detail = "down", r.detail
+        if r.last_check is None:
+            state = "unknown"
+        elif r.last_answer is not None and r.last_answer == r.last_check:
+            age = now - r.last_answer
+            if age <= self.stale_after:
+                state = "up"
+            else:
+                detail = f"no answer for {age:.1f} s (last: {r.detail})"
+        return BrokerHealth(
+            broker=r.broker.label,
+            state=state,
+            last_check=r.last_check,
+            last_answer=r.last_answer,
+            last_outcome=r.last_outcome,
+            detail=detail,
+            checks=r.checks,
+            failures=r.failures,
+        )
+
+    def statistics(self) -> tuple[BrokerHealth, ...]:
+        """The latest check of every broker, in configuration order."""
+        now = trio.current_time()
+        return tuple(self._health(r, now) for r in self._records)

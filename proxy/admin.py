@@ -1,0 +1,635 @@
+"""The admin plane: HTTP/1.1 with h11 on trio, in the sidecar's own event loop (DESIGN §3.7).
+
+Endpoints (all ``GET``; ``HEAD`` too, except ``/events``):
+
+==============  ===========================================================================
+``/metrics``    Prometheus text exposition of the app's registry; OpenMetrics when ``Accept``
+                asks for ``application/openmetrics-text``.
+``/healthz``    Liveness: 200 ``ok`` whenever the event loop answers.
+``/readyz``     Readiness: 200 when a broker answered a STOMP CONNECT recently and no session
+                is stuck beyond ``call_timeout``; 503 with one line per reason otherwise.
+``/status``     JSON: brokers and their state, sessions (broker, window, reconnects), version,
+                config digest and the redacted config. Never credentials.
+``/events``     Server-Sent Events: every RECONNECTING/FAILOVER/DISCONNECT of every session, as
+                ``SessionEvent.to_json()``. Slow readers are dropped and counted.
+==============  ===========================================================================
+
+Shape (h11's ``examples/trio-server.py``): :class:`_HTTPConnection` glues one
+``h11.Connection`` to one stream; :meth:`AdminServer.handle` serves requests on it until the
+client leaves, a timeout fires or an error response closes it. Every task lives in the
+server's nursery, which ``proxy.app.serve`` owns.
+
+The admin plane must never disturb STOMP traffic, so everything is bounded: connections
+(:attr:`AdminLimits.max_connections`), SSE readers, header bytes (431), the time to receive a
+request (slowloris: 408 and close), the time to write (a stuck reader is cut off), the events
+buffered per SSE reader (the :class:`~proxy.events.EventBus` drops it). A bug while answering
+one request ends that connection only (500, logged), never the sidecar.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import hashlib
+import json
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+import h11
+import trio
+from prometheus_client.exposition import choose_encoder
+
+from config import Config
+from proxy._errors import ListenError
+from proxy._health import BrokerProber, Readiness, evaluate_readiness, stuck_for
+from proxy._version import VERSION
+from proxy.events import SessionEvent
+from proxy.metrics import SidecarCollector
+
+if TYPE_CHECKING:
+    from proxy.app import Sidecar
+
+__all__ = ["AdminLimits", "AdminServer", "AdminStatistics"]
+
+log = logging.getLogger("mq_sidecar.admin")
+
+#: accept() errors that mean "out of file descriptors/memory for now" (as trio.serve_listeners).
+_ACCEPT_CAPACITY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
+#: What a stream raises when the peer is gone (or we closed it).
+_GONE = (trio.BrokenResourceError, trio.ClosedResourceError)
+#: Bytes asked of the kernel per read.
+_RECEIVE_SIZE = 16384
+#: Seconds to wait for the peer to close after our last response (so it reads that response
+#: before a close with unread data turns into a TCP RST).
+_LINGER_SECONDS = 1.0
+#: Bytes read and thrown away while lingering.
+_LINGER_BYTES = 65536
+#: ``/status`` lists at most this many sessions (a sidecar serves one app: a handful).
+MAX_STATUS_SESSIONS = 1000
+_SERVER = f"mq-sidecar/{VERSION}".encode()
+_TEXT = b"text/plain; charset=utf-8"
+
+
+@dataclass(frozen=True, slots=True)
+class AdminLimits:
+    """Bounds of the admin plane. The defaults suit Prometheus and kubelet probes.
+
+    Attributes:
+        max_connections: open HTTP connections; more are answered 503 and closed.
+            Prometheus keeps one, kubelet opens one per probe: 64 is plenty.
+        max_sse_clients: concurrent ``GET /events`` readers; more get 503.
+        max_header_bytes: request line plus headers (h11 ``max_incomplete_event_size``);
+            more is answered 431. 8 KiB, as nginx's ``large_client_header_buffers``.
+        request_timeout: seconds for a whole request to arrive, counted from the end of the
+            previous response (h11's example: a flat 10 s). An idle keep-alive connection is
+            closed silently; a partial request (slowloris) gets 408.
+        send_timeout: seconds one write may take; a reader that does not read is cut off.
+        sse_keepalive: seconds between ``: keep-alive`` comments on an idle event stream, so
+            proxies keep it open and a vanished reader is noticed.
+    """
+
+    max_connections: int = 64
+    max_sse_clients: int = 16
+    max_header_bytes: int = 8192
+    request_timeout: float = 10.0
+    send_timeout: float = 10.0
+    sse_keepalive: float = 15.0
+
+
+@dataclass(frozen=True, slots=True)
+class AdminStatistics:
+    """Counters of the admin plane (``/status``, metrics)."""
+
+    address: tuple[str, int] | None
+    connections: int
+    requests: int
+    sse_clients: int
+    sse_dropped: int
+    rejected_connections: int
+
+
+class _Route:
+    """One endpoint: handler and whether HEAD is allowed."""
+
+    __slots__ = ("handler", "head")
+
+    def __init__(
+        self, handler: Callable[[_HTTPConnection, h11.Request], Awaitable[int]], *, head: bool
+    ) -> None:
+        self.handler = handler
+        self.head = head
+
+
+class _HTTPConnection:
+    """An ``h11.Connection`` bound to a trio stream (h11's ``TrioHTTPWrapper``)."""
+
+    def __init__(self, stream: trio.abc.Stream, max_header_bytes: int) -> None:
+        self.stream = stream
+        self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=max_header_bytes)
+        #: Bytes received since the current request/response cycle began.
+        self.cycle_bytes = 0
+        #: Close after the current response (the request had a body we do not read).
+        self.must_close = False
+        #: The current request is a HEAD: responses carry headers only.
+        self.head = False
+
+    async def send(self, event: h11.Event) -> None:
+        """Serialize and write ``event``; a failed write leaves h11 in ERROR (send_failed)."""
+        data = self.conn.send(event)
+        if not data:
+            return
+        try:
+            await self.stream.send_all(data)
+        except BaseException:
+            self.conn.send_failed()
+            raise
+
+    async def next_event(self) -> h11.Event | type[h11.PAUSED]:
+        """The next h11 event; a reset reads as EOF (``ConnectionClosed``)."""
+        while True:
+            event = self.conn.next_event()
+            if event is h11.NEED_DATA:
+                try:
+                    data = await self.stream.receive_some(_RECEIVE_SIZE)
+                except _GONE:
+                    data = b""
+                self.cycle_bytes += len(data)
+                self.conn.receive_data(bytes(data))
+                continue
+            if isinstance(event, h11.Event) or event is h11.PAUSED:
+                return event
+
+    async def respond(
+        self,
+        status: int,
+        body: bytes,
+        *,
+        content_type: bytes = _TEXT,
+        headers: tuple[tuple[bytes, bytes], ...] = (),
+        close: bool = False,
+    ) -> None:
+        """A complete response with ``Content-Length`` (no body written for a HEAD request)."""
+        all_headers = [
+            (b"server", _SERVER),
+            (b"content-type", content_type),
+            (b"content-length", str(len(body)).encode()),
+            (b"cache-control", b"no-store"),
+            *headers,
+        ]
+        if close or self.must_close:
+            all_headers.append((b"connection", b"close"))
+        reason = HTTPStatus(status).phrase.encode()
+        await self.send(h11.Response(status_code=status, headers=all_headers, reason=reason))
+        if body and not self.head:
+            await self.send(h11.Data(data=body))
+        await self.send(h11.EndOfMessage())
+
+    async def close(self) -> None:
+        """Half-close, give the peer a moment to read and close, then close for good."""
+        stream = self.stream
+        try:
+            with trio.move_on_after(_LINGER_SECONDS), contextlib.suppress(*_GONE):
+                if isinstance(stream, trio.abc.HalfCloseableStream):
+                    await stream.send_eof()
+                drained = 0
+                while drained < _LINGER_BYTES:
+                    data = await stream.receive_some(_RECEIVE_SIZE)
+                    if not data:
+                        break
+                    drained += len(data)
+        finally:  # also when cancelled (the sidecar is stopping): never leak the socket
+            await trio.aclose_forcefully(stream)
+
+
+def format_address(host: str, port: int) -> str:
+    """``host:port``, IPv6 literals in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _has_body(request: h11.Request) -> bool:
+    for name, value in request.headers:
+        if name == b"transfer-encoding" or (name == b"content-length" and value.strip() != b"0"):
+            return True
+    return False
+
+
+def _head_size(request: h11.Request) -> int:
+    """Bytes of the request line and headers as received (give or take whitespace)."""
+    size = len(request.method) + len(request.target) + 12
+    return size + sum(len(name) + len(value) + 4 for name, value in request.headers)
+
+
+def _header(request: h11.Request, name: bytes) -> str:
+    return b", ".join(v for n, v in request.headers if n == name).decode("latin-1")
+
+
+class AdminServer:
+    """The HTTP admin plane of one :class:`~proxy.app.Sidecar`.
+
+    Args:
+        sidecar: the daemon to report on; its ``registry``, ``events`` and ``config`` are used.
+        limits: bounds (see :class:`AdminLimits`).
+        prober: the broker prober; default: a :class:`~proxy._health.BrokerProber` over the
+            sidecar's brokers and sessions, run by :meth:`serve`.
+
+    Registers a :class:`~proxy.metrics.SidecarCollector` (the gauges) on the sidecar's registry.
+    """
+
+    def __init__(
+        self,
+        sidecar: Sidecar,
+        *,
+        limits: AdminLimits | None = None,
+        prober: BrokerProber | None = None,
+    ) -> None:
+        self.sidecar = sidecar
+        self.config: Config = sidecar.config
+        self.limits = limits or AdminLimits()
+        self.prober = prober or BrokerProber(
+            sidecar.config, lambda: sidecar.statistics().sessions, metrics=sidecar.metrics
+        )
+        self.address: tuple[str, int] | None = None
+        self.connections = 0
+        self.requests = 0
+        self.sse_clients = 0
+        self.sse_dropped = 0
+        self.rejected_connections = 0
+        self._started_at: float | None = None
+        self._routes: dict[str, _Route] = {
+            "/metrics": _Route(self._metrics, head=True),
+            "/healthz": _Route(self._healthz, head=True),
+            "/readyz": _Route(self._readyz, head=True),
+            "/status": _Route(self._status, head=True),
+            "/events": _Route(self._events, head=False),
+            "/": _Route(self._index, head=True),
+        }
+        sidecar.registry.register(SidecarCollector(sidecar, self))
+
+    # -- public -------------------------------------------------------------------------------
+
+    def statistics(self) -> AdminStatistics:
+        """Connections and SSE readers now; requests, drops and rejections so far."""
+        return AdminStatistics(
+            address=self.address,
+            connections=self.connections,
+            requests=self.requests,
+            sse_clients=self.sse_clients,
+            sse_dropped=self.sse_dropped,
+            rejected_connections=self.rejected_connections,
+        )
+
+    def readiness(self) -> Readiness:
+        """The current verdict of ``/readyz`` (reads statistics only; never blocks)."""
+        return evaluate_readiness(
+            brokers=self.prober.statistics(),
+            sessions=self.sidecar.statistics().sessions,
+            call_timeout=self.config.call_timeout / 1000,
+            shutting_down=self.sidecar.shutdown_requested.is_set(),
+        )
+
+    async def serve(
+        self, *, task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Bind ``admin_listen``, start the prober, serve until cancelled.
+
+        Reports the bound ``(host, port)`` through ``task_status``.
+
+        Raises:
+            ListenError: the admin address cannot be bound.
+        """
+        host, port = self.config.admin_listen
+        try:
+            listeners = await trio.open_tcp_listeners(port, host=host)
+        except OSError as exc:
+            where = format_address(host, port)
+            raise ListenError(
+                f"cannot listen on {where} (admin_listen): {exc.strerror or exc}"
+            ) from exc
+        sockname = listeners[0].socket.getsockname()
+        self.address = (str(sockname[0]), int(sockname[1]))
+        self._started_at = trio.current_time()
+        log.info(
+            "admin plane (metrics, health, status, events) on http://%s/",
+            format_address(*self.address),
+        )
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self.prober.run)
+                for listener in listeners:
+                    nursery.start_soon(self._accept_loop, listener, nursery)
+                task_status.started(self.address)
+        finally:
+            for listener in listeners:
+                await trio.aclose_forcefully(listener)
+
+    async def handle(self, stream: trio.abc.Stream) -> None:
+        """Serve HTTP requests on ``stream`` until the client leaves; always closes it.
+
+        This is the connection boundary: nothing a client sends, and no bug in a handler,
+        raises out of here (only cancellation does).
+        """
+        if self.connections >= self.limits.max_connections:
+            self.rejected_connections += 1
+            self._count("rejected", 503)
+            await self._reject(stream)
+            return
+        self.connections += 1
+        http = _HTTPConnection(stream, self.limits.max_header_bytes)
+        try:
+            await self._serve_requests(http)
+        except _GONE:
+            pass  # the client went away mid-response
+        except Exception:
+            log.exception("admin plane: internal error; closing the connection")
+            if http.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+                with (
+                    trio.move_on_after(self.limits.send_timeout),
+                    contextlib.suppress(*_GONE, h11.ProtocolError),
+                ):
+                    await http.respond(500, b"internal error; see the sidecar's log\n", close=True)
+        finally:
+            self.connections -= 1
+            await http.close()
+
+    # -- connections --------------------------------------------------------------------------
+
+    async def _accept_loop(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as exc:
+                if exc.errno in _ACCEPT_CAPACITY_ERRNOS:
+                    log.error("admin plane: accept failed (%s); retrying in 0.1 s", exc)
+                    await trio.sleep(0.1)
+                    continue
+                # Not worth the sidecar's life: STOMP goes on, /healthz stops answering.
+                log.exception("admin plane: accept failed; no longer accepting")
+                return
+            nursery.start_soon(self.handle, stream)
+
+    async def _reject(self, stream: trio.abc.Stream) -> None:
+        body = b"too many admin connections\n"
+        data = (
+            b"HTTP/1.1 503 Service Unavailable\r\nconnection: close\r\nretry-after: 1\r\n"
+            b"content-type: text/plain; charset=utf-8\r\ncontent-length: "
+            + str(len(body)).encode()
+            + b"\r\n\r\n"
+            + body
+        )
+        try:
+            with trio.move_on_after(self.limits.send_timeout), contextlib.suppress(*_GONE):
+                await stream.send_all(data)
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    async def _serve_requests(self, http: _HTTPConnection) -> None:
+        limits = self.limits
+        while True:
+            http.cycle_bytes = 0
+            try:
+                with trio.fail_after(limits.request_timeout):
+                    event = await http.next_event()
+                    if isinstance(event, h11.Request) and not _has_body(event):
+                        end = await http.next_event()  # bodiless: EndOfMessage at once
+                        assert isinstance(end, h11.EndOfMessage)
+            except trio.TooSlowError:
+                if http.cycle_bytes:  # a request started but never finished: slowloris
+                    log.debug(
+                        "admin plane: request not received within %g s", limits.request_timeout
+                    )
+                    self._count("timeout", 408)
+                    with trio.move_on_after(limits.send_timeout):
+                        await http.respond(408, b"request timeout\n", close=True)
+                return
+            except h11.RemoteProtocolError as exc:
+                status = exc.error_status_hint
+                self._count("bad_request", status)
+                if http.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+                    message = f"{HTTPStatus(status).phrase}: {exc}\n".encode()
+                    with trio.move_on_after(limits.send_timeout):
+                        await http.respond(status, message, close=True)
+                return
+            if not isinstance(event, h11.Request):
+                return  # ConnectionClosed (or PAUSED, which cannot happen at a cycle start)
+            if _head_size(event) > limits.max_header_bytes:
+                # h11 bounds only a head still incomplete; one that arrived whole is checked here.
+                self._count("bad_request", 431)
+                await http.respond(431, b"request header fields too large\n", close=True)
+                return
+            http.must_close = _has_body(event)  # a body we will not read: answer, then close
+            http.head = event.method == b"HEAD"
+            # The event stream bounds each of its writes itself; other responses get one
+            # deadline for the whole answer, after which a reader that does not read is cut off.
+            deadline = trio.current_time() + limits.send_timeout
+            with trio.move_on_at(math.inf if self._is_events(event) else deadline):
+                await self._dispatch(http, event)
+            if http.conn.our_state is not h11.DONE or http.conn.their_state is not h11.DONE:
+                return  # MUST_CLOSE, or an unread request body: no keep-alive
+            http.conn.start_next_cycle()
+
+    @staticmethod
+    def _is_events(request: h11.Request) -> bool:
+        return urlsplit(request.target.decode("latin-1")).path == "/events"
+
+    async def _dispatch(self, http: _HTTPConnection, request: h11.Request) -> None:
+        self.requests += 1
+        path = urlsplit(request.target.decode("latin-1")).path
+        route = self._routes.get(path)
+        if route is None:
+            self._count("other", 404)
+            await http.respond(404, f"no such endpoint: {path}\n".encode())
+            return
+        endpoint = "index" if path == "/" else path.lstrip("/")
+        allowed = b"GET, HEAD" if route.head else b"GET"
+        if request.method not in (b"GET", b"HEAD") or (
+            request.method == b"HEAD" and not route.head
+        ):
+            self._count(endpoint, 405)
+            method = request.method.decode("latin-1")
+            await http.respond(
+                405,
+                f"method {method} not allowed; use {allowed.decode()}\n".encode(),
+                headers=((b"allow", allowed),),
+            )
+            return
+        status = await route.handler(http, request)
+        self._count(endpoint, status)
+
+    def _count(self, endpoint: str, status: int) -> None:
+        self.sidecar.metrics.http_request(endpoint, status)
+
+    # -- endpoints ----------------------------------------------------------------------------
+
+    async def _index(self, http: _HTTPConnection, request: h11.Request) -> int:
+        body = (
+            f"mq-sidecar {VERSION} admin plane\n"
+            "/metrics  Prometheus metrics (OpenMetrics with Accept: application/openmetrics-text)\n"
+            "/healthz  liveness\n/readyz   readiness (a broker reachable, no session stuck)\n"
+            "/status   JSON status\n/events   Server-Sent Events: RECONNECTING, FAILOVER, "
+            "DISCONNECT\n"
+        ).encode()
+        await http.respond(200, body)
+        return 200
+
+    async def _metrics(self, http: _HTTPConnection, request: h11.Request) -> int:
+        encoder, content_type = choose_encoder(_header(request, b"accept"))
+        body = encoder(self.sidecar.registry)
+        await http.respond(200, body, content_type=content_type.encode())
+        return 200
+
+    async def _healthz(self, http: _HTTPConnection, request: h11.Request) -> int:
+        await http.respond(200, b"ok\n")
+        return 200
+
+    async def _readyz(self, http: _HTTPConnection, request: h11.Request) -> int:
+        verdict = self.readiness()
+        status = 200 if verdict.ready else 503
+        await http.respond(status, verdict.text().encode())
+        return status
+
+    async def _status(self, http: _HTTPConnection, request: h11.Request) -> int:
+        body = json.dumps(self.status(), indent=2, sort_keys=True, default=str).encode() + b"\n"
+        await http.respond(200, body, content_type=b"application/json")
+        return 200
+
+    def status(self) -> dict[str, object]:
+        """The ``/status`` document (JSON-able). Never contains a credential."""
+        sidecar = self.sidecar
+        stats = sidecar.statistics()
+        now = trio.current_time()
+        redacted = self.config.redacted()
+        digest = hashlib.sha256(json.dumps(redacted, sort_keys=True).encode()).hexdigest()
+        verdict = self.readiness()
+        legs: dict[str, int] = {}
+        sessions: list[dict[str, object]] = []
+        window_frames = window_bytes = reconnecting = 0
+        for s in stats.sessions:
+            if s.broker is not None and s.state != "reconnecting":
+                legs[s.broker] = legs.get(s.broker, 0) + 1
+            reconnecting += s.state == "reconnecting"
+            if s.window is not None:
+                window_frames += s.window.frames
+                window_bytes += s.window.bytes
+            if len(sessions) < MAX_STATUS_SESSIONS:
+                entry = dataclasses.asdict(s)
+                entry["stuck_for_seconds"] = round(stuck_for(s), 3)
+                sessions.append(entry)
+
+        def age(t: float | None) -> float | None:
+            return None if t is None else round(now - t, 3)
+
+        brokers = [
+            {
+                "broker": b.broker,
+                "state": b.state,
+                "sessions": legs.get(b.broker, 0),
+                "last_check_age_seconds": age(b.last_check),
+                "last_answer_age_seconds": age(b.last_answer),
+                "last_outcome": b.last_outcome,
+                "detail": b.detail,
+                "checks": b.checks,
+                "failures": b.failures,
+            }
+            for b in self.prober.statistics()
+        ]
+        return {
+            "version": VERSION,
+            "config_digest": f"sha256:{digest}",
+            "config": redacted,
+            "uptime_seconds": age(self._started_at),
+            "ready": verdict.ready,
+            "not_ready_reasons": list(verdict.reasons),
+            "listen": format_address(*stats.listen) if stats.listen else None,
+            "admin_listen": format_address(*self.address) if self.address else None,
+            "brokers": brokers,
+            "sessions_open": len(stats.sessions),
+            "sessions_total": stats.sessions_total,
+            "sessions_truncated": len(stats.sessions) > len(sessions),
+            "windows": {
+                "frames": window_frames,
+                "bytes": window_bytes,
+                "limit_bytes_per_session": self.config.confirmation_window_size,
+            },
+            "reconnects_in_progress": reconnecting,
+            "sessions": sessions,
+            "events": dataclasses.asdict(sidecar.events.statistics()),
+            "admin": dataclasses.asdict(self.statistics()),
+        }
+
+    async def _events(self, http: _HTTPConnection, request: h11.Request) -> int:
+        limits = self.limits
+        if self.sse_clients >= limits.max_sse_clients:
+            with trio.move_on_after(limits.send_timeout):
+                await http.respond(
+                    503, b"too many event stream readers\n", headers=((b"retry-after", b"5"),)
+                )
+            return 503
+        self.sse_clients += 1
+        dropped = False
+        try:
+            with self.sidecar.events.subscribe() as events:
+                with trio.move_on_after(limits.send_timeout) as opening:
+                    await http.send(
+                        h11.Response(
+                            status_code=200,
+                            reason=b"OK",
+                            headers=[
+                                (b"server", _SERVER),
+                                (b"content-type", b"text/event-stream; charset=utf-8"),
+                                (b"cache-control", b"no-store"),
+                                (b"x-accel-buffering", b"no"),
+                            ],
+                        )
+                    )
+                    await http.send(h11.Data(data=b": mq-sidecar session events\nretry: 5000\n\n"))
+                if opening.cancelled_caught:
+                    return 200
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._watch_reader_gone, http, nursery.cancel_scope)
+                    dropped = await self._pump_events(http, events)
+                    nursery.cancel_scope.cancel()
+            if dropped:
+                self.sse_dropped += 1
+                self.sidecar.metrics.sse_dropped()
+                log.warning("admin plane: /events reader too slow; disconnected it")
+        finally:
+            self.sse_clients -= 1
+        # The stream has no end we could announce cleanly after a drop or a vanished reader:
+        # the connection closes (our state is not DONE, so no keep-alive).
+        return 200
+
+    async def _pump_events(
+        self, http: _HTTPConnection, events: trio.MemoryReceiveChannel[SessionEvent]
+    ) -> bool:
+        """Forward events until the reader is dropped (True) or goes away (cancelled)."""
+        limits = self.limits
+        while True:
+            with trio.move_on_after(limits.sse_keepalive) as idle:
+                try:
+                    event = await events.receive()
+                except trio.EndOfChannel:
+                    return True  # the bus dropped us: our buffer was full
+            if idle.cancelled_caught:
+                data = b": keep-alive\n\n"
+            else:
+                data = f"event: {event.kind}\ndata: {event.to_json()}\n\n".encode()
+            with trio.move_on_after(limits.send_timeout) as write:
+                await http.send(h11.Data(data=data))
+            if write.cancelled_caught:
+                return True  # a reader that stopped reading
+
+    @staticmethod
+    async def _watch_reader_gone(http: _HTTPConnection, scope: trio.CancelScope) -> None:
+        """End the event stream when the reader closes its side (bytes after are ignored)."""
+        try:
+            while await http.stream.receive_some(_RECEIVE_SIZE):
+                pass
+        except _GONE:
+            pass
+        scope.cancel()
