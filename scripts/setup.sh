@@ -4,13 +4,14 @@
 #
 #  1. Installs the real brokers the test suite starts by itself (testbed/): the Debian
 #     packages activemq (ActiveMQ Classic 5.17, pulls in Java 17) and rabbitmq-server
-#     (RabbitMQ 3.10 + rabbitmq_stomp, pulls in Erlang 25), plus python3-venv when the venv
-#     must be created. Needs root; without root and without the packages it exits 1.
+#     (RabbitMQ 3.10 + rabbitmq_stomp, pulls in Erlang 25), and prometheus (the server and
+#     promtool: the admin-plane tests lint /metrics with `promtool check metrics` and let a real
+#     Prometheus scrape the sidecar), plus python3-venv when the venv must be created. Needs root; without root and without the packages it exits 1.
 #     While installing, a temporary /usr/sbin/policy-rc.d (exit 101) keeps the packages'
 #     postinst scripts from starting services (unless the machine already has one).
 #  2. On a host running systemd, disables the services the packages enable on default
-#     ports (rabbitmq-server on 5672, epmd on 4369, activemq): the tests run their own
-#     brokers on free ports and need none of them.
+#     ports (rabbitmq-server on 5672, epmd on 4369, activemq, prometheus on 9090): the tests
+#     run their own brokers and Prometheus on free ports and need none of them.
 #  3. Creates .venv in the repository root (python3 -m venv) if missing and installs the
 #     project with its test extras (pip install -e '.[test]'); skipped while pyproject.toml
 #     is unchanged since the last successful install (hash in .venv/.mq-sidecar-setup).
@@ -19,8 +20,8 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$REPO/.venv"
 STAMP="$VENV/.mq-sidecar-setup"
-PACKAGES=(activemq rabbitmq-server)
-SERVICES=(rabbitmq-server epmd.socket epmd.service activemq)
+PACKAGES=(activemq rabbitmq-server prometheus)
+SERVICES=(rabbitmq-server epmd.socket epmd.service activemq prometheus)
 
 say() { printf 'setup.sh: %s\n' "$*" >&2; }
 die() { say "$*"; exit 1; }
@@ -42,7 +43,7 @@ is_root() { [ "$(id -u)" -eq 0 ]; }
 pkg_installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q '^install ok installed$'; }
 
 # --- 1. packages ---------------------------------------------------------------------------
-command -v dpkg-query >/dev/null || die "not a Debian system (no dpkg-query): install ActiveMQ 5.17 and RabbitMQ 3.10 by hand"
+command -v dpkg-query >/dev/null || die "not a Debian system (no dpkg-query): install ActiveMQ 5.17, RabbitMQ 3.10 and Prometheus (promtool) by hand"
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do
@@ -102,3 +103,8 @@ if [ "$want" != "$have" ]; then
     quiet "$VENV/bin/python" -m pip install --disable-pip-version-check --quiet -e "$REPO[test]"
     printf '%s\n' "$want" >"$STAMP"
 fi
+
+# --- 4. deploy tooling (tests/deploy) --------------------------------------------------------
+# helm into .venv/bin, and podman/buildah/debootstrap (Debian) for the image build test;
+# idempotent and silent when everything is there. SKIP_IMAGE_BUILD=1 leaves out the image tools.
+bash "$REPO/scripts/get-tools.sh"

@@ -1,0 +1,589 @@
+"""The Helm chart (helm/mq-sidecar): lint, render, validate, and run its config through the CLI.
+
+Three value sets are rendered: the defaults, helm/examples/values-production.yaml (every
+option under `config` set, existing broker Secret, chart-made client Secret, plain-container
+sidecar, ServiceMonitor) and a third one ("plain-container": a chart-made broker Secret, a list
+of broker URLs, an image digest, no Spark template).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import shutil
+import signal
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from config import OPTIONS
+from testbed import ActiveMQ, free_port, wait_stomp
+from tests.deploy.support import (
+    CHART,
+    CONFIG_FILE,
+    CONFIG_MOUNT,
+    EXAMPLES,
+    KUBERNETES_VERSIONS,
+    PRODUCTION_VALUES,
+    YAMLLINT_CONFIG,
+    Manifest,
+    clean_environ,
+    config_toml,
+    container_env,
+    documents,
+    executor_pod,
+    find,
+    helm,
+    names,
+    pod_specs,
+    render,
+    run,
+    sidecar,
+    tool,
+)
+
+CASES: dict[str, tuple[str, ...]] = {
+    "default": (),
+    "production": ("--values", str(PRODUCTION_VALUES)),
+    "plain-container": (
+        "--set", "sidecar.native=false",
+        "--set", "credentials.login=orders",
+        "--set", "credentials.passcode=not-a-real-passcode",
+        "--set-json", 'config.brokers=["stomp://a.mq:61613","stomp://b.mq:61613?host=/"]',
+        "--set", "config.drain_timeout=4500",
+        "--set", "image.digest=sha256:" + "0" * 64,
+        "--set", "sparkExecutor.enabled=false",
+        "--set", "metrics.serviceMonitor.enabled=true",
+    ),
+}  # fmt: skip
+
+#: What each case renders (kind/name), the list for the report and the README.
+EXPECTED_OBJECTS = {
+    "default": {
+        "ConfigMap/rel-mq-sidecar-config",
+        "ConfigMap/rel-mq-sidecar-spark-executor-pod-template",
+        "Service/rel-mq-sidecar-metrics",
+        "Deployment/rel-mq-sidecar-example",
+    },
+    "production": {
+        "ConfigMap/rel-mq-sidecar-config",
+        "ConfigMap/rel-mq-sidecar-spark-executor-pod-template",
+        "Secret/rel-mq-sidecar-client-credentials",
+        "Service/rel-mq-sidecar-metrics",
+        "ServiceMonitor/rel-mq-sidecar-metrics",
+        "Deployment/rel-mq-sidecar-example",
+    },
+    "plain-container": {
+        "ConfigMap/rel-mq-sidecar-config",
+        "Secret/rel-mq-sidecar-broker-credentials",
+        "Service/rel-mq-sidecar-metrics",
+        "ServiceMonitor/rel-mq-sidecar-metrics",
+        "Deployment/rel-mq-sidecar-example",
+    },
+}
+
+#: Options that are deliberately not under `config`: listen/admin_listen come from
+#: sidecar.ports (STOMP stays on loopback), credentials come from Secrets.
+NOT_IN_CONFIG = {"listen", "admin_listen", "login", "passcode", "client_login", "client_passcode"}
+
+case_ids = pytest.mark.parametrize("case", list(CASES))
+
+
+@functools.cache
+def rendered(case: str) -> str:
+    return render(*CASES[case])
+
+
+def docs_of(case: str) -> list[Manifest]:
+    return documents(rendered(case))
+
+
+# --- lint and schema --------------------------------------------------------------------------
+
+
+@case_ids
+def test_helm_lint_strict(case: str) -> None:
+    result = helm("lint", "--strict", CHART, *CASES[case])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout
+
+
+@case_ids
+def test_renders_the_expected_objects(case: str) -> None:
+    assert set(names(docs_of(case))) == EXPECTED_OBJECTS[case]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ("--set", "config.drain_timeout=ten"),
+            "at '/config/drain_timeout': got string, want integer",
+        ),
+        (
+            ("--set", "config.retry_intervall=100"),
+            "at '/config': additional properties 'retry_intervall' not allowed",
+        ),
+        (
+            ("--set", "config.passcode=hunter2"),
+            "at '/config': additional properties 'passcode' not allowed",
+        ),
+        (
+            ("--set", "config.listen=0.0.0.0:61613"),
+            "at '/config': additional properties 'listen' not allowed",
+        ),
+        (
+            ("--set", "sidecar.ports.admin=70000"),
+            "at '/sidecar/ports/admin': maximum: got 70,000, want 65,535",
+        ),
+        (("--set-json", "config.jitter=1.5"), "at '/config/jitter': maximum: got 1.5, want 1"),
+        (
+            ("--set", "config.log_level=loud"),
+            "at '/config/log_level': value must be one of 'debug', 'info', 'warning', 'error'",
+        ),
+        (("--set-json", "config.upstream_heartbeat=[5000]"), "at '/config/upstream_heartbeat'"),
+        (
+            ("--set", "image.pullPolicy=Sometimes"),
+            "at '/image/pullPolicy': value must be one of 'Always', 'IfNotPresent', 'Never'",
+        ),
+    ],
+    ids=[
+        "type",
+        "unknown-option",
+        "credential-in-configmap",
+        "listen-not-configurable",
+        "port-range",
+        "fraction-range",
+        "enum",
+        "heartbeat-pair",
+        "pull-policy",
+    ],
+)
+def test_schema_rejects_bad_values(args: tuple[str, ...], message: str) -> None:
+    for command in (("template", "rel"), ("lint", "--strict")):
+        result = helm(*command, CHART, *args)
+        assert result.returncode != 0, f"helm {command[0]} accepted {args}"
+        output = result.stdout + result.stderr
+        assert "don't meet the specifications of the schema" in output, output
+        assert message in output, output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ("--set", "sidecar.terminationGracePeriodSeconds=12"),
+            "sidecar.terminationGracePeriodSeconds: 12 is too short: mq-sidecar needs "
+            "shutdownDelaySeconds (5) + drain_timeout (10000 ms, rounded up to 10 s) + 5 s "
+            "margin = 20 s",
+        ),
+        (
+            ("--set", "config.brokers=failover:(stomp://a:61613\\,stomp://app:pw@b:61613)"),
+            'config.brokers: "failover:(stomp://a:61613,stomp://***@b:61613)" has credentials '
+            "in it (user:password@)",
+        ),
+        (
+            ("--set", "credentials.login=orders"),
+            "credentials: give both login and passcode (or credentials.existingSecret)",
+        ),
+        (
+            ("--set", "sidecar.ports.admin=61613"),
+            "sidecar.ports: stomp and admin are both 61613",
+        ),
+    ],
+    ids=["grace-period", "credentials-in-url", "half-credentials", "same-ports"],
+)
+def test_templates_refuse_inconsistent_values(args: tuple[str, ...], message: str) -> None:
+    result = helm("template", "rel", CHART, *args)
+    assert result.returncode != 0
+    assert message in result.stderr, result.stderr
+    assert "pw" not in result.stderr.replace("pwd", "")
+
+
+def test_schema_config_matches_the_option_table() -> None:
+    """Every mq-sidecar option (config/_options.py) but listen/admin_listen/credentials has a
+    schema entry of the right type under `config`, and nothing else does: a new option must
+    be added to values.schema.json (it would be refused as an unknown key otherwise)."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    props: dict[str, Any] = schema["properties"]["config"]["properties"]
+    wanted = set(OPTIONS) - NOT_IN_CONFIG
+    assert set(OPTIONS) >= NOT_IN_CONFIG
+    assert set(props) == wanted, (
+        f"values.schema.json config: missing {sorted(wanted - set(props))}, "
+        f"unknown {sorted(set(props) - wanted)}"
+    )
+    json_types = {"int": "integer", "float": "number", "bool": "boolean", "str": "string"}
+    for name in sorted(wanted):
+        option, entry = OPTIONS[name], props[name]
+        if option.kind in json_types:
+            assert entry["type"] == json_types[option.kind], name
+        elif option.kind == "enum":
+            assert entry["enum"] == list(option.choices), name
+        else:
+            assert "oneOf" in entry, f"{name} ({option.kind}) should accept several forms"
+
+
+# --- rendered manifests ------------------------------------------------------------------------
+
+
+@case_ids
+@pytest.mark.parametrize("k8s", KUBERNETES_VERSIONS)
+def test_kubernetes_validate_strict(case: str, k8s: str, tmp_path: Path) -> None:
+    """Every rendered object, and the executor pod template (given a dummy name: Spark names
+    the pods), passes kubernetes-validate --strict. ServiceMonitor has no schema there (a CRD):
+    it is only reported as not validated."""
+    docs = docs_of(case)
+    pods = []
+    if any(d["metadata"]["name"].endswith("-spark-executor-pod-template") for d in docs):
+        pod = executor_pod(docs)
+        pod["metadata"]["name"] = "spark-executor-dummy"
+        pods.append(pod)
+    manifest = tmp_path / "rendered.yaml"
+    manifest.write_text(rendered(case) + "---\n" + yaml.safe_dump_all(pods))
+    result = run([tool("kubernetes-validate"), "--strict", "--kubernetes-version", k8s, manifest])
+    assert result.returncode == 0, result.stdout + result.stderr
+    crds = [d for d in docs if d["kind"] == "ServiceMonitor"]
+    passed = result.stdout.count("passed for resource")
+    assert passed == len(docs) - len(crds) + len(pods), result.stdout
+    if crds:
+        assert "Couldn't find schema for kind ServiceMonitor" in result.stdout + result.stderr
+
+
+def test_kubernetes_validate_catches_an_unknown_field(tmp_path: Path) -> None:
+    """Control: the validator used above does reject a bad manifest (--strict)."""
+    manifest = tmp_path / "bad.yaml"
+    # The last occurrence is in the Deployment (earlier ones are inside the executor
+    # template, a string in a ConfigMap).
+    head, _, tail = rendered("default").rpartition("imagePullPolicy: IfNotPresent")
+    manifest.write_text(head + "imagePullPolicyy: IfNotPresent" + tail)
+    result = run([tool("kubernetes-validate"), "--strict", "-k", KUBERNETES_VERSIONS[-1], manifest])
+    assert result.returncode != 0
+    assert "imagePullPolicyy" in result.stdout + result.stderr
+
+
+@case_ids
+def test_yamllint_rendered(case: str) -> None:
+    yamllint = tool("yamllint")
+    texts = {"rendered": rendered(case)}
+    if any(n.endswith("-spark-executor-pod-template") for n in names(docs_of(case))):
+        cm = find(docs_of(case), "ConfigMap", "-spark-executor-pod-template")
+        texts["executor pod template"] = "---\n" + cm["data"]["executor-pod-template.yaml"]
+    for what, text in texts.items():
+        result = run(
+            [yamllint, "--strict", "-c", YAMLLINT_CONFIG, "-f", "parsable", "-"], input=text
+        )
+        assert result.returncode == 0, f"{what}:\n{result.stdout}{result.stderr}"
+
+
+def test_yamllint_chart_sources() -> None:
+    files = [CHART / "Chart.yaml", CHART / "values.yaml", *sorted(EXAMPLES.glob("*.yaml"))]
+    result = run([tool("yamllint"), "--strict", "-c", YAMLLINT_CONFIG, "-f", "parsable", *files])
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@case_ids
+def test_configmap_accepted_by_check_config(case: str, tmp_path: Path) -> None:
+    """The rendered config file, with the environment the sidecar container gets (Secrets
+    resolved, an existingSecret replaced by dummies), passes the real `mq-sidecar
+    check-config`, run the way the container runs `mq-sidecar run`."""
+    docs = docs_of(case)
+    configmap = find(docs, "ConfigMap", "-config")
+    config_file = tmp_path / "mq-sidecar.toml"
+    config_file.write_text(config_toml(docs))
+    for where, spec in pod_specs(docs):
+        container = sidecar(spec)
+        assert container["args"] == ["run", "--config", CONFIG_FILE], where
+        (mount,) = container["volumeMounts"]
+        (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+        assert mount["mountPath"] == CONFIG_MOUNT
+        assert volume["configMap"]["name"] == configmap["metadata"]["name"]
+
+        env = container_env(container, docs)
+        args = ["check-config", *container["args"][1:]]
+        args[args.index(CONFIG_FILE)] = str(config_file)
+        result = run([tool("mq-sidecar"), *args], env={**clean_environ(), **env})
+        assert result.returncode == 0, f"{where}: {result.stderr}"
+        assert "configuration OK" in result.stderr
+        assert "ignoring unknown environment variables" not in result.stderr
+        shown = json.loads(result.stdout)
+        assert shown["listen"] == "127.0.0.1:61613"
+        assert shown["admin_listen"] == "0.0.0.0:9464"
+        for key, value in tomllib.loads(config_file.read_text()).items():
+            expected = value
+            if key.endswith("_heartbeat") and isinstance(value, str):
+                expected = [int(v) for v in value.split(",")]
+            if key not in ("brokers", "listen", "admin_listen"):
+                assert shown[key] == expected, key
+        for name in ("login", "passcode", "client_login", "client_passcode"):
+            if f"MQ_SIDECAR_{name.upper()}" in env:
+                assert shown[name] == "***", name
+                assert env[f"MQ_SIDECAR_{name.upper()}"] not in result.stdout + result.stderr
+
+
+@case_ids
+def test_pods_wire_the_sidecar(case: str) -> None:
+    """Placement, probes, ports, hardening, resources, grace period and where the
+    credentials go, in every pod that runs the sidecar."""
+    docs = docs_of(case)
+    config = tomllib.loads(config_toml(docs))
+    drain_s = math.ceil(config.get("drain_timeout", OPTIONS["drain_timeout"].default) / 1000)
+    secrets = {d["metadata"]["name"] for d in docs if d["kind"] == "Secret"}
+    specs = list(pod_specs(docs))
+    assert specs
+    for where, spec in specs:
+        assert spec["enableServiceLinks"] is False, where
+        container = sidecar(spec)
+        native = container in spec.get("initContainers", [])
+        if native:
+            assert container["restartPolicy"] == "Always"
+            assert "lifecycle" not in container
+            delay = 5
+        else:
+            assert "restartPolicy" not in container
+            delay = container["lifecycle"]["preStop"]["sleep"]["seconds"]
+        assert spec["terminationGracePeriodSeconds"] >= delay + drain_s + 5, where
+
+        assert {p["name"]: p["containerPort"] for p in container["ports"]} == {
+            "stomp": 61613,
+            "admin": 9464,
+        }
+        probes = {
+            k: container[k]["httpGet"] for k in ("startupProbe", "livenessProbe", "readinessProbe")
+        }
+        assert probes == {
+            "startupProbe": {"path": "/healthz", "port": "admin"},
+            "livenessProbe": {"path": "/healthz", "port": "admin"},
+            "readinessProbe": {"path": "/readyz", "port": "admin"},
+        }
+        sc = container["securityContext"]
+        assert sc["runAsNonRoot"] is True
+        assert sc["runAsUser"] == 10001
+        assert sc["allowPrivilegeEscalation"] is False
+        assert sc["readOnlyRootFilesystem"] is True
+        assert sc["capabilities"]["drop"] == ["ALL"]
+        assert set(container["resources"]) == {"requests", "limits"}
+
+        # Broker credentials: in the sidecar's environment only; the app's containers get
+        # where to connect (and the client credentials, if any), never MQ_SIDECAR_* values.
+        others = [
+            c for c in [*spec.get("initContainers", []), *spec["containers"]] if c is not container
+        ]
+        assert others
+        for other in others:
+            assert "envFrom" not in other
+            env = {e["name"]: e for e in other.get("env", [])}
+            assert not [n for n in env if n.startswith("MQ_SIDECAR_")], other["name"]
+            assert env["STOMP_HOST"]["value"] == "127.0.0.1"
+            assert env["STOMP_PORT"]["value"] == "61613"
+        sidecar_env = {e["name"]: e for e in container.get("env", [])}
+        if "MQ_SIDECAR_LOGIN" in sidecar_env:
+            broker_secret = sidecar_env["MQ_SIDECAR_LOGIN"]["valueFrom"]["secretKeyRef"]["name"]
+            for other in others:
+                assert broker_secret not in json.dumps(other), other["name"]
+            assert broker_secret not in json.dumps(spec.get("volumes", []))
+            assert broker_secret in secrets or case == "production"
+        assert "envFrom" not in container
+        assert "shareProcessNamespace" not in spec  # the app must not see the sidecar's env
+
+
+def test_example_app_gets_no_api_token() -> None:
+    deployment = find(docs_of("default"), "Deployment", "-example")
+    assert deployment["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+
+
+@case_ids
+def test_metrics_service_selects_the_sidecar_pods(case: str) -> None:
+    docs = docs_of(case)
+    service = find(docs, "Service", "-metrics")
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["ports"] == [
+        {"name": "metrics", "port": 9464, "targetPort": 9464, "protocol": "TCP"}
+    ]
+    annotations = service["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/port"] == "9464"
+    assert annotations["prometheus.io/path"] == "/metrics"
+    selector = service["spec"]["selector"].items()
+    pod_labels = [
+        d["spec"]["template"]["metadata"]["labels"] for d in docs if d["kind"] == "Deployment"
+    ]
+    if any(n.endswith("-spark-executor-pod-template") for n in names(docs)):
+        pod_labels.append(executor_pod(docs)["metadata"]["labels"])
+    assert pod_labels
+    for labels in pod_labels:
+        assert selector <= labels.items()
+    for monitor in [d for d in docs if d["kind"] == "ServiceMonitor"]:
+        assert (
+            monitor["spec"]["selector"]["matchLabels"].items()
+            <= service["metadata"]["labels"].items()
+        )
+        (endpoint,) = monitor["spec"]["endpoints"]
+        assert endpoint["port"] == "metrics"
+        assert endpoint["path"] == "/metrics"
+
+
+def test_executor_pod_template_for_spark() -> None:
+    """Spark picks the executor container by name (podTemplateContainerName) and keeps the
+    template's init containers and volumes."""
+    pod = executor_pod(docs_of("default"))
+    assert "name" not in pod["metadata"]
+    assert [c["name"] for c in pod["spec"]["containers"]] == ["spark-kubernetes-executor"]
+    assert [c["name"] for c in pod["spec"]["initContainers"]] == ["mq-sidecar"]
+    cm = find(docs_of("default"), "ConfigMap", "-spark-executor-pod-template")
+    assert list(cm["data"]) == ["executor-pod-template.yaml"]
+    production = executor_pod(docs_of("production"))
+    assert production["spec"]["containers"][0]["name"] == "executor"
+    assert production["metadata"]["labels"]["spark-pipeline"] == "orders"
+
+
+def test_long_release_names_fit_dns_labels() -> None:
+    release = "a-release-name-of-53-characters-the-most-helm-allows0"
+    docs = documents(render(release=release))
+    for doc in docs:
+        if doc["kind"] in ("Service", "Deployment"):
+            assert len(doc["metadata"]["name"]) <= 63, doc["metadata"]["name"]
+        for value in doc["metadata"]["labels"].values():
+            assert len(value) <= 63
+
+
+PARENT_DEPLOYMENT = """\
+{{- $mq := dict "root" (index .Subcharts "mq-sidecar") }}
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: {{ .Release.Name }}-shop
+spec:
+  selector:
+    matchLabels:
+      app: shop
+  template:
+    metadata:
+      labels:
+        app: shop
+        {{- include "mq-sidecar.selectorLabels" $mq | nindent 8 }}
+      annotations:
+        {{- include "mq-sidecar.podAnnotations" $mq | nindent 8 }}
+    spec:
+      enableServiceLinks: false
+      terminationGracePeriodSeconds: {{ include "mq-sidecar.terminationGracePeriodSeconds" $mq }}
+      {{- if $mq.root.Values.sidecar.native }}
+      initContainers:
+        {{- include "mq-sidecar.container" $mq | nindent 8 }}
+      {{- end }}
+      containers:
+        - name: shop
+          image: shop:1.2.3
+          env:
+            {{- include "mq-sidecar.appEnv" $mq | nindent 12 }}
+        {{- if not $mq.root.Values.sidecar.native }}
+        {{- include "mq-sidecar.container" $mq | nindent 8 }}
+        {{- end }}
+      volumes:
+        {{- include "mq-sidecar.volumes" $mq | nindent 8 }}
+"""
+
+PARENT_VALUES = """\
+mq-sidecar:
+  exampleApp:
+    enabled: false
+  sparkExecutor:
+    enabled: false
+  config:
+    brokers: stomp://activemq.shop.svc:61613
+  credentials:
+    existingSecret: shop-broker-login
+"""
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "plain-container"])
+def test_another_chart_injects_the_sidecar(native: bool, tmp_path: Path) -> None:
+    """The README's injection snippet, in a chart that has this one under charts/."""
+    parent = tmp_path / "shop"
+    (parent / "templates").mkdir(parents=True)
+    shutil.copytree(CHART, parent / "charts" / "mq-sidecar")
+    (parent / "Chart.yaml").write_text(
+        'apiVersion: v2\nname: shop\nversion: 1.2.3\nappVersion: "1.2.3"\n'
+    )
+    (parent / "values.yaml").write_text(PARENT_VALUES)
+    (parent / "templates" / "deployment.yaml").write_text(PARENT_DEPLOYMENT)
+    text = render(
+        "--set", f"mq-sidecar.sidecar.native={str(native).lower()}", chart=parent, release="web"
+    )
+    docs = documents(text)
+    assert set(names(docs)) == {
+        "ConfigMap/web-mq-sidecar-config",
+        "Service/web-mq-sidecar-metrics",
+        "Deployment/web-shop",
+    }
+    spec = find(docs, "Deployment", "-shop")["spec"]["template"]["spec"]
+    container = sidecar(spec)
+    assert container["image"] == "mq-sidecar:0.1.0"  # the dependency's appVersion
+    assert (container in spec.get("initContainers", [])) is native
+    assert container["env"][0]["valueFrom"]["secretKeyRef"]["name"] == "shop-broker-login"
+    assert spec["volumes"] == [
+        {"name": "mq-sidecar-config", "configMap": {"name": "web-mq-sidecar-config"}}
+    ]
+    manifest = tmp_path / "rendered.yaml"
+    manifest.write_text(text)
+    result = run([tool("kubernetes-validate"), "--strict", "-k", KUBERNETES_VERSIONS[-1], manifest])
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@case_ids
+def test_install_dry_run_renders_the_notes(case: str) -> None:
+    result = helm("install", "rel", CHART, "--dry-run=client", "--namespace", "shop", *CASES[case])
+    assert result.returncode == 0, result.stderr
+    assert "NOTES:\nmq-sidecar" in result.stdout
+    assert "127.0.0.1:61613" in result.stdout
+
+
+def test_example_app_talks_through_the_sidecar(activemq: ActiveMQ) -> None:
+    """The example app's STOMP loop (the Deployment's command and env) against a real
+    mq-sidecar and ActiveMQ: CONNECTED, then a RECEIPT per message."""
+    deployment = find(docs_of("default"), "Deployment", "-example")
+    app = next(
+        c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "app"
+    )
+    stomp, admin = free_port(), free_port()
+    env = {e["name"]: e["value"] for e in app["env"]}
+    env.update({"STOMP_PORT": str(stomp), "SEND_INTERVAL_SECONDS": "0.2"})
+    daemon = subprocess.Popen(
+        [
+            tool("mq-sidecar"), "run",
+            "--listen", f"127.0.0.1:{stomp}",
+            "--admin-listen", f"127.0.0.1:{admin}",
+            "--brokers", activemq.stomp_url,
+        ],
+        env=clean_environ(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        wait_stomp("127.0.0.1", stomp, timeout=30)
+        command = [sys.executable if c == "python3" else c for c in app["command"]]
+        loop = subprocess.Popen(
+            command,
+            env={**clean_environ(), **env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            out, _ = loop.communicate(timeout=2)
+        except subprocess.TimeoutExpired:
+            loop.kill()
+            out, _ = loop.communicate()
+        lines = out.splitlines()
+        assert lines[0] == "CONNECTED", out
+        assert lines[1] == "message 1: RECEIPT", out
+        assert "message 3: RECEIPT" in lines, out
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.communicate(timeout=30)
