@@ -154,7 +154,7 @@ class Sidecar:
 
     async def _run_session(self, stream: trio.SocketStream) -> None:
         session_id = f"{self._prefix}-{next(self._counter)}"
-        session = Session(self.config, stream, session_id, bus=self.events)
+        session = Session(self.config, stream, session_id, bus=self.events, metrics=self.metrics)
         self.sessions.add(session)
         self.sessions_total += 1
         try:

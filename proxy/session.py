@@ -39,6 +39,14 @@ from config import Broker, Config
 from protocol import Command, ConnectionClosed, Frame, HeartBeat
 from proxy.events import EventBus, EventKind, SessionEvent
 from proxy.failover import Attempt, ReconnectExhausted, connect_by_policy
+from proxy.metrics import (
+    ClientErrorReason,
+    ConnectOutcome,
+    FailoverReason,
+    Metrics,
+    OutageOutcome,
+    TransactionOutcome,
+)
 from proxy.policy import ReconnectPolicy
 from proxy.replay import ReplayPlan, plan_replay
 from proxy.tracking import (
@@ -112,6 +120,7 @@ class _Loss:
     at: float
     broker: str | None
     reason: str
+    kind: FailoverReason = FailoverReason.CONNECTION_LOST
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +147,8 @@ class SessionStatistics:
     failovers: int
     duplicates_hidden: int
     redeliveries_hidden: int
+    reconnecting_for: float | None = None  # seconds since the leg was lost, while reconnecting
+    oldest_unconfirmed_age: float | None = None  # seconds the oldest window entry has waited
 
 
 class Session:
@@ -149,6 +160,7 @@ class Session:
         session_id: the sidecar's id for the session (logs, ``session`` header, id prefix).
         bus: where RECONNECTING/FAILOVER/DISCONNECT events go (the sidecar's; a private one
             when None, which still serves the in-band control channel).
+        metrics: where counters go (the sidecar's; a private registry when None).
         rng: randomness for backoff jitter and ``randomize`` (seeded in tests).
 
     ``run()`` never raises for anything the app or a broker does; only cancellation propagates.
@@ -161,9 +173,11 @@ class Session:
         session_id: str,
         *,
         bus: EventBus | None = None,
+        metrics: Metrics | None = None,
         rng: random.Random | None = None,
     ) -> None:
         self.config = config
+        self.metrics = metrics if metrics is not None else Metrics()
         self.id = session_id
         self.bus = bus if bus is not None else EventBus()
         self.rng = rng if rng is not None else random.Random()
@@ -198,6 +212,9 @@ class Session:
         self._disconnected = trio.Event()
         self._upstream_error_sent = False
         self._reconnect_attempts: list[Attempt] = []
+        self._loss: _Loss | None = None  # the current outage, while reconnecting
+        self._relay_scope = trio.CancelScope()  # per leg; cancelled to fail back
+        self._failback: Upstream | None = None
         self._dup_seq = 0
         self._event_seq = 0
         self._cumulative_receipts = True  # False on a RabbitMQ leg (Upstream.confirms_in_order)
@@ -215,6 +232,9 @@ class Session:
         """Counters and state of this session."""
         st = self.state
         up = self.upstream
+        now = trio.current_time()
+        oldest = next(iter(self.window), None)
+        loss = self._loss
         return SessionStatistics(
             session_id=self.id,
             state=self.phase,
@@ -232,6 +252,8 @@ class Session:
             failovers=self.failovers,
             duplicates_hidden=st.duplicates_hidden if st else 0,
             redeliveries_hidden=st.redeliveries_hidden if st else 0,
+            reconnecting_for=now - loss.at if loss is not None else None,
+            oldest_unconfirmed_age=now - oldest.enqueued_at if oldest is not None else None,
         )
 
     async def run(self) -> None:
@@ -276,6 +298,7 @@ class Session:
                         self._end(Ending("app closed before CONNECT", disconnect_upstream=False))
                         return None
         except trio.TooSlowError:
+            self.metrics.client_protocol_error(ClientErrorReason.HANDSHAKE_TIMEOUT)
             self._end(
                 Ending(
                     "no CONNECT from the app in time",
@@ -284,6 +307,7 @@ class Session:
             )
             return None
         except protocol.RemoteProtocolError as exc:
+            self.metrics.client_protocol_error(ClientErrorReason.MALFORMED_FRAME)
             self._end(Ending(f"bad CONNECT: {exc}", app_error=exc.error_frame))
             return None
         except TransportLost as exc:
@@ -292,6 +316,7 @@ class Session:
         accept = connect.get("accept-version")
         version = protocol.negotiate_version(accept, SUPPORTED_VERSIONS)
         if version is None:
+            self.metrics.client_protocol_error(ClientErrorReason.UNSUPPORTED_VERSION)
             supported = ",".join(SUPPORTED_VERSIONS)
             err = error_frame(
                 f"unsupported STOMP version(s) {accept}; supported: {supported}"
@@ -299,6 +324,7 @@ class Session:
             self._end(Ending(f"unsupported versions {accept!r}", app_error=err))
             return None
         if self.config.client_login is not None and not self._app_credentials_ok(connect):
+            self.metrics.client_protocol_error(ClientErrorReason.AUTH_FAILED)
             self._end(
                 Ending(
                     "app authentication failed",
@@ -473,8 +499,10 @@ class Session:
         since the last receipt pass half the window, and on the last frame of a burst.
         """
         size = frame_size(frame)
-        while not self.window.has_room(size):
-            await self._window_event.wait()
+        if not self.window.has_room(size):
+            self.metrics.window_full()
+            while not self.window.has_room(size):
+                await self._window_event.wait()
         want = (
             idle
             or frame.command in _ALWAYS_RECEIPTED
@@ -489,9 +517,11 @@ class Session:
                 context=context,
             )
             self._window_changed()
+            self.metrics.frame_to_broker(frame.command, len(frame.body))
             upstream = self.upstream
             if self._link_ready and upstream is not None:
                 try:
+                    entry.sent_at = trio.current_time()
                     await upstream.send(entry.frame)
                     entry.sent = True
                 except TransportLost:
@@ -550,6 +580,7 @@ class Session:
 
     def _log_attempt(self, attempt: Attempt) -> None:
         self._reconnect_attempts.append(attempt)
+        self.metrics.connect_attempt(attempt.broker, ConnectOutcome(attempt.outcome))
         if attempt.outcome != "connected":
             # Debug: a reconnect makes many attempts; the RECONNECTING/FAILOVER/DISCONNECT
             # events (logged once each by the app) summarise them.
@@ -586,23 +617,29 @@ class Session:
         assert self.state is not None
         first = True
         loss = _Loss(0.0, None, "")
+        failback: Upstream | None = None
         while True:
             self._reconnect_attempts = []
-            try:
-                upstream, index, attempts = await connect_by_policy(
-                    self.config.brokers,
-                    self.policy,
-                    self.rng,
-                    self._connect_one,
-                    current=self.broker_index,
-                    initial=first,
-                    on_attempt=self._log_attempt,
-                )
-            except ReconnectExhausted as exc:
-                if first:
-                    raise
-                await self._exhausted(exc, loss)
-                return
+            attempts: list[Attempt] = []
+            if failback is not None:  # priority_backup found the first broker again
+                upstream, index = failback, 0
+                failback = None
+            else:
+                try:
+                    upstream, index, attempts = await connect_by_policy(
+                        self.config.brokers,
+                        self.policy,
+                        self.rng,
+                        self._connect_one,
+                        current=self.broker_index,
+                        initial=first,
+                        on_attempt=self._log_attempt,
+                    )
+                except ReconnectExhausted as exc:
+                    if first:
+                        raise
+                    await self._exhausted(exc, loss)
+                    return
             self.upstream = upstream
             self.broker_index = index
             self._cumulative_receipts = upstream.confirms_in_order
@@ -619,17 +656,31 @@ class Session:
                     # The restore writes while the relay reads: a broker blocked writing
                     # RECEIPTs we do not read would stop reading what we replay (deadlock).
                     link.start_soon(self._restore_quietly, upstream, attempts, loss)
-                loss_reason = await self._relay_upstream(upstream)
+                if self.policy.priority_backup and index != 0:
+                    link.start_soon(self._watch_first_broker)
+                self._relay_scope = trio.CancelScope()
+                loss_reason, loss_kind = "relay stopped", FailoverReason.CONNECTION_LOST
+                with self._relay_scope:
+                    loss_reason, loss_kind = await self._relay_upstream(upstream)
+                failback, self._failback = self._failback, None
+                if failback is not None:
+                    loss_reason, loss_kind = "failback to the first broker", FailoverReason.FAILBACK
                 link.cancel_scope.cancel()
-            # The leg is gone: stop the world (Qpid draft), then reconnect.
+            # The leg is gone (or left for the first broker): stop the world (Qpid draft).
             self._link_ready = False
             self.upstream = None
+            if failback is not None:
+                with trio.move_on_after(GOODBYE_TIMEOUT, shield=True):
+                    await self._disconnect_upstream(upstream)
             await upstream.aclose()
             if self._ending is not None:
+                if failback is not None:
+                    await failback.aclose()
                 return
             first = False
             lost_from = upstream.broker.label
-            loss = _Loss(trio.current_time(), lost_from, loss_reason)
+            loss = _Loss(trio.current_time(), lost_from, loss_reason, loss_kind)
+            self._loss = loss
             self.phase = "reconnecting"
             async with self._send_lock:
                 self.window.mark_all_unsent()
@@ -642,6 +693,40 @@ class Session:
                     from_broker=lost_from,
                 )
             )
+
+    def _quiet(self) -> bool:
+        """A point where the session can move to another broker without anything in flight:
+        no open transaction, an empty window, nothing unacknowledged (priority_backup)."""
+        state = self.state
+        return (
+            state is not None
+            and self._link_ready
+            and not state.transactions
+            and len(self.window) == 0
+            and state.unacked == 0
+            and not self._acks_to_send
+        )
+
+    async def _watch_first_broker(self) -> None:
+        """``priority_backup`` (ActiveMQ priorityBackup): while on a backup, try the first
+        broker every ``max_retry_interval``; once it accepts and the session is quiet, make
+        that connection the session's next leg (a FAILOVER event with reason "failback")."""
+        first = self.config.brokers[0]
+        while True:
+            await trio.sleep(self.policy.max_retry_interval)
+            if not self._quiet():
+                continue
+            try:
+                candidate = await self._connect_one(first)
+            except UpstreamUnavailable:
+                continue
+            if not self._quiet():
+                await candidate.aclose()
+                continue
+            log.info("session %s: first broker %s is back; failing back", self.id, first.label)
+            self._failback = candidate
+            self._relay_scope.cancel()
+            return
 
     async def _restore_quietly(
         self, upstream: Upstream, attempts: list[Attempt], loss: _Loss
@@ -675,6 +760,7 @@ class Session:
                     continue
                 if not self._cumulative_receipts and entry.frame.command is Command.SEND:
                     self.window.ensure_receipt(entry)
+                entry.sent_at = trio.current_time()
                 await upstream.send(entry.frame)
                 entry.sent = True
             self._link_ready = True
@@ -704,8 +790,24 @@ class Session:
         self.failovers += 1
         to = upstream.broker.label
         lost_from, loss_reason = loss.broker, loss.reason
-        outage_ms = round((trio.current_time() - loss.at) * 1000)
+        outage = trio.current_time() - loss.at
+        outage_ms = round(outage * 1000)
         reattached = to == lost_from
+        self._loss = None
+        m = self.metrics
+        if reattached:
+            m.reattach(to, loss.kind)
+        else:
+            m.failover(lost_from or "", to, loss.kind)
+        m.outage(outage, OutageOutcome.REATTACHED if reattached else OutageOutcome.FAILED_OVER)
+        m.frames_replayed(plan.frames_sent)
+        for outcome, txs in (
+            (TransactionOutcome.REPLAYED, plan.transactions_replayed),
+            (TransactionOutcome.ROLLED_BACK, plan.transactions_rolled_back),
+            (TransactionOutcome.IN_DOUBT, plan.transactions_in_doubt),
+        ):
+            if txs:
+                m.transaction(outcome, len(txs))
         log.warning(
             "session %s: %s %s -> %s after %d ms, %d attempt(s); replayed %d frame(s)",
             self.id,
@@ -744,6 +846,9 @@ class Session:
         """Reconnect failed for good: DISCONNECT event, ERROR naming every lost frame, close."""
         lost = [e.label for e in self.window.drop_all()]
         self._window_changed()
+        self._loss = None
+        self.metrics.outage(trio.current_time() - loss.at, OutageOutcome.DISCONNECTED)
+        self.metrics.frames_lost(len(lost))
         reason = f"{loss.reason}; reconnect {exc}"
         await self._publish(
             SessionEvent(
@@ -768,8 +873,9 @@ class Session:
             )
         )
 
-    async def _relay_upstream(self, upstream: Upstream) -> str:
+    async def _relay_upstream(self, upstream: Upstream) -> tuple[str, FailoverReason]:
         """Relay broker → app until the leg is lost; returns why it was lost."""
+        kind = FailoverReason.CONNECTION_LOST
         try:
             while True:
                 event = await upstream.receive_event()
@@ -780,18 +886,20 @@ class Session:
                     break
                 await self._on_upstream_frame(upstream, event)
         except HeartBeatTimeout as exc:
-            reason = f"broker silent: {exc}"
+            reason, kind = f"broker silent: {exc}", FailoverReason.HEARTBEAT_TIMEOUT
         except TransportLost as exc:
             reason = f"connection lost: {exc}"
         except protocol.RemoteProtocolError as exc:
-            reason = f"broker sent invalid STOMP: {exc}"
+            reason, kind = f"broker sent invalid STOMP: {exc}", FailoverReason.PROTOCOL_ERROR
+        if self._upstream_error_sent:
+            kind = FailoverReason.BROKER_ERROR
         if self._disconnect_entry is not None and self._disconnected.is_set():
             self._end(Ending("app disconnected", disconnect_upstream=False))
         elif self._upstream_error_sent:
             # DESIGN §3.2: an ERROR answering the app's own frame is an application error,
             # not a failover; the broker closes after it, and so does the session.
             self._end(Ending(f"{reason} after an ERROR", disconnect_upstream=False))
-        return reason
+        return reason, kind
 
     async def _disconnect_upstream(self, upstream: Upstream) -> None:
         """Graceful goodbye to the broker: DISCONNECT with a receipt, wait for it (STOMP 1.2
@@ -826,7 +934,10 @@ class Session:
                 frame, upstream_version=upstream.version, now=trio.current_time()
             )
             if decision.to_app is not None:
+                self.metrics.frame_to_app(Command.MESSAGE, len(decision.to_app.body))
                 await self._to_app(decision.to_app)
+            elif decision.hidden is not None:
+                self.metrics.duplicates_suppressed()
             if decision.to_broker is not None:
                 # After the app has it (the sidecar's own ACK of an auto subscription), and
                 # never written from the reader itself (see _link_loop): queued.
@@ -860,6 +971,7 @@ class Session:
                 frame.get("message"),
             )
             self._upstream_error_sent = True
+            self.metrics.frame_to_app(Command.ERROR, len(out.body))
             await self._to_app(out)
         else:  # CONNECTED twice: protocol.Connection already rejects it
             log.warning("session %s: unexpected %s from broker ignored", self.id, command)
@@ -887,9 +999,15 @@ class Session:
                 log.warning("session %s: broker sent unknown receipt-id %r", self.id, receipt)
             return
         self._window_changed()
+        now = trio.current_time()
         for entry in confirmed:
+            if entry.receipt == receipt and entry.sent_at:
+                self.metrics.receipt_roundtrip(now - entry.sent_at)
+            if entry.frame.command is Command.COMMIT:
+                self.metrics.transaction(TransactionOutcome.COMMITTED)
             if entry.app_receipt is not None and not entry.answered:
                 entry.answered = True
+                self.metrics.frame_to_app(Command.RECEIPT, 0)
                 await self._to_app(Frame(Command.RECEIPT, (("receipt-id", entry.app_receipt),)))
             if entry is self._disconnect_entry:
                 self._disconnected.set()
@@ -967,6 +1085,7 @@ class Session:
             try:
                 event = await self.app.receive_event()
             except HeartBeatTimeout as exc:
+                self.metrics.client_protocol_error(ClientErrorReason.HEARTBEAT_TIMEOUT)
                 self._end(
                     Ending(
                         f"app silent: {exc}", app_error=error_frame(f"heart-beat timeout: {exc}")
@@ -977,6 +1096,7 @@ class Session:
                 self._end(Ending(f"app connection lost: {exc}"))
                 return
             except protocol.RemoteProtocolError as exc:
+                self.metrics.client_protocol_error(ClientErrorReason.MALFORMED_FRAME)
                 self._end(
                     Ending(
                         f"app protocol error: {exc}",
@@ -998,9 +1118,11 @@ class Session:
                     try:
                         done = await self._on_app_frame(event, idle=upcoming is None)
                     except FrameRejected as exc:
+                        self.metrics.client_protocol_error(ClientErrorReason.INVALID_REQUEST)
                         await self._to_app(error_frame(str(exc), receipt_id=event.get("receipt")))
                         done = False
                     except SessionError as exc:
+                        self.metrics.client_protocol_error(ClientErrorReason.INVALID_REQUEST)
                         self._end(
                             Ending(
                                 f"app error: {exc}",
@@ -1107,6 +1229,7 @@ class Session:
             lost = [e.label for e in self.window if not e.confirmed]
             reason = "app disconnected"
             if lost:
+                self.metrics.frames_lost(len(lost))
                 reason += f"; {len(lost)} frame(s) never confirmed: {', '.join(lost)}"
             self._end(Ending(reason, disconnect_upstream=False))
             return True

@@ -46,7 +46,7 @@ class Entry:
         app_receipt: the receipt id the app asked for, if any (answered when confirmed).
         receipt: the sidecar's receipt id requested on this frame, if any.
         enqueued_at: when the app handed the frame over (seconds, caller's clock).
-        sent: written to the current upstream leg.
+        sent: written to the current upstream leg (``sent_at``: when, caller's clock).
         answered: the app's receipt was answered (RECEIPT, or ERROR after ``call_timeout``).
         context: what the session needs to replay it (the Transaction a COMMIT ends).
     """
@@ -58,6 +58,7 @@ class Entry:
     receipt: str | None
     enqueued_at: float
     sent: bool = False
+    sent_at: float = 0.0
     answered: bool = False
     confirmed: bool = False
     context: object = field(default=None)

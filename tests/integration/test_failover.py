@@ -589,3 +589,34 @@ def test_receipts_and_cumulative_confirmation(relay: Any) -> None:
         if relay.flavor == "activemq":
             assert s.window.out_of_order == 0
         print(f"\n[receipts {relay.flavor}] out_of_order={s.window.out_of_order}")
+
+
+@pytest.mark.activemq
+def test_priority_backup_fails_back_to_the_first_broker(
+    proxied: FaultProxy, second_activemq: ActiveMQ
+) -> None:
+    """priorityBackup: after failing over to the second broker, the session returns to the
+    first one once it answers again, at a quiet point, and says so in a FAILOVER event."""
+    first = f"127.0.0.1:{proxied.port}"
+    config = sidecar_config(
+        f"failover:(stomp://{first},{second_activemq.stomp_url})?priorityBackup=true",
+        **FAST,
+    )
+    dest = unique()
+    with SidecarThread(config) as sidecar, client(sidecar.address) as app:
+        subscribe_events(app)
+        app.conn.subscribe(destination=dest, id="d", ack="auto", headers={"receipt": "d"})
+        app.receipt("d")
+        proxied.refuse(True)
+        proxied.reset()
+        away = next_event(app, "FAILOVER")
+        assert away["to_broker"] == f"127.0.0.1:{second_activemq.stomp_port}"
+        proxied.refuse(False)
+        back = next_event(app, "FAILOVER", timeout=30)
+        assert back["to_broker"] == first
+        assert back["reason"] == "failback to the first broker"
+        app.conn.send(dest, "home again", headers={"receipt": "h"})
+        app.receipt("h")
+        assert app.expect("MESSAGE").body == "home again"
+        stats = sidecar.statistics()
+    assert any(s.broker == first for s in stats.sessions)
