@@ -620,3 +620,62 @@ def test_priority_backup_fails_back_to_the_first_broker(
         assert app.expect("MESSAGE").body == "home again"
         stats = sidecar.statistics()
     assert any(s.broker == first for s in stats.sessions)
+
+
+@pytest.mark.activemq
+def test_a_failover_shows_in_the_metrics(proxied: FaultProxy, second_activemq: ActiveMQ) -> None:
+    """A real scrape of /metrics after a failover: the counters the operator alerts on."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.integration.test_admin import admin_address, http_get
+
+    first = f"127.0.0.1:{proxied.port}"
+    second = f"127.0.0.1:{second_activemq.stomp_port}"
+    config = sidecar_config(f"failover:(stomp://{first},{second_activemq.stomp_url})", **FAST)
+    with SidecarThread(config) as sidecar, client(sidecar.address) as app:
+        subscribe_events(app)
+        dest = unique()
+        app.conn.send(dest, "before", headers={"receipt": "b"})
+        app.receipt("b")
+        proxied.refuse(True)
+        proxied.reset()
+        next_event(app, "FAILOVER", to_broker=second)
+        status, _, body = http_get(admin_address(sidecar), "/metrics")
+    assert status == 200
+    text = body.decode()
+    print(
+        "\n[scrape after failover]\n"
+        + "\n".join(
+            line
+            for line in text.splitlines()
+            if line.startswith(
+                (
+                    "mq_sidecar_failovers_total",
+                    "mq_sidecar_outage_seconds_count",
+                    "mq_sidecar_upstream_connect_attempts_total",
+                    "mq_sidecar_upstream_connected",
+                )
+            )
+        )
+    )
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    failovers = [
+        v
+        for (name, labels), v in samples.items()
+        if name == "mq_sidecar_failovers_total"
+        and ("from_broker", first) in labels
+        and ("to_broker", second) in labels
+    ]
+    assert failovers
+    assert failovers[0] >= 1
+    outages = [
+        v
+        for (name, labels), v in samples.items()
+        if name == "mq_sidecar_outage_seconds_count" and ("outcome", "failed_over") in labels
+    ]
+    assert outages
+    assert outages[0] >= 1
