@@ -68,6 +68,9 @@ log = logging.getLogger("mq_sidecar.session")
 SUPPORTED_VERSIONS = protocol.VERSIONS
 #: Seconds allowed for a goodbye (DISCONNECT receipt, final ERROR) when a session ends.
 GOODBYE_TIMEOUT = 2.0
+#: Seconds after a broker's ERROR within which its closing the connection is taken as the
+#: end of the session (STOMP 1.2 "ERROR": the server closes just after it), not a failure.
+ERROR_CLOSE_WINDOW = 2.0
 #: Headers of the app's CONNECT that the sidecar sets itself on the upstream CONNECT.
 _CONNECT_OWN_HEADERS = ("accept-version", "host", "heart-beat", "login", "passcode")
 #: Artemis' duplicate detection header (Artemis "Duplicate Message Detection").
@@ -210,7 +213,7 @@ class Session:
         self._acks_freed = trio.Event()
         self._disconnect_entry: Entry | None = None
         self._disconnected = trio.Event()
-        self._upstream_error_sent = False
+        self._upstream_error_at: float | None = None  # when this leg last sent an ERROR
         self._reconnect_attempts: list[Attempt] = []
         self._loss: _Loss | None = None  # the current outage, while reconnecting
         self._relay_scope = trio.CancelScope()  # per leg; cancelled to fail back
@@ -891,13 +894,19 @@ class Session:
             reason = f"connection lost: {exc}"
         except protocol.RemoteProtocolError as exc:
             reason, kind = f"broker sent invalid STOMP: {exc}", FailoverReason.PROTOCOL_ERROR
-        if self._upstream_error_sent:
-            kind = FailoverReason.BROKER_ERROR
+        error_at, self._upstream_error_at = self._upstream_error_at, None
+        closed_after_error = (
+            error_at is not None
+            and kind is FailoverReason.CONNECTION_LOST
+            and trio.current_time() - error_at < ERROR_CLOSE_WINDOW
+        )
         if self._disconnect_entry is not None and self._disconnected.is_set():
             self._end(Ending("app disconnected", disconnect_upstream=False))
-        elif self._upstream_error_sent:
+        elif closed_after_error:
             # DESIGN §3.2: an ERROR answering the app's own frame is an application error,
-            # not a failover; the broker closes after it, and so does the session.
+            # not a failover; the broker closes after it, and so does the session. (A broker
+            # that kept the connection after a non-fatal ERROR and dies later fails over.)
+            kind = FailoverReason.BROKER_ERROR
             self._end(Ending(f"{reason} after an ERROR", disconnect_upstream=False))
         return reason, kind
 
@@ -970,7 +979,7 @@ class Session:
                 upstream.broker.label,
                 frame.get("message"),
             )
-            self._upstream_error_sent = True
+            self._upstream_error_at = trio.current_time()
             self.metrics.frame_to_app(Command.ERROR, len(out.body))
             await self._to_app(out)
         else:  # CONNECTED twice: protocol.Connection already rejects it

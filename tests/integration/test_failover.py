@@ -679,3 +679,50 @@ def test_a_failover_shows_in_the_metrics(proxied: FaultProxy, second_activemq: A
     ]
     assert outages
     assert outages[0] >= 1
+
+
+@pytest.mark.activemq
+def test_event_stream_reports_a_failover_on_kill9(activemq_pair: ActiveMQPairFactory) -> None:
+    """GET /events (SSE) carries the FAILOVER of a session whose broker was killed -9."""
+    from tests.integration.test_admin import EventStream, admin_address
+
+    primary, backup = activemq_pair(lock_sleep_ms=200)
+    config = sidecar_config(f"failover:({primary.stomp_url},{backup.stomp_url})", **FAST)
+    with SidecarThread(config) as sidecar, client(sidecar.address) as app:
+        events = EventStream(admin_address(sidecar))
+        try:
+            app.conn.send(unique(), "x", headers={"receipt": "x"})
+            app.receipt("x")
+            primary.kill()
+            seen = [events.next_event(timeout=30) for _ in range(2)]
+        finally:
+            events.close()
+    kinds = [kind for kind, _ in seen]
+    assert kinds == ["RECONNECTING", "FAILOVER"]
+    failover = seen[1][1]
+    assert failover["from_broker"] == f"127.0.0.1:{primary.stomp_port}"
+    assert failover["to_broker"] == f"127.0.0.1:{backup.stomp_port}"
+    assert isinstance(failover["outage_ms"], int)
+    assert failover["outage_ms"] > 0
+
+
+@pytest.mark.activemq
+def test_connection_cut_in_the_middle_of_a_frame(proxied: FaultProxy) -> None:
+    """The link breaks after N bytes, in the middle of a frame the app sent: the sidecar
+    reattaches, replays what was not confirmed, and every message arrives exactly once."""
+    config = proxied_config(proxied)
+    dest, n = unique(), 200
+    with SidecarThread(config) as sidecar, client(sidecar.address) as app:
+        consumer = Consumer(sidecar.address, dest)
+        subscribe_events(app)
+        proxied.cut_after(20_000)  # about a quarter of the way in
+        for i in range(n):
+            app.conn.send(dest, f"m{i}" + "." * 300, headers={"receipt": f"r{i}"})
+        for _ in range(n):
+            app.expect("RECEIPT")
+        next_event(app, "FAILOVER")
+        wait_until(lambda: len(set(consumer.bodies)) >= n)
+        time.sleep(0.3)  # a duplicate, if any, would arrive now
+        consumer.close()
+    bodies = [b.rstrip(".") for b in consumer.bodies]
+    assert exactly_once(bodies, n) == (0, 0)
