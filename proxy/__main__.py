@@ -56,6 +56,23 @@ def _config_options(func: F) -> F:
     return func
 
 
+def _flags(
+    listen: str | None,
+    admin_listen: str | None,
+    brokers: str | None,
+    log_level: str | None,
+    log_format: str | None,
+) -> dict[str, object | None]:
+    """The shared flags as config overrides (None: not given on the command line)."""
+    return {
+        "listen": listen,
+        "admin_listen": admin_listen,
+        "brokers": brokers,
+        "log_level": log_level,
+        "log_format": log_format,
+    }
+
+
 def _load(config_path: Path | None, overrides: Mapping[str, object | None]) -> Config:
     """Load the configuration or exit 2 with one line per problem."""
     try:
@@ -94,17 +111,7 @@ def run(
     log_format: str | None,
 ) -> None:
     """Run the sidecar: accept STOMP apps and relay them to the brokers."""
-    config = _load(
-        config_path,
-        {
-            "listen": listen,
-            "admin_listen": admin_listen,
-            "brokers": brokers,
-            "log_level": log_level,
-            "log_format": log_format,
-        },
-    )
-    _run(config)
+    _run(_load(config_path, _flags(listen, admin_listen, brokers, log_level, log_format)))
 
 
 @main.command("check-config")
@@ -119,16 +126,7 @@ def check_config(
     log_format: str | None,
 ) -> None:
     """Validate the configuration without running; print it (credentials redacted)."""
-    config = _load(
-        config_path,
-        {
-            "listen": listen,
-            "admin_listen": admin_listen,
-            "brokers": brokers,
-            "log_level": log_level,
-            "log_format": log_format,
-        },
-    )
+    config = _load(config_path, _flags(listen, admin_listen, brokers, log_level, log_format))
     click.echo(json.dumps(config.redacted(), indent=2, sort_keys=True))
     click.echo(f"mq-sidecar: configuration OK ({len(config.brokers)} broker(s))", err=True)
 

@@ -439,14 +439,7 @@ class SessionState:
             if identity is not None:
                 self._remember(sub, identity, "acked", now)
             return Delivered(out, to_broker=self._ack_for(sub, message, upstream_version))
-        if self.app_version == "1.2":
-            self._next_ack += 1
-            key = str(self._next_ack)
-            out = out.with_header("ack", key)
-        elif self.app_version == "1.1":
-            key = f"{sub.app_id}\x00{message_id}"
-        else:
-            key = message_id
+        out, key = self._app_ack_key(sub, out, message_id)
         delivery = Delivery(
             app_key=key,
             subscription=sub,
@@ -463,6 +456,17 @@ class SessionState:
             sub.pending_by_identity[identity] = delivery
             self._remember(sub, identity, "delivered", now)
         return Delivered(out)
+
+    def _app_ack_key(self, sub: Subscription, out: Frame, message_id: str) -> tuple[Frame, str]:
+        """The key the app will acknowledge ``out`` by: a new sidecar ack id (STOMP 1.2, added
+        as the ``ack`` header), ``subscription`` + ``message-id`` (1.1) or ``message-id`` (1.0)."""
+        if self.app_version == "1.2":
+            self._next_ack += 1
+            key = str(self._next_ack)
+            return out.with_header("ack", key), key
+        if self.app_version == "1.1":
+            return out, f"{sub.app_id}\x00{message_id}"
+        return out, message_id
 
     def _hide(
         self, sub: Subscription, message: Frame, why: str, upstream_version: str
@@ -522,14 +526,7 @@ class SessionState:
         if sub.ack == "auto":
             return out
         message_id = out.get("message-id", "") or ""
-        if self.app_version == "1.2":
-            self._next_ack += 1
-            key = str(self._next_ack)
-            out = out.with_header("ack", key)
-        elif self.app_version == "1.1":
-            key = f"{sub.app_id}\x00{message_id}"
-        else:
-            key = message_id
+        out, key = self._app_ack_key(sub, out, message_id)
         delivery = Delivery(key, sub, message_id, None, None, self.generation)
         self._deliveries[key] = delivery
         sub.deliveries[key] = delivery
