@@ -28,7 +28,7 @@ from config import Broker, Config
 from protocol import Command, ConnectionClosed, Frame
 from proxy.metrics import Metrics, ProbeOutcome
 from proxy.session import SessionStatistics
-from proxy.upstream import ConnectFailed, UpstreamRefused, open_upstream
+from proxy.upstream import ConnectFailed, UpstreamRefused, connect_frame, open_upstream
 from proxy.wire import TransportLost
 
 __all__ = [
@@ -135,22 +135,10 @@ def evaluate_readiness(
 
 
 def _connect_frame(broker: Broker, config: Config) -> tuple[Frame, bool]:
-    """The probe's CONNECT, and whether it carries configured credentials."""
-    headers: list[tuple[str, str]] = [
-        ("accept-version", ",".join(protocol.VERSIONS)),
-        ("host", broker.virtual_host if broker.virtual_host is not None else broker.host),
-        ("heart-beat", "0,0"),
-    ]
-    login, secret = (
-        (broker.login, broker.passcode)
-        if broker.login is not None
-        else (config.login, config.passcode)
-    )
-    if login is not None:
-        headers.append(("login", login))
-        if secret is not None:
-            headers.append(("passcode", secret.reveal()))
-    return Frame(Command.CONNECT, tuple(headers)), login is not None
+    """The probe's CONNECT (the sessions' one, without heart-beats), and whether it carries
+    configured credentials."""
+    own_credentials = broker.login is not None or config.login is not None
+    return connect_frame(broker, config, heart_beat="0,0"), own_credentials
 
 
 async def probe_broker(broker: Broker, config: Config) -> tuple[ProbeOutcome, str]:

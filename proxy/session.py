@@ -56,7 +56,13 @@ from proxy.tracking import (
     SessionError,
     SessionState,
 )
-from proxy.upstream import Upstream, UpstreamRefused, UpstreamUnavailable, connect_upstream
+from proxy.upstream import (
+    Upstream,
+    UpstreamRefused,
+    UpstreamUnavailable,
+    connect_frame,
+    connect_upstream,
+)
 from proxy.window import ConfirmationWindow, Entry, WindowStatistics, frame_size
 from proxy.wire import FrameStream, HeartBeatTimeout, TransportLost, send_heartbeats
 
@@ -71,8 +77,6 @@ GOODBYE_TIMEOUT = 2.0
 #: Seconds after a broker's ERROR within which its closing the connection is taken as the
 #: end of the session (STOMP 1.2 "ERROR": the server closes just after it), not a failure.
 ERROR_CLOSE_WINDOW = 2.0
-#: Headers of the app's CONNECT that the sidecar sets itself on the upstream CONNECT.
-_CONNECT_OWN_HEADERS = ("accept-version", "host", "heart-beat", "login", "passcode")
 #: Artemis' duplicate detection header (Artemis "Duplicate Message Detection").
 ARTEMIS_DUPLICATE_ID = "_AMQ_DUPL_ID"
 #: Commands that always carry a sidecar receipt (DESIGN §3.3).
@@ -359,32 +363,12 @@ class Session:
         return login_ok and pass_ok
 
     def _upstream_connect_frame(self, app_connect: Frame, broker: Broker) -> Frame:
-        """The CONNECT for ``broker``: own version offer, heart-beat, host and credentials.
-
-        The app's other CONNECT headers (``client-id`` for ActiveMQ durable subscriptions...)
-        pass through. Credentials: the broker's own, else the sidecar's, else the app's.
-        """
-        cfg = self.config
-        headers: list[tuple[str, str]] = [
-            ("accept-version", ",".join(SUPPORTED_VERSIONS)),
-            ("host", broker.virtual_host if broker.virtual_host is not None else broker.host),
-            # Ask for beats at half the interval we judge silence by (FrameStream.start_heartbeats).
-            ("heart-beat", f"{cfg.upstream_heartbeat[0]},{(cfg.upstream_heartbeat[1] + 1) // 2}"),
-        ]
-        login: str | None
-        passcode: str | None
-        if broker.login is not None:
-            login, passcode = broker.login, broker.passcode.reveal() if broker.passcode else None
-        elif cfg.login is not None:
-            login, passcode = cfg.login, cfg.passcode.reveal() if cfg.passcode else None
-        else:
-            login, passcode = app_connect.get("login"), app_connect.get("passcode")
-        if login is not None:
-            headers.append(("login", login))
-        if passcode is not None:
-            headers.append(("passcode", passcode))
-        headers.extend((k, v) for k, v in app_connect.headers if k not in _CONNECT_OWN_HEADERS)
-        return Frame(Command.CONNECT, tuple(headers))
+        """The CONNECT for ``broker`` (:func:`proxy.upstream.connect_frame`), asking for
+        heart-beats at half the interval silence is judged by (FrameStream.start_heartbeats)."""
+        cx, cy = self.config.upstream_heartbeat
+        return connect_frame(
+            broker, self.config, heart_beat=f"{cx},{(cy + 1) // 2}", app_connect=app_connect
+        )
 
     def _app_connected_frame(self, upstream: Upstream) -> Frame:
         assert self.state is not None

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import trio
 
 import protocol
-from config import Broker
+from config import Broker, Config
 from protocol import Command, ConnectionClosed, Frame, HeartBeat
 from proxy.wire import FrameStream, TransportLost, send_heartbeats
 
@@ -30,6 +30,7 @@ __all__ = [
     "UpstreamRefused",
     "UpstreamStatistics",
     "UpstreamUnavailable",
+    "connect_frame",
     "connect_upstream",
     "open_upstream",
 ]
@@ -150,6 +151,45 @@ class Upstream:
             bytes_in=w.bytes_in,
             bytes_out=w.bytes_out,
         )
+
+
+#: Headers of an app's CONNECT that the sidecar sets itself on the upstream CONNECT.
+_CONNECT_OWN_HEADERS = ("accept-version", "host", "heart-beat", "login", "passcode")
+
+
+def connect_frame(
+    broker: Broker, config: Config, *, heart_beat: str, app_connect: Frame | None = None
+) -> Frame:
+    """The CONNECT for ``broker``, the same for sessions and readiness probes.
+
+    Offers every STOMP version (the sidecar speaks the broker's best); ``host`` is the
+    broker's virtual host, else its host name (STOMP 1.2 "CONNECT"; RabbitMQ reads it as the
+    vhost); credentials are the broker's own, else the sidecar's (``login``/``passcode``),
+    else, for a session (``app_connect`` given), the app's. The app's other CONNECT headers
+    (``client-id`` for ActiveMQ durable subscriptions...) pass through.
+    """
+    headers: list[tuple[str, str]] = [
+        ("accept-version", ",".join(protocol.VERSIONS)),
+        ("host", broker.virtual_host if broker.virtual_host is not None else broker.host),
+        ("heart-beat", heart_beat),
+    ]
+    login: str | None
+    passcode: str | None
+    if broker.login is not None:
+        login, passcode = broker.login, broker.passcode.reveal() if broker.passcode else None
+    elif config.login is not None:
+        login, passcode = config.login, config.passcode.reveal() if config.passcode else None
+    elif app_connect is not None:
+        login, passcode = app_connect.get("login"), app_connect.get("passcode")
+    else:
+        login, passcode = None, None
+    if login is not None:
+        headers.append(("login", login))
+        if passcode is not None:
+            headers.append(("passcode", passcode))
+    if app_connect is not None:
+        headers.extend((k, v) for k, v in app_connect.headers if k not in _CONNECT_OWN_HEADERS)
+    return Frame(Command.CONNECT, tuple(headers))
 
 
 async def _open_stream(broker: Broker) -> trio.abc.Stream:
