@@ -469,8 +469,13 @@ def test_auto_ack_messages_are_not_shown_twice(proxied: FaultProxy) -> None:
 
 @pytest.mark.activemq
 def test_reconnect_exhausted_reports_lost_frames(proxied: FaultProxy) -> None:
+    # Three rounds 500 ms apart, no jitter: time for both frames to reach the window first.
     config = proxied_config(
-        proxied, reconnect_attempts="3", retry_interval="50", max_retry_interval="100"
+        proxied,
+        reconnect_attempts="3",
+        retry_interval="500",
+        max_retry_interval="500",
+        jitter="0",
     )
     with SidecarThread(config) as sidecar:
         app = Client(sidecar.address)
@@ -482,6 +487,12 @@ def test_reconnect_exhausted_reports_lost_frames(proxied: FaultProxy) -> None:
         dest = unique()
         app.conn.send(dest, "lost one", headers={"receipt": "lost-1"})
         app.conn.send(dest, "lost two", headers={"receipt": "lost-2"})
+        wait_until(
+            lambda: any(
+                s.window is not None and s.window.frames == 2 for s in sidecar.statistics().sessions
+            ),
+            timeout=1.0,
+        )
         disconnect = next_event(app, "DISCONNECT")
         error = app.expect("ERROR")
         assert app.expect("DISCONNECTED")
