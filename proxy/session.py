@@ -25,7 +25,6 @@ to the broker (bounded, shielded) and ``run`` sends the app its ERROR, if any, a
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import hmac
 import logging
@@ -225,7 +224,10 @@ class Session:
         self._dup_seq = 0
         self._event_seq = 0
         self._cumulative_receipts = True  # False on a RabbitMQ leg (Upstream.confirms_in_order)
-        self._acks_to_send: collections.deque[Frame] = collections.deque()
+        # The sidecar's own ACKs (auto subscriptions, hidden messages) are queued on the leg by
+        # the relay, in the order it handles deliveries, and flushed by _flush_sidecar_acks.
+        self._acks_held: list[Frame] = []  # ACKs of auto-acked messages until the app flush
+        self._ack_flush_wanted = False
         self._acks_queued = trio.Event()
         self._acks_sent = trio.Event()
 
@@ -283,6 +285,10 @@ class Session:
             ending = self._ending
             self.phase = "closed"
             with trio.move_on_after(GOODBYE_TIMEOUT, shield=True):
+                # What the relays queued before the end (the RECEIPT of the app's DISCONNECT)
+                # leaves first, then the ERROR that ends the session, if any.
+                with contextlib.suppress(TransportLost):
+                    await self.app.flush()
                 if ending is not None and ending.app_error is not None:
                     await self._send_app_quietly(ending.app_error)
                 await trio.aclose_forcefully(self.app.stream)
@@ -488,6 +494,7 @@ class Session:
         size = frame_size(frame)
         if not self.window.has_room(size):
             self.metrics.window_full()
+            await self._flush_upstream()  # the receipts that make room answer queued frames
             while not self.window.has_room(size):
                 await self._window_event.wait()
         want = (
@@ -495,25 +502,46 @@ class Session:
             or frame.command in _ALWAYS_RECEIPTED
             or (frame.command is Command.SEND and not self._cumulative_receipts)
         )
-        async with self._send_lock:
-            entry = self.window.append(
-                frame,
-                app_receipt=app_receipt,
-                want_receipt=want,
-                now=trio.current_time(),
-                context=context,
-            )
-            self._window_changed()
-            self.metrics.frame_to_broker(frame.command, len(frame.body))
-            upstream = self.upstream
-            if self._link_ready and upstream is not None:
-                try:
-                    entry.sent_at = trio.current_time()
-                    await upstream.send(entry.frame)
-                    entry.sent = True
-                except TransportLost:
-                    pass  # the link task sees the loss and replays the window
+        if self._send_lock.locked():  # a restore is writing the window: append after it
+            async with self._send_lock:
+                entry = self._append(frame, app_receipt, want, context)
+        else:
+            # _append never checkpoints, so nothing can come between the append and the
+            # queueing; taking the lock would only cost a trip through the scheduler.
+            entry = self._append(frame, app_receipt, want, context)
+        upstream = self.upstream
+        if upstream is not None and upstream.needs_flush:
+            await self._flush_upstream()
         return entry
+
+    def _append(
+        self, frame: Frame, app_receipt: str | None, want_receipt: bool, context: object
+    ) -> Entry:
+        """Append to the window and, when the leg is up, queue the frame on it (no I/O: the
+        relay flushes at the end of the app's burst, :meth:`_relay_app`)."""
+        now = trio.current_time()
+        entry = self.window.append(
+            frame, app_receipt=app_receipt, want_receipt=want_receipt, now=now, context=context
+        )
+        self._window_changed()
+        self.metrics.frame_to_broker(frame.command, len(frame.body))
+        upstream = self.upstream
+        if self._link_ready and upstream is not None:
+            try:
+                entry.sent_at = now
+                upstream.queue(entry.frame)
+                entry.sent = True
+            except TransportLost:
+                pass  # the link task sees the loss and replays the window
+        return entry
+
+    async def _flush_upstream(self) -> None:
+        """Write what is queued for the broker; a failed write is left to the link task,
+        which sees the loss on its read and replays the window."""
+        upstream = self.upstream
+        if upstream is not None:
+            with contextlib.suppress(TransportLost):
+                await upstream.flush()
 
     async def _answer_locally(self, app_receipt: str | None) -> None:
         """RECEIPT for a frame whose effect the sidecar itself guarantees."""
@@ -538,7 +566,19 @@ class Session:
                 continue
             entry.answered = True
             state = "while reconnecting" if self.phase == "reconnecting" else "by the broker"
-            detail = "it was never sent and is dropped" if not entry.sent else "it may still be"
+            if entry.sent:
+                detail = "it may still be"
+            elif entry.sent_before:
+                # Sent to a broker that was lost before confirming it (DESIGN §3.4): stored
+                # there or not, nobody knows; it is not replayed after this ERROR.
+                detail = (
+                    "it reached a broker that was lost before confirming it, so it may have "
+                    "taken effect; it is dropped and not replayed"
+                )
+                if entry.frame.command is Command.COMMIT:
+                    detail += " (the transaction's outcome is in doubt)"
+            else:
+                detail = "it was never sent and is dropped"
             await self._to_app(
                 error_frame(
                     f"{entry.frame.command} not confirmed {state} within "
@@ -630,10 +670,11 @@ class Session:
             self.upstream = upstream
             self.broker_index = index
             self._cumulative_receipts = upstream.confirms_in_order
-            self._acks_to_send.clear()  # ack ids of the old leg mean nothing on this one
+            self._acks_held.clear()  # ack ids of the old leg mean nothing on this one
+            self._ack_flush_wanted = False
             async with trio.open_nursery() as link:
                 link.start_soon(upstream.keep_alive)
-                link.start_soon(self._send_hidden_acks, upstream)
+                link.start_soon(self._flush_sidecar_acks, upstream)
                 if first:
                     self.state.new_link(stable_message_ids=upstream.stable_message_ids)
                     self._link_ready = True
@@ -691,7 +732,8 @@ class Session:
             and not state.transactions
             and len(self.window) == 0
             and state.unacked == 0
-            and not self._acks_to_send
+            and not self._acks_held
+            and not self._ack_flush_wanted
         )
 
     async def _watch_first_broker(self) -> None:
@@ -740,7 +782,7 @@ class Session:
             self._window_changed()
             await self._announce_failover(upstream, plan, attempts, loss)
             for frame in (*plan.subscribe, *plan.recreate):
-                await upstream.send(frame)
+                await self._queue_on(upstream, frame)
             for entry in (*plan.replay, *(e for e in self.window if not e.sent)):
                 # plan.replay, then what the app handed over while we reconnected
                 if entry.sent:
@@ -748,8 +790,9 @@ class Session:
                 if not self._cumulative_receipts and entry.frame.command is Command.SEND:
                     self.window.ensure_receipt(entry)
                 entry.sent_at = trio.current_time()
-                await upstream.send(entry.frame)
+                await self._queue_on(upstream, entry.frame)
                 entry.sent = True
+            await upstream.flush()
             self._link_ready = True
             self.phase = "running"
         for entry in plan.answer:
@@ -768,6 +811,13 @@ class Session:
                         receipt_id=entry.app_receipt,
                     )
                 )
+
+    @staticmethod
+    async def _queue_on(upstream: Upstream, frame: Frame) -> None:
+        """Queue ``frame`` on ``upstream``, flushing first when the out-buffer is full."""
+        if upstream.needs_flush:
+            await upstream.flush()
+        upstream.queue(frame)
 
     async def _announce_failover(
         self, upstream: Upstream, plan: ReplayPlan, attempts: list[Attempt], loss: _Loss
@@ -831,6 +881,9 @@ class Session:
 
     async def _exhausted(self, exc: ReconnectExhausted, loss: _Loss) -> None:
         """Reconnect failed for good: DISCONNECT event, ERROR naming every lost frame, close."""
+        # Stop taking frames from the app first: one submitted while the event is written
+        # would be in neither the event's nor the ERROR's list of lost frames.
+        self._app_scope.cancel()
         lost = [e.label for e in self.window.drop_all()]
         self._window_changed()
         self._loss = None
@@ -865,7 +918,12 @@ class Session:
         kind = FailoverReason.CONNECTION_LOST
         try:
             while True:
-                event = await upstream.receive_event()
+                event = upstream.next_buffered()
+                if event is None:
+                    # The burst read so far is handled: what it queued for the app leaves
+                    # in one write, before we wait for the broker again.
+                    await self._flush_app()
+                    event = await upstream.receive_event()
                 if isinstance(event, HeartBeat):
                     continue
                 if isinstance(event, ConnectionClosed):
@@ -921,6 +979,7 @@ class Session:
         if command is Command.MESSAGE:
             while state.unacked >= state.max_unacked:
                 # Bounded: stop reading the broker until the app acknowledges (DESIGN §3.8).
+                await self._flush_app()
                 self._acks_freed = trio.Event()
                 await self._acks_freed.wait()
             decision = state.deliver(
@@ -928,17 +987,23 @@ class Session:
             )
             if decision.to_app is not None:
                 self.metrics.frame_to_app(Command.MESSAGE, len(decision.to_app.body))
-                await self._to_app(decision.to_app)
+                await self._to_app(decision.to_app, flush=False)
             elif decision.hidden is not None:
                 self.metrics.duplicates_suppressed()
-            if decision.to_broker is not None:
-                # After the app has it (the sidecar's own ACK of an auto subscription), and
-                # never written from the reader itself (see _link_loop): queued.
-                while len(self._acks_to_send) >= state.max_unacked:
-                    self._acks_sent = trio.Event()
-                    await self._acks_sent.wait()
-                self._acks_to_send.append(decision.to_broker)
-                self._acks_queued.set()
+            if decision.to_broker is None:
+                pass
+            elif decision.to_app is None:
+                # A hidden message: the app never sees it, so its ACK goes on the leg now,
+                # ahead of any ACK the app sends for later deliveries (a cumulative ACK of a
+                # `client` subscription would otherwise cover it first: RabbitMQ then closes
+                # the connection on the "unknown delivery tag").
+                await self._ack_upstream(upstream, decision.to_broker)
+            else:
+                # The sidecar's ACK of an auto subscription's message, only after the app has
+                # it: held until the app's out-buffer is written (_flush_app).
+                self._acks_held.append(decision.to_broker)
+                if len(self._acks_held) >= state.max_unacked:
+                    await self._flush_app()
         elif command is Command.RECEIPT:
             await self._confirm(frame.get("receipt-id") or "")
         elif command is Command.ERROR:
@@ -969,18 +1034,40 @@ class Session:
         else:  # CONNECTED twice: protocol.Connection already rejects it
             log.warning("session %s: unexpected %s from broker ignored", self.id, command)
 
-    async def _send_hidden_acks(self, upstream: Upstream) -> None:
-        """Send the ACKs of hidden duplicates and redeliveries, queued by the relay."""
+    async def _ack_upstream(self, upstream: Upstream, ack: Frame) -> None:
+        """Queue one of the sidecar's own ACKs on ``upstream`` (no I/O) and have
+        :meth:`_flush_sidecar_acks` write it. The relay (the leg's reader) never writes
+        itself: a broker blocked writing to us may not read (see _link_loop); when the
+        out-buffer is full it waits for that flush instead, which bounds the buffer."""
+        while upstream.needs_flush:
+            self._want_ack_flush()
+            self._acks_sent = trio.Event()
+            await self._acks_sent.wait()
+        try:
+            upstream.queue(ack)
+        except (TransportLost, protocol.LocalProtocolError):
+            # The leg is lost (the redelivery will be hidden again on the next one), or the
+            # app's DISCONNECT went up before this delivery arrived: nothing to acknowledge.
+            return
+        self._want_ack_flush()
+
+    def _want_ack_flush(self) -> None:
+        self._ack_flush_wanted = True
+        self._acks_queued.set()
+
+    async def _flush_sidecar_acks(self, upstream: Upstream) -> None:
+        """Write the sidecar's own ACKs that the relay queued on the leg (:meth:`_ack_upstream`)."""
         while True:
-            while not self._acks_to_send:
+            while not self._ack_flush_wanted:
                 self._acks_queued = trio.Event()
                 await self._acks_queued.wait()
-            frame = self._acks_to_send.popleft()
-            self._acks_sent.set()
+            self._ack_flush_wanted = False
             try:
-                await upstream.send(frame)
+                await upstream.flush()
             except TransportLost:
                 return  # the relay sees the loss; the redelivery will be hidden again
+            finally:
+                self._acks_sent.set()
 
     async def _confirm(self, receipt: str) -> None:
         """Apply a broker RECEIPT to the window and answer the app's receipts it covers."""
@@ -1001,18 +1088,24 @@ class Session:
             if entry.app_receipt is not None and not entry.answered:
                 entry.answered = True
                 self.metrics.frame_to_app(Command.RECEIPT, 0)
-                await self._to_app(Frame(Command.RECEIPT, (("receipt-id", entry.app_receipt),)))
+                await self._to_app(
+                    Frame(Command.RECEIPT, (("receipt-id", entry.app_receipt),)), flush=False
+                )
             if entry is self._disconnect_entry:
+                # The app's RECEIPT must be written before the session ends: once
+                # _disconnected is set the app side ends the session and cancels this relay.
+                await self._flush_app()
                 self._disconnected.set()
 
-    async def _to_app(self, frame: Frame) -> None:
+    async def _to_app(self, frame: Frame, *, flush: bool = True) -> None:
         """Write to the app; if the app is gone, end the session (and unwind the caller).
 
-        An ERROR written here rejects one frame and keeps the session (``fatal=False``); the
-        ERROR that ends a session is written by :meth:`run`.
+        ``flush=False`` only queues the frame (the upstream relay flushes at the end of a
+        burst, :meth:`_flush_app`). An ERROR written here rejects one frame and keeps the
+        session (``fatal=False``); the ERROR that ends a session is written by :meth:`run`.
         """
         try:
-            await self.app.send(frame, fatal=frame.command is not Command.ERROR)
+            self.app.queue(frame, fatal=frame.command is not Command.ERROR)
         except TransportLost as exc:
             self._end(Ending(f"app connection lost: {exc}"))
             await trio.lowlevel.checkpoint()  # raises Cancelled: _end cancelled our scope
@@ -1028,7 +1121,25 @@ class Session:
                 self.state.app_version,
                 ", ".join(sorted({k for k, _ in frame.headers} - {k for k, _ in cleaned.headers})),
             )
-            await self._to_app(cleaned)
+            await self._to_app(cleaned, flush=flush)
+            return
+        if flush or self.app.needs_flush:
+            await self._flush_app()
+
+    async def _flush_app(self) -> None:
+        """Write what is queued for the app; then the sidecar's ACKs of the auto-acked
+        messages in it may go upstream. If the app is gone, end the session (and unwind)."""
+        # Only the ACKs of messages queued before this call: the flush writes those.
+        held, self._acks_held = self._acks_held, []
+        upstream = self.upstream
+        try:
+            await self.app.flush()
+        except TransportLost as exc:
+            self._end(Ending(f"app connection lost: {exc}"))
+            await trio.lowlevel.checkpoint()  # raises Cancelled: _end cancelled our scope
+        if held and upstream is not None and upstream is self.upstream:
+            for ack in held:
+                await self._ack_upstream(upstream, ack)
 
     async def _send_app_quietly(self, frame: Frame) -> None:
         with contextlib.suppress(TransportLost, protocol.LocalProtocolError):
@@ -1075,6 +1186,9 @@ class Session:
 
     async def _relay_app(self) -> None:
         while True:
+            # The burst read so far is handled: what it queued for the broker leaves in one
+            # write, before we wait for the app again.
+            await self._flush_upstream()
             try:
                 event = await self.app.receive_event()
             except HeartBeatTimeout as exc:
@@ -1216,7 +1330,12 @@ class Session:
                 return False
             tx.end = await self._submit(bare, app_receipt=app_receipt, idle=idle, context=tx)
         elif command is Command.DISCONNECT:
+            # The sidecar's ACKs of auto-acked messages already written to the app go before
+            # the DISCONNECT (after it the leg takes no frame), or the broker would redeliver
+            # them to another consumer.
+            await self._flush_app()
             self._disconnect_entry = await self._submit(bare, app_receipt=app_receipt, idle=True)
+            await self._flush_upstream()
             with trio.move_on_after(self.config.call_timeout / 1000):
                 await self._disconnected.wait()
             lost = [e.label for e in self.window if not e.confirmed]

@@ -98,6 +98,25 @@ class Upstream:
         """Write a frame to the broker. Raises :class:`TransportLost` if the leg is broken."""
         await self.wire.send(frame)
 
+    def queue(self, frame: Frame) -> None:
+        """Queue a frame for the broker without I/O; it leaves at the next :meth:`flush`
+        (:meth:`FrameStream.queue`). Raises :class:`TransportLost` if the leg is broken."""
+        self.wire.queue(frame)
+
+    async def flush(self) -> None:
+        """Write what is queued. Raises :class:`TransportLost` if the write fails."""
+        await self.wire.flush()
+
+    @property
+    def needs_flush(self) -> bool:
+        """The out-buffer is past :data:`proxy.wire.FLUSH_THRESHOLD`: flush before queueing."""
+        return self.wire.needs_flush
+
+    def next_buffered(self) -> Frame | HeartBeat | ConnectionClosed | None:
+        """The next event already read from the broker, else None; no I/O
+        (:meth:`FrameStream.next_buffered`)."""
+        return self.wire.next_buffered()
+
     async def receive_event(self) -> Frame | HeartBeat | ConnectionClosed:
         """Next frame, heart-beat or ``CONNECTION_CLOSED`` from the broker.
 

@@ -47,6 +47,8 @@ class Entry:
         receipt: the sidecar's receipt id requested on this frame, if any.
         enqueued_at: when the app handed the frame over (seconds, caller's clock).
         sent: written to the current upstream leg (``sent_at``: when, caller's clock).
+        sent_before: written to an earlier leg that was lost before confirming it, so it may
+            have taken effect there (a broker can store a frame and die before its RECEIPT).
         answered: the app's receipt was answered (RECEIPT, or ERROR after ``call_timeout``).
         context: what the session needs to replay it (the Transaction a COMMIT ends).
     """
@@ -59,6 +61,7 @@ class Entry:
     enqueued_at: float
     sent: bool = False
     sent_at: float = 0.0
+    sent_before: bool = False
     answered: bool = False
     confirmed: bool = False
     context: object = field(default=None)
@@ -203,6 +206,8 @@ class ConfirmationWindow:
     def mark_all_unsent(self) -> None:
         """The leg they were written to is gone: every entry needs sending again."""
         for entry in self._entries:
+            if entry.sent:
+                entry.sent_before = True
             entry.sent = False
 
     def drop_all(self) -> list[Entry]:

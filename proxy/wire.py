@@ -4,10 +4,17 @@ This is the only place where bytes of a STOMP leg meet a socket. It follows the 
 ``examples/trio-server.py`` wrapper: the sans-I/O connection decides what bytes mean, this class
 moves them, and a failed write is reported back to the state machine (``send_failed``).
 
+Writes are coalesced: :meth:`FrameStream.queue` serializes a frame into an out-buffer without
+any I/O, and :meth:`FrameStream.flush` writes everything queued in one ``send_all``. A relay
+queues every frame of a burst it has already read and flushes once the burst is done, so a
+burst of N frames costs one system call and one trip through the trio scheduler, not N
+(``send`` is queue + flush, for single frames). The buffer is bounded: past
+:data:`FLUSH_THRESHOLD` bytes ``needs_flush`` is true and callers flush before queueing more.
 One writer at a time: every write goes through a :class:`trio.Lock`, so a reader task that
 forwards a frame and a heart-beat task never interleave bytes on the stream (trio raises
-``BusyResourceError`` otherwise). Heart-beat bookkeeping uses :class:`protocol.HeartBeatTimer`
-with ``trio.current_time()`` passed in; the arithmetic itself stays in ``protocol/``.
+``BusyResourceError`` otherwise); bytes leave in the order they were queued. Heart-beat
+bookkeeping uses :class:`protocol.HeartBeatTimer` with ``trio.current_time()`` passed in; the
+arithmetic itself stays in ``protocol/``.
 """
 
 from __future__ import annotations
@@ -22,6 +29,9 @@ __all__ = ["FrameStream", "HeartBeatTimeout", "TransportLost", "send_heartbeats"
 #: Bytes asked of the kernel per read. 64 KiB amortises the per-call cost of trio and the
 #: parser over many small frames, and a 1 MiB body arrives in 16 reads.
 RECEIVE_SIZE = 65536
+#: Queued bytes past which a writer must flush before queueing more (``needs_flush``): bounds
+#: the out-buffer of a leg and lets a big burst start leaving while the rest is read.
+FLUSH_THRESHOLD = 65536
 
 
 class TransportLost(Exception):
@@ -52,6 +62,8 @@ class FrameStream:
         self.conn = conn
         self.grace = grace
         self._send_lock = trio.Lock()
+        self._out: list[bytes] = []
+        self._out_bytes = 0
         self.timer: protocol.HeartBeatTimer | None = None
         self.broken: str | None = None  # why the stream failed, once a read or write did
         self.frames_in = 0
@@ -77,7 +89,8 @@ class FrameStream:
         )
 
     async def send(self, frame: Frame, *, fatal: bool = True) -> None:
-        """Serialize ``frame`` for this leg's negotiated version and write it.
+        """Serialize ``frame`` for this leg's negotiated version and write it, together with
+        anything queued before it.
 
         ``fatal=False``: an ERROR that rejects one frame and keeps the connection
         (:meth:`protocol.Connection.send`).
@@ -86,20 +99,73 @@ class FrameStream:
             TransportLost: the stream is broken or closed.
             protocol.LocalProtocolError: the frame cannot be sent in this state/version.
         """
+        self.queue(frame, fatal=fatal)
+        await self.flush()
+
+    def queue(self, frame: Frame, *, fatal: bool = True) -> None:
+        """Serialize ``frame`` into the out-buffer; no I/O. The bytes leave at the next
+        :meth:`flush` (or :meth:`send`) on this stream, by whichever task calls it.
+
+        Raises:
+            TransportLost: the stream is already broken.
+            protocol.LocalProtocolError: the frame cannot be sent in this state/version.
+        """
         if self.broken is not None:
             raise TransportLost(self.broken)
+        if self.conn.state is protocol.State.CLOSED:
+            # The peer closed (our reader saw EOF) before the owner noticed: the leg is lost,
+            # not misused (the state machine would call this a LocalProtocolError).
+            raise TransportLost("connection closed by the peer")
         data = self.conn.send(frame, fatal=fatal)
-        await self._write(data)
+        self._out.append(data)
+        self._out_bytes += len(data)
         self.frames_out += 1
 
+    @property
+    def needs_flush(self) -> bool:
+        """More than :data:`FLUSH_THRESHOLD` bytes are queued: flush before queueing more."""
+        return self._out_bytes >= FLUSH_THRESHOLD
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes queued and not yet handed to the stream."""
+        return self._out_bytes
+
+    async def flush(self) -> None:
+        """Write everything queued, in order, in one ``send_all``. When it returns, every
+        frame queued before the call has been handed to the stream (another task's write in
+        progress is waited for). Returns at once, without a checkpoint, when nothing is
+        queued or being written.
+
+        Raises:
+            TransportLost: the write failed; the stream is broken from now on.
+        """
+        if not self._out and not self._send_lock.locked():
+            return
+        await self._write(None)
+
     async def send_heartbeat(self) -> None:
-        """Write one EOL heart-beat (STOMP 1.2 "Heart-beating")."""
+        """Write one EOL heart-beat (STOMP 1.2 "Heart-beating"), after anything queued."""
         if self.broken is not None:
             raise TransportLost(self.broken)
         await self._write(self.conn.send_heartbeat())
 
-    async def _write(self, data: bytes) -> None:
+    async def _write(self, extra: bytes | None) -> None:
         async with self._send_lock:
+            # Cancelled while taking the lock (its last step is a shielded checkpoint): leave
+            # now, with the queue intact, rather than inside send_all after taking the bytes,
+            # which would mark an untouched stream broken and lose them.
+            await trio.lowlevel.checkpoint_if_cancelled()
+            if self.broken is not None:  # the write we waited for failed
+                raise TransportLost(self.broken)
+            # Whatever was queued until we got the lock leaves now, in queue order.
+            if extra is not None:
+                self._out.append(extra)
+            if not self._out:
+                return
+            data = self._out[0] if len(self._out) == 1 else b"".join(self._out)
+            self._out.clear()
+            self._out_bytes = 0
             try:
                 await self.stream.send_all(data)
             except BaseException as exc:
