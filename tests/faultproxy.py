@@ -10,6 +10,8 @@ switch modes at any moment:
 - ``reset()``: close every proxied connection with an RST (SO_LINGER 0);
 - ``refuse(True)``: reset every new connection at once (a broker that is down);
 - ``cut_after(n)``: forward ``n`` more bytes toward the broker, then reset.
+- ``slow(delay_s, bytes_per_s)``: a slow link, both ways: every chunk is held ``delay_s`` plus
+  its size over ``bytes_per_s`` before it is forwarded (``pass_through()`` ends it).
 
 Every connection and pump task lives in the proxy's own nursery; ``close()`` ends them all.
 """
@@ -63,6 +65,7 @@ class FaultProxy:
         self._mode = "pass"
         self._refuse = False
         self._cut_budget: int | None = None
+        self._slow: tuple[float, float] | None = None  # (delay s, bytes/s) while "slow"
         self._mode_changed: trio.Event | None = None
         self._links: set[_Link] = set()
         self._streams: set[trio.SocketStream] = set()  # every socket opened, until closed
@@ -94,6 +97,21 @@ class FaultProxy:
     def blackhole(self) -> None:
         """Stop forwarding both ways; sockets stay open."""
         self._call(lambda: self._set_mode("blackhole"))
+
+    def slow(self, delay_s: float, bytes_per_s: float) -> None:
+        """A slow link until ``pass_through()``: each chunk read (up to 64 KiB), either way,
+        waits ``delay_s`` seconds plus ``len(chunk) / bytes_per_s`` before it is forwarded.
+
+        Raises ValueError for a negative delay or a rate that is not positive.
+        """
+        if delay_s < 0 or bytes_per_s <= 0:
+            raise ValueError(f"slow({delay_s}, {bytes_per_s}): need delay >= 0 and rate > 0")
+
+        def arm() -> None:
+            self._slow = (delay_s, bytes_per_s)
+            self._set_mode("slow")
+
+        self._call(arm)
 
     def refuse(self, on: bool = True) -> None:
         """Reset new connections at once while ``on``."""
@@ -199,6 +217,9 @@ class FaultProxy:
                 if not data:
                     await dst.send_eof()
                     return
+                if self._mode == "slow" and self._slow is not None:
+                    delay, rate = self._slow
+                    await trio.sleep(delay + len(data) / rate)
                 while self._mode == "blackhole":  # switched while we were reading: hold it
                     assert self._mode_changed is not None
                     await self._mode_changed.wait()
