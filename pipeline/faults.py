@@ -1,0 +1,333 @@
+"""Faults of the drill: the kill -9 of the serving broker, the sampler that triggers it, and
+the grouping of the sidecars' FAILOVER events by the kill that caused them.
+
+:class:`Sampler` follows the producer sidecar's SEND counter (``/metrics``) and the reader
+every :data:`SAMPLE_INTERVAL` seconds: the samples make the publish timeline, drive the
+progress bars, and let :class:`FaultInjector` kill the serving broker (SIGKILL) once the
+planned share of the rows is published. With the drill's own shared-store pair the injector
+then measures the takeover (the other broker answers STOMP CONNECT) and, if more faults are
+planned, restarts the killed broker as the new backup before the next kill, so there is
+always something to fail over to. With external brokers it SIGKILLs the PIDs it was given.
+
+:func:`group_incidents` attributes each FAILOVER event to the last kill before it when the
+session left the killed broker within :data:`ATTRIBUTION_WINDOW` seconds; other FAILOVERs
+(e.g. a heart-beat timeout on an overloaded machine) form "unplanned" incidents.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.monitor import ObservedEvent
+from pipeline.report import FailoverIncident, FaultRecord
+from pipeline.sidecar import SidecarProcess, metric_total
+from pipeline.verify import Reader
+from testbed import ActiveMQ, BrokerError, wait_stomp
+
+__all__ = [
+    "ATTRIBUTION_WINDOW",
+    "SAMPLE_INTERVAL",
+    "BrokerPair",
+    "Fault",
+    "FaultInjector",
+    "Sampler",
+    "broker_label",
+    "group_incidents",
+    "tqdm_class",
+]
+
+#: Seconds between two samples of the producer sidecar's SEND counter.
+SAMPLE_INTERVAL = 0.2
+#: Seconds a fault's FAILOVER events may come after its kill and still be attributed to it.
+ATTRIBUTION_WINDOW = 120.0
+
+
+@dataclass
+class Fault:
+    """One kill as it happened (mutable: the follow-up fills ``takeover_ms``, ``restarted``).
+
+    ``broker``: the killed broker's ``host:port`` label as the sidecars report it (``pid N``
+    for an external broker); ``at``: seconds since the publish started; ``wall``: Unix time
+    of the kill; ``fraction``: share of the rows published then.
+    """
+
+    index: int
+    broker: str  # label host:port
+    name: str
+    pid: int | None
+    at: float
+    wall: float
+    fraction: float
+    takeover_ms: int | None = None
+    restarted: bool = False
+
+
+@dataclass
+class BrokerPair:
+    """The drill's own brokers: who serves now and who waits on the store lock."""
+
+    serving: ActiveMQ
+    waiting: ActiveMQ
+
+
+def broker_label(broker: ActiveMQ) -> str:
+    """``host:port``: how a sidecar names the broker in events and metrics."""
+    return f"{broker.host}:{broker.stomp_port}"
+
+
+class FaultInjector:
+    """Kills the serving broker when the planned share of the rows is published.
+
+    ``check(published)`` is called by the sampler; a kill happens only when the previous
+    fault's follow-up (takeover measured, killed broker restarted as backup) is done.
+    ``say`` prints a line above the progress bars.
+    """
+
+    def __init__(
+        self,
+        fractions: tuple[float, ...],
+        rows: int,
+        *,
+        pair: BrokerPair | None,
+        pids: tuple[int, ...],
+        say: Callable[[str], None],
+    ) -> None:
+        self.fractions = fractions
+        self.rows = rows
+        self.pair = pair
+        self.pids = pids
+        self.say = say
+        self.faults: list[Fault] = []
+        self.errors: list[str] = []
+        self.t0 = time.monotonic()
+        self._ready = threading.Event()
+        self._ready.set()
+        self._threads: list[threading.Thread] = []
+
+    @property
+    def pending(self) -> bool:
+        """Faults still to make."""
+        return len(self.faults) < len(self.fractions)
+
+    def check(self, published: float) -> None:
+        """Make the next fault if its share of the rows is published and the last one's
+        follow-up is done."""
+        i = len(self.faults)
+        if i >= len(self.fractions) or published < self.fractions[i] * self.rows:
+            return
+        if not self._ready.is_set():
+            return
+        self._ready.clear()
+        fraction = published / self.rows
+        if self.pair is None:
+            pid = self.pids[i]
+            at, wall = time.monotonic() - self.t0, time.time()
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError as exc:
+                self.errors.append(f"kill -9 {pid}: {exc}")
+            self.faults.append(Fault(i, f"pid {pid}", "external broker", pid, at, wall, fraction))
+            self.say(f"kill -9 pid {pid} at {fraction:.0%} published")
+            self._ready.set()
+            return
+        victim, successor = self.pair.serving, self.pair.waiting
+        victim_pid = victim.pid
+        at, wall = time.monotonic() - self.t0, time.time()
+        victim.kill()
+        fault = Fault(i, broker_label(victim), victim.name, victim_pid, at, wall, fraction)
+        self.faults.append(fault)
+        self.say(
+            f"kill -9 {victim.name} (pid {victim_pid}, {broker_label(victim)}), "
+            f"{fraction:.0%} published"
+        )
+        thread = threading.Thread(
+            target=self._follow_up, args=(fault, victim, successor), name="fault", daemon=True
+        )
+        self._threads.append(thread)
+        thread.start()
+
+    def _follow_up(self, fault: Fault, victim: ActiveMQ, successor: ActiveMQ) -> None:
+        """Measure the takeover; restart the victim as the new backup if faults remain."""
+        assert self.pair is not None
+        killed = self.t0 + fault.at
+        try:
+            wait_stomp(successor.host, successor.stomp_port, timeout=120.0)
+            fault.takeover_ms = round((time.monotonic() - killed) * 1000)
+            self.say(f"{successor.name} took over after {fault.takeover_ms} ms")
+            if self.pending:
+                victim.start()
+                victim.wait_backup(120.0)
+                fault.restarted = True
+                self.say(f"{victim.name} restarted as the new backup")
+            self.pair.serving, self.pair.waiting = successor, victim
+        except (BrokerError, TimeoutError, OSError) as exc:
+            self.errors.append(f"after kill #{fault.index + 1}: {exc}")
+            return  # no further kill: nothing left to fail over to
+        self._ready.set()
+
+    def join(self, timeout: float) -> None:
+        """Wait for the follow-ups in progress (bounded)."""
+        for thread in self._threads:
+            thread.join(timeout)
+
+    def records(self) -> list[FaultRecord]:
+        """The faults made, as report records."""
+        return [
+            FaultRecord(
+                f.index,
+                f.name,
+                f.pid,
+                round(f.at, 3),
+                round(f.fraction, 4),
+                f.takeover_ms,
+                f.restarted,
+            )
+            for f in self.faults
+        ]
+
+
+def tqdm_class() -> Any:
+    """tqdm's progress bar class (a drill extra; untyped)."""
+    from tqdm import tqdm  # noqa: PLC0415
+
+    return tqdm
+
+
+class Sampler(threading.Thread):
+    """Samples the producer sidecar's SEND counter and the reader every ``interval`` s:
+    timeline, progress bars, fault trigger."""
+
+    def __init__(
+        self,
+        producer: SidecarProcess,
+        reader: Reader,
+        rows: int,
+        faults: FaultInjector,
+        *,
+        progress: bool,
+        interval: float = SAMPLE_INTERVAL,
+    ) -> None:
+        super().__init__(name="sampler", daemon=True)
+        self.producer = producer
+        self.reader = reader
+        self.rows = rows
+        self.faults = faults
+        self.interval = interval
+        self.samples: list[tuple[float, float]] = []
+        self.t0 = time.monotonic()
+        self._halt = threading.Event()
+        self.bars: list[Any] = []
+        if progress:
+            tqdm = tqdm_class()
+            common: dict[str, Any] = {
+                "total": rows,
+                "unit": "msg",
+                "unit_scale": True,
+                "file": sys.stderr,
+                "dynamic_ncols": True,
+                "mininterval": 0.5,
+            }
+            self.bars = [
+                tqdm(desc="publish", position=0, **common),
+                tqdm(desc="drain  ", position=1, **common),
+            ]
+
+    def published(self) -> float | None:
+        """SENDs the producer's sidecar relayed so far (None if it did not answer)."""
+        try:
+            metrics = self.producer.metrics(timeout=5.0)
+        except OSError:
+            return None
+        return metric_total(
+            metrics, "mq_sidecar_relayed_frames_total", direction="app_to_broker", command="SEND"
+        )
+
+    def run(self) -> None:
+        while not self._halt.wait(self.interval):
+            self.sample()
+
+    def sample(self) -> None:
+        """Take one sample (also called once more at the end of the publish)."""
+        published = self.published()
+        if published is None:
+            return
+        self.samples.append((time.monotonic() - self.t0, published))
+        self.faults.check(published)
+        if self.bars:
+            for bar, value in zip(self.bars, (published, self.reader.unique), strict=True):
+                bar.update(min(self.rows, int(value)) - bar.n)
+
+    def stop(self) -> None:
+        """Stop sampling; bring the bars up to date and close them."""
+        self._halt.set()
+        if self.is_alive():
+            self.join(10.0)
+        bars, self.bars = self.bars, []
+        if bars:
+            published = self.samples[-1][1] if self.samples else 0.0
+            for bar, value in zip(bars, (published, self.reader.unique), strict=True):
+                bar.update(min(self.rows, int(value)) - bar.n)
+                bar.close()
+
+
+def group_incidents(
+    events: list[ObservedEvent], faults: list[Fault]
+) -> tuple[list[FailoverIncident], list[tuple[ObservedEvent, int | None]]]:
+    """Group FAILOVER events by the fault that caused them (module docstring).
+
+    Returns the incidents (in order of their first event) and each event with the index
+    of the fault it was attributed to (None: unplanned).
+    """
+    assigned: list[tuple[ObservedEvent, int | None]] = []
+    for event in sorted(events, key=lambda e: float(e.body.get("timestamp", 0.0))):
+        ts = float(event.body.get("timestamp", 0.0))
+        owner = None
+        for fault in reversed(faults):
+            if fault.wall <= ts:
+                external = fault.broker.startswith("pid ")  # its host:port is unknown
+                if ts - fault.wall <= ATTRIBUTION_WINDOW and (
+                    external or event.body.get("from_broker") == fault.broker
+                ):
+                    owner = fault.index
+                break
+        assigned.append((event, owner))
+    groups: dict[tuple[int | None, int], list[ObservedEvent]] = {}
+    unplanned_group = -1
+    last_unplanned: float | None = None
+    for event, owner in assigned:
+        if owner is None:
+            ts = event.received_at
+            if last_unplanned is None or ts - last_unplanned > 30.0:
+                unplanned_group += 1
+            last_unplanned = ts
+            groups.setdefault((None, unplanned_group), []).append(event)
+        else:
+            groups.setdefault((owner, 0), []).append(event)
+    incidents = []
+    for (owner, _), group in sorted(groups.items(), key=lambda kv: kv[1][0].received_at):
+        outages = [int(e.body.get("outage_ms") or 0) for e in group]
+        incidents.append(
+            FailoverIncident(
+                fault=owner,
+                from_broker=_most_common(str(e.body.get("from_broker")) for e in group),
+                to_broker=_most_common(str(e.body.get("to_broker")) for e in group),
+                sessions=tuple(f"{e.sidecar}:{e.body.get('session_id')}" for e in group),
+                outage_ms_min=min(outages),
+                outage_ms_max=max(outages),
+                replayed_frames=sum(int(e.body.get("replayed_frames") or 0) for e in group),
+                reattached=sum(1 for e in group if e.body.get("reattached")),
+            )
+        )
+    return incidents, assigned
+
+
+def _most_common(values: Iterable[str]) -> str:
+    return Counter(values).most_common(1)[0][0]
