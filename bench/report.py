@@ -1,0 +1,144 @@
+"""Result rows, the printed table and ``latest.json``.
+
+One row per workload and broker (issue 7): ``{"workload", "broker", "direct", "sidecar",
+"ratio", "unit"}``, with ``ratio = sidecar / direct``; latency and outage rows add
+``added_ms = sidecar - direct``. Extra keys carry what explains a figure: ``notes`` (the
+broker differences that cost something, a client or sidecar that saturated a core),
+``samples`` (every repetition), CPU used by the sidecar, the broker and the load generator,
+and ``goal``/``goal_met`` where the issue sets a goal. A row whose workload failed has
+``error`` and null figures. Rows that only exist for the sidecar (its RSS) have a null
+``direct`` and ``ratio``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Goal", "Row", "median", "print_table", "write_json"]
+
+
+@dataclass(frozen=True)
+class Goal:
+    """A goal of issue 7 on one field of a row: ``field <= limit`` or ``field >= limit``."""
+
+    field: str
+    op: str  # "<=" or ">="
+    limit: float
+    text: str
+
+    def met(self, row: Row) -> bool | None:
+        """Whether ``row`` meets the goal; None when the field has no value."""
+        value = getattr(row, self.field)
+        if value is None:
+            return None
+        return bool(value <= self.limit if self.op == "<=" else value >= self.limit)
+
+
+@dataclass
+class Row:
+    """One line of the table / one object of ``latest.json``."""
+
+    workload: str
+    broker: str
+    unit: str
+    direct: float | None = None
+    sidecar: float | None = None
+    added_ms: float | None = None
+    notes: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+    goal: Goal | None = None
+    error: str | None = None
+
+    @property
+    def ratio(self) -> float | None:
+        """``sidecar / direct``, None when either is missing or direct is 0."""
+        if self.direct is None or self.sidecar is None or self.direct == 0:
+            return None
+        return self.sidecar / self.direct
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object of this row (figures rounded for reading)."""
+        out: dict[str, Any] = {
+            "workload": self.workload,
+            "broker": self.broker,
+            "direct": _round(self.direct),
+            "sidecar": _round(self.sidecar),
+            "ratio": None if self.ratio is None else round(self.ratio, 3),
+            "unit": self.unit,
+        }
+        if self.added_ms is not None or self.unit == "ms":
+            out["added_ms"] = _round(self.added_ms)
+        if self.goal is not None:
+            out["goal"] = self.goal.text
+            out["goal_met"] = self.goal.met(self)
+        if self.error is not None:
+            out["error"] = self.error
+        if self.notes:
+            out["notes"] = self.notes
+        out.update(self.extra)
+        return out
+
+
+def _round(value: float | None) -> float | None:
+    if value is None:
+        return None
+    if abs(value) >= 100:
+        return round(value)
+    if abs(value) >= 1:
+        return round(value, 2)
+    return round(value, 4)
+
+
+def median(values: list[float]) -> float:
+    """The median (``statistics.median``); raises ValueError on an empty list."""
+    if not values:
+        raise ValueError("median of no values")
+    return float(statistics.median(values))
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    if abs(value) >= 100:
+        return f"{value:.0f}"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    return f"{value:.3f}"
+
+
+def print_table(rows: list[Row]) -> str:
+    """The table of ``rows`` as text (also returned): workload, broker, direct, sidecar,
+    ratio, unit, added ms, goal (``ok``/``MISSED``, the goal's text)."""
+    header = (
+        f"{'workload':<38}{'broker':<10}{'direct':>11}{'sidecar':>11}{'ratio':>7}"
+        f"  {'unit':<8}{'added ms':>9}  goal"
+    )
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        ratio = "-" if r.ratio is None else f"{r.ratio:.3f}"
+        goal = ""
+        if r.goal is not None:
+            met = r.goal.met(r)
+            goal = f"{'?' if met is None else 'ok' if met else 'MISSED'} ({r.goal.text})"
+        if r.error is not None:
+            goal = f"ERROR: {r.error[:60]}"
+        added = "" if r.added_ms is None else f"{r.added_ms:+.3f}"
+        lines.append(
+            f"{r.workload:<38}{r.broker:<10}{_fmt(r.direct):>11}{_fmt(r.sidecar):>11}"
+            f"{ratio:>7}  {r.unit:<8}{added:>9}  {goal}"
+        )
+    text = "\n".join(lines)
+    print(text, flush=True)
+    return text
+
+
+def write_json(path: Path, rows: list[Row]) -> None:
+    """Write ``rows`` as a JSON list (one object per row) to ``path``, creating its folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps([r.to_json() for r in rows], indent=2) + "\n")

@@ -1,0 +1,115 @@
+"""The benchmark workloads and what they share: settings and the per-broker context.
+
+Each module turns one part of issue 7 into :class:`bench.report.Row` objects:
+``throughput`` (SENDs and consumers, persistent and not), ``latency`` (SEND+RECEIPT round
+trips), ``failover`` (kill -9 takeover, reattach after a reset, blackhole detection) and
+``scale`` (1 / 100 / 1,000 sessions). Every figure through the sidecar is measured in the same
+run as the same workload sent directly to the same broker, with the same load generator
+(:mod:`bench.loadgen`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.procstat import cpu_seconds, wait_cpu_quiet
+from bench.sidecar import SidecarProcess, broker_url
+from testbed import BrokerProcess
+
+__all__ = ["BrokerCtx", "Settings"]
+
+
+@dataclass
+class Settings:
+    """Counts and repetitions of a run (``bench.run`` fills them from the command line).
+
+    ``n``: messages per throughput run (SEND round-trip workloads use a fraction of it);
+    ``reps``: repetitions per target (direct and sidecar alternate, the median is reported);
+    ``latency_n``: measured round trips per target (after ``latency_warmup``);
+    ``failover_reps``: kill -9 takeovers; ``reset_reps``: connection resets per broker;
+    ``blackhole_reps``: blackholes per heart-beat interval in ``blackhole_intervals`` (ms);
+    ``scale_sessions``: session counts; ``scale_messages``: messages per scale transfer (spread
+    over the sessions); ``persistence``: which of persistent / non-persistent to run;
+    ``sidecar_options``: configuration options (TOML names) for every sidecar started.
+    """
+
+    n: int = 20_000
+    reps: int = 3
+    latency_n: int = 5_000
+    latency_warmup: int = 500
+    failover_reps: int = 20
+    reset_reps: int = 10
+    blackhole_reps: int = 5
+    blackhole_intervals: tuple[int, ...] = (500, 1000)
+    scale_sessions: tuple[int, ...] = (1, 100, 1000)
+    scale_messages: int = 20_000
+    scale_idle_seconds: float = 3.0
+    persistence: tuple[bool, ...] = (False, True)
+    sidecar_options: dict[str, object] = field(default_factory=dict)
+    quick: bool = False
+
+
+@dataclass
+class BrokerCtx:
+    """One running broker of a run, and the sidecar process the throughput and latency
+    workloads share (started lazily with :meth:`shared_sidecar`)."""
+
+    flavor: str  # "activemq" or "rabbitmq"
+    broker: BrokerProcess
+    workdir: Path
+    settings: Settings
+    run_id: str = field(default_factory=lambda: time.strftime("%H%M%S"))
+    _sidecar: SidecarProcess | None = None
+    _names: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+    @property
+    def vhost(self) -> str:
+        """CONNECT ``host`` for this broker ("/" on RabbitMQ)."""
+        return self.broker.vhost
+
+    @property
+    def port(self) -> int:
+        """The broker's STOMP port (the direct target)."""
+        return self.broker.stomp_port
+
+    @property
+    def url(self) -> str:
+        """The broker URL for a sidecar (with ``?host=/`` on RabbitMQ)."""
+        return broker_url(self.broker.host, self.broker.stomp_port, self.vhost)
+
+    def unique(self, label: str) -> str:
+        """A queue name no other run of this benchmark uses."""
+        return f"/queue/bench-{self.run_id}-{label}-{next(self._names)}"
+
+    def broker_cpu(self) -> float:
+        """CPU seconds of the broker process (the JVM, or beam.smp) so far."""
+        pid = self.broker.pid
+        return cpu_seconds(pid) if pid is not None else 0.0
+
+    def shared_sidecar(self) -> SidecarProcess:
+        """The sidecar in front of this broker with default options (started on first use)."""
+        if self._sidecar is None or not self._sidecar.alive():
+            if self._sidecar is not None:
+                self._sidecar.stop()
+            self._sidecar = SidecarProcess(
+                self.url, self.workdir, options=self.settings.sidecar_options, vhost=self.vhost
+            )
+            self._sidecar.start()
+        return self._sidecar
+
+    def settle(self) -> None:
+        """Wait (bounded) until the broker and the shared sidecar are idle again."""
+        pid = self.broker.pid
+        if pid is not None:
+            wait_cpu_quiet(pid, below=0.1, window=0.2, timeout=2.0)
+        if self._sidecar is not None and self._sidecar.alive():
+            wait_cpu_quiet(self._sidecar.pid, below=0.1, window=0.2, timeout=2.0)
+
+    def close(self) -> None:
+        """Stop the shared sidecar, if any."""
+        if self._sidecar is not None:
+            self._sidecar.stop()
+            self._sidecar = None
