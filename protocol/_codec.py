@@ -100,10 +100,12 @@ def serialize(frame: Frame, version: str) -> bytes:
                 continue
             length_seen = True
             value = str(len(body))
-        check_representable(name, value, version, escaped)
         if escape is None:
+            check_representable(name, value, version, escaped)
             parts += (name, ":", value, "\n")
         else:
+            if name[:1] == "\0" or value[-1:] == "\r":  # the only escaped-path failures
+                check_representable(name, value, version, escaped)
             parts += (escape(name), ":", escape(value), "\n")
     if not length_seen and b"\0" in body:
         parts += ("content-length:", str(len(body)), "\n")
@@ -241,10 +243,19 @@ class FrameParser:
         try:
             return self._next_event()
         except RemoteProtocolError as exc:
-            self._error = exc
-            self._buf = bytearray()
-            self._raw_headers = []
+            self._break(exc)
             raise
+
+    def _break(self, exc: RemoteProtocolError) -> None:
+        """Stay broken with ``exc``: drop what is buffered, discard what arrives later.
+
+        Also called by :class:`Connection` when a frame the parser accepted breaks a
+        connection-level rule, so a broken connection never buffers again (bounded memory for
+        a peer that keeps sending after its error).
+        """
+        self._error = exc
+        self._buf = bytearray()
+        self._raw_headers = []
 
     def _next_event(self) -> Event:
         buf = self._buf
@@ -437,7 +448,12 @@ class FrameParser:
                         "content-length must be a non-negative decimal integer "
                         "(STOMP 1.2 'Header content-length').",
                     )
-                return int(value)
+                digits = value.lstrip("0")
+                if len(digits) > len(str(self._limits.max_frame_bytes)):
+                    # Longer than any frame we accept; and int() refuses more than 4300
+                    # digits (ValueError, sys.get_int_max_str_digits), so never convert it.
+                    raise self._frame_too_large()
+                return int(digits or "0")
         return -1
 
     def _read_body(self, buf: bytearray) -> Event:

@@ -115,6 +115,8 @@ class Connection:
     def receive_data(self, data: bytes) -> None:
         """Feed bytes read from the peer; ``b""`` means EOF. Parsing happens in next_event().
 
+        After a RemoteProtocolError the data is discarded (nothing is buffered any more).
+
         Raises:
             LocalProtocolError: non-empty data after EOF.
         """
@@ -146,6 +148,7 @@ class Connection:
         except RemoteProtocolError as exc:
             self._receive_error = exc
             self._state = State.ERROR
+            self._parser._break(exc)  # drop the buffer; later data is discarded
             raise
         return event
 

@@ -174,12 +174,16 @@ class Frame:
                 placed = True
         if not placed:
             out.append((name, value))
-        return Frame(self.command, tuple(out), self.body)
+        if not (isinstance(name, str) and isinstance(value, str)):
+            raise TypeError(f"each header must be a (str, str) tuple, not {(name, value)!r}")
+        # The other entries come from a checked frame: skip the constructor's checks (hot path).
+        return trusted_frame(self.command, tuple(out), self.body)
 
     def without(self, *names: str) -> Frame:
         """Return a copy with every entry of each of ``names`` removed."""
         drop = frozenset(names)
-        return Frame(self.command, tuple(h for h in self.headers if h[0] not in drop), self.body)
+        headers = tuple(h for h in self.headers if h[0] not in drop)
+        return trusted_frame(self.command, headers, self.body)  # a subset of a checked frame
 
     def replace(self, **changes: Unpack[_FrameChanges]) -> Frame:
         """Return a copy with ``command``, ``headers`` and/or ``body`` replaced.
