@@ -392,6 +392,7 @@ class AdminServer:
         limits = self.limits
         while True:
             http.cycle_bytes = 0
+            http.head = False  # a bad request after a HEAD is answered with its body
             try:
                 with trio.fail_after(limits.request_timeout):
                     event = await http.next_event()

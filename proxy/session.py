@@ -223,6 +223,7 @@ class Session:
         self._failback: Upstream | None = None
         self._dup_seq = 0
         self._event_seq = 0
+        self._app_broke: protocol.RemoteProtocolError | None = None  # read ahead, not yet reported
         self._cumulative_receipts = True  # False on a RabbitMQ leg (Upstream.confirms_in_order)
         # The sidecar's own ACKs (auto subscriptions, hidden messages) are queued on the leg by
         # the relay, in the order it handles deliveries, and flushed by _flush_sidecar_acks.
@@ -554,15 +555,16 @@ class Session:
         forever, and a frame that was never sent is dropped (DESIGN §3.4)."""
         timeout = self.config.call_timeout / 1000
         while True:
-            changed = self._window_event
             entry = self.window.first_unanswered()
             if entry is None:
-                await changed.wait()
+                await self._window_event.wait()
                 continue
             deadline = entry.enqueued_at + timeout
             if trio.current_time() < deadline:
-                with trio.move_on_at(deadline):
-                    await changed.wait()
+                # Entries are in the order the app handed them over, so no later one is due
+                # sooner: sleep to this deadline and look again (the entry may be answered by
+                # then), rather than waking on every window change (every relayed frame).
+                await trio.sleep_until(deadline)
                 continue
             entry.answered = True
             state = "while reconnecting" if self.phase == "reconnecting" else "by the broker"
@@ -1110,10 +1112,26 @@ class Session:
             self._end(Ending(f"app connection lost: {exc}"))
             await trio.lowlevel.checkpoint()  # raises Cancelled: _end cancelled our scope
         except protocol.LocalProtocolError:
-            # A header the app's STOMP version cannot carry (a line break in STOMP 1.0):
-            # drop those headers rather than the frame, and say so.
+            broke = self._app_broke
+            if broke is not None and self.app.conn.state is protocol.State.ERROR:
+                # The app's next frame (already read) was bad: its connection takes nothing
+                # but the ERROR that answers it, which ends the session now.
+                self.metrics.client_protocol_error(ClientErrorReason.MALFORMED_FRAME)
+                self._end(
+                    Ending(
+                        f"app protocol error: {broke}",
+                        app_error=broke.error_frame,
+                        level=logging.WARNING,
+                    )
+                )
+                await trio.lowlevel.checkpoint()  # raises Cancelled: _end cancelled our scope
+                return
+            # A header the app's STOMP version cannot carry (a line break in STOMP 1.0, a
+            # trailing CR in 1.1): drop those headers rather than the frame, and say so.
             assert self.state is not None
             cleaned = _representable(frame, self.state.app_version)
+            if cleaned == frame:
+                raise  # not a header problem: a bug, reported as an internal error
             log.warning(
                 "session %s: %s header(s) not representable in STOMP %s dropped: %s",
                 self.id,
@@ -1219,8 +1237,9 @@ class Session:
                     return
                 try:
                     upcoming = self.app.next_buffered()
-                except protocol.RemoteProtocolError:
+                except protocol.RemoteProtocolError as exc:
                     upcoming = None  # reported when read again, after this frame
+                    self._app_broke = exc
                 if isinstance(event, Frame):
                     try:
                         done = await self._on_app_frame(event, idle=upcoming is None)
@@ -1351,12 +1370,17 @@ class Session:
 
 
 def _representable(frame: Frame, version: str) -> Frame:
-    """``frame`` without the headers STOMP ``version`` cannot carry (1.0 has no escaping)."""
-    if version != "1.0":
+    """``frame`` without the headers STOMP ``version`` cannot carry: in 1.0 (no escaping) a
+    line break anywhere or a colon in a name, in 1.1 a value ending in CR (1.1 has no ``\\r``
+    escape, so it would read as a CRLF line end). STOMP 1.2 "Value Encoding"."""
+    if version == "1.0":
+        bad = {
+            name
+            for name, value in frame.headers
+            if ":" in name or "\n" in name or "\r" in name or "\n" in value or "\r" in value
+        }
+    elif version == "1.1":
+        bad = {name for name, value in frame.headers if value.endswith("\r")}
+    else:
         return frame
-    bad = {
-        name
-        for name, value in frame.headers
-        if ":" in name or "\n" in name or "\r" in name or "\n" in value or "\r" in value
-    }
     return frame.without(*bad)

@@ -207,8 +207,18 @@ def connect_frame(
         if passcode is not None:
             headers.append(("passcode", passcode))
     if app_connect is not None:
-        headers.extend((k, v) for k, v in app_connect.headers if k not in _CONNECT_OWN_HEADERS)
+        headers.extend(
+            (k, v)
+            for k, v in app_connect.headers
+            if k not in _CONNECT_OWN_HEADERS and _connect_representable(k, v)
+        )
     return Frame(Command.CONNECT, tuple(headers))
+
+
+def _connect_representable(name: str, value: str) -> bool:
+    """Whether a header can go in a CONNECT frame, which is never escaped (STOMP 1.2 "Value
+    Encoding"): an app's CONNECT may carry a lone CR inside a value, the broker's cannot."""
+    return not any(c in name for c in ":\r\n") and "\r" not in value and "\n" not in value
 
 
 async def _open_stream(broker: Broker) -> trio.abc.Stream:
