@@ -18,6 +18,7 @@ Design (facts from BROKERS.md sections 2.2, 4.2 and 7):
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import re
@@ -188,8 +189,22 @@ class _Guardian:
         """Group ``pgid`` is gone; stop watching it."""
         self._send(f"-{pgid}")
 
+    def close(self) -> None:
+        """At a normal exit: close the pipe (the guardian kills what is still watched, as on
+        any exit) and reap it, so the interpreter does not warn about a running child."""
+        with self._lock:
+            proc, self._proc = self._proc, None
+        if proc is None or self._pid != os.getpid():
+            return
+        with contextlib.suppress(OSError, ValueError):
+            if proc.stdin is not None:
+                proc.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+
 
 _GUARDIAN = _Guardian()
+atexit.register(_GUARDIAN.close)
 
 
 # --- children --------------------------------------------------------------------------
