@@ -1112,18 +1112,22 @@ class Session:
             self._end(Ending(f"app connection lost: {exc}"))
             await trio.lowlevel.checkpoint()  # raises Cancelled: _end cancelled our scope
         except protocol.LocalProtocolError:
-            broke = self._app_broke
-            if broke is not None and self.app.conn.state is protocol.State.ERROR:
-                # The app's next frame (already read) was bad: its connection takes nothing
-                # but the ERROR that answers it, which ends the session now.
-                self.metrics.client_protocol_error(ClientErrorReason.MALFORMED_FRAME)
-                self._end(
-                    Ending(
-                        f"app protocol error: {broke}",
-                        app_error=broke.error_frame,
-                        level=logging.WARNING,
+            if self.app.conn.state in (protocol.State.ERROR, protocol.State.CLOSED):
+                # The app broke the protocol (its next frame, already read ahead, or a frame
+                # cut off by EOF while this relay handled a burst) or left: its connection
+                # takes nothing but the ERROR that answers it, and the session ends.
+                broke = self._app_broke
+                if self._ending is None and broke is not None:
+                    self.metrics.client_protocol_error(ClientErrorReason.MALFORMED_FRAME)
+                    self._end(
+                        Ending(
+                            f"app protocol error: {broke}",
+                            app_error=broke.error_frame,
+                            level=logging.WARNING,
+                        )
                     )
-                )
+                elif self._ending is None:
+                    self._end(Ending(f"app connection unusable ({self.app.conn.state.name})"))
                 await trio.lowlevel.checkpoint()  # raises Cancelled: _end cancelled our scope
                 return
             # A header the app's STOMP version cannot carry (a line break in STOMP 1.0, a
@@ -1325,13 +1329,17 @@ class Session:
             if settled.to_broker is None or (tx is not None and tx.rolled_back):
                 await self._answer_locally(app_receipt)
                 return False
-            entry = await self._submit(
-                settled.to_broker, app_receipt=app_receipt, idle=idle, context=tx
-            )
-            if tx is not None:
-                tx.entries.append(entry)
-            if settled.also is not None:
-                await self._submit(settled.also, app_receipt=None, idle=idle)
+            # A `client` ACK settles several messages: one ACK each, the app's receipt last.
+            for frame_up in (*settled.more, settled.to_broker):
+                last = frame_up is settled.to_broker
+                entry = await self._submit(
+                    frame_up,
+                    app_receipt=app_receipt if last else None,
+                    idle=idle and last,
+                    context=tx,
+                )
+                if tx is not None:
+                    tx.entries.append(entry)
         elif command is Command.BEGIN:
             state.begin(frame)
             tx = state.transactions[frame.get("transaction", "") or ""]

@@ -79,7 +79,12 @@ class Subscription:
     durable-subscription headers...): replaying it restores the subscription. ``local`` marks
     the control-channel subscription, which never goes upstream (DESIGN §3.6).
 
-    ``ack`` is the app's ack mode. An app's ``auto`` subscription is made ``client-individual``
+    ``ack`` is the app's ack mode. An app's ``client`` subscription is ``client-individual``
+    upstream too, and its cumulative ACK becomes one ACK per message it covers: after a
+    failover the redeliveries the sidecar hides and remaps reorder the app's deliveries against
+    the broker's, so a cumulative ACK upstream could cover a message the app still holds (and
+    RabbitMQ closes the connection on the "unknown delivery tag" of its later ACK; found by the
+    chaos soak). An app's ``auto`` subscription is made ``client-individual``
     upstream and the sidecar acknowledges each message itself once it is written to the app:
     with ``ack:auto`` a broker counts a message as acknowledged when it sends it, so the
     messages in flight when a connection breaks would be lost (issue 3, "AUTO ack's last
@@ -95,7 +100,6 @@ class Subscription:
     deliveries: dict[str, Delivery] = field(default_factory=dict)  # app key -> delivery, in order
     pending_by_identity: dict[str, Delivery] = field(default_factory=dict)
     arrivals: int = 0  # upstream MESSAGEs seen on this subscription (orders cumulative acks)
-    deferred_ack: Delivery | None = None  # a hidden message still to ACK ("client" mode)
     # identity -> (generation, "acked" | "nacked" | "delivered", seen at)
     seen: OrderedDict[str, tuple[int, str, float]] = field(default_factory=OrderedDict)
 
@@ -170,14 +174,14 @@ class Settled:
 
     ``to_broker``: the ACK/NACK to send upstream, or None when the delivery belongs to an older
     link and the redelivery will be settled on arrival (``transparent`` mode); ``local``: the
-    delivery was the sidecar's own (control channel), nothing goes upstream. ``also``: an ACK
-    for a hidden message that had to wait until the app held nothing before it (``client``
-    mode, where an ACK is cumulative).
+    delivery was the sidecar's own (control channel), nothing goes upstream. ``more``: in
+    ``client`` mode, the ACKs/NACKs of the other messages a cumulative ACK settles, to send
+    before ``to_broker`` (which carries the app's receipt).
     """
 
     to_broker: Frame | None
     local: bool = False
-    also: Frame | None = None
+    more: tuple[Frame, ...] = ()
 
 
 class SessionState:
@@ -286,7 +290,7 @@ class SessionState:
                     break
             upstream = frame.with_header("id", upstream_id)
         upstream = upstream.without("receipt")
-        if ack == "auto" and not local:
+        if ack in ("auto", "client") and not local:
             upstream = upstream.with_header("ack", "client-individual")
         self.removing.discard(upstream_id)
         self.subscriptions[upstream_id] = Subscription(
@@ -471,24 +475,13 @@ class SessionState:
     def _hide(
         self, sub: Subscription, message: Frame, why: str, upstream_version: str
     ) -> Delivered:
-        """Hide a duplicate or redelivery; in the client ack modes acknowledge it upstream.
-
-        In ``client`` mode an ACK is cumulative: while the app still holds an earlier message
-        of the subscription, the ACK waits (``deferred_ack``), or it would acknowledge that
-        message too; :meth:`settle` sends it once nothing earlier is held.
-        """
+        """Hide a duplicate or redelivery and acknowledge it upstream at once (every
+        subscription that acknowledges is ``client-individual`` upstream, see Subscription)."""
         if why == "duplicate":
             self.duplicates_hidden += 1
         else:
             self.redeliveries_hidden += 1
         ghost = self._ghost(sub, message)
-        if sub.ack == "client" and any(
-            d.generation == self.generation for d in sub.deliveries.values()
-        ):
-            # Only deliveries of this link come before it on the broker's side: an older
-            # link's are not covered by a cumulative ACK sent here.
-            sub.deferred_ack = ghost
-            return Delivered(None, hidden=why)
         ack = self.upstream_ack(Frame(Command.ACK), ghost, upstream_version)
         return Delivered(None, to_broker=ack, hidden=why)
 
@@ -592,21 +585,20 @@ class SessionState:
                 self.transactions[tx].acked.append(d)
         if sub.local:
             return Settled(None, local=True)
+        if sub.ack == "client":
+            # client-individual upstream (Subscription): one ACK/NACK per message settled,
+            # except those of older links (their redeliveries are settled on arrival).
+            frames = [
+                self.upstream_ack(frame, d, upstream_version)
+                for d in settled
+                if d.generation == self.generation
+            ]
+            if not frames:
+                return Settled(None)
+            return Settled(frames[-1], more=tuple(frames[:-1]))
         if stale:
             return Settled(None)
-        also: Frame | None = None
-        deferred = sub.deferred_ack
-        if deferred is not None and sub.ack == "client":
-            if deferred.arrival <= delivery.arrival:
-                sub.deferred_ack = None  # this cumulative ACK covers it
-            elif (
-                not any(d.generation == self.generation for d in sub.deliveries.values())
-                and tx is None
-                and status == "acked"
-            ):
-                sub.deferred_ack = None
-                also = self.upstream_ack(Frame(Command.ACK), deferred, upstream_version)
-        return Settled(self.upstream_ack(frame, delivery, upstream_version), also=also)
+        return Settled(self.upstream_ack(frame, delivery, upstream_version))
 
     def upstream_ack(self, frame: Frame, delivery: Delivery, upstream_version: str) -> Frame:
         """Build the ACK/NACK for the broker, in the upstream leg's STOMP version.

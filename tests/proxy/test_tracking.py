@@ -157,11 +157,12 @@ def test_subscribe_keeps_the_app_id_and_headers_without_receipt() -> None:
             receipt="r",
         )
     )
+    # `client` is client-individual upstream: the sidecar sends one ACK per settled message.
     assert up == frame(
         Command.SUBSCRIBE,
         destination="/topic/t",
         id="d1",
-        ack="client",
+        ack="client-individual",
         selector="a = 1",
         activemq_subscriptionName="durable",
     )
@@ -382,14 +383,39 @@ def test_auto_mode_is_acknowledged_by_the_sidecar() -> None:
 
 
 def test_client_mode_ack_is_cumulative() -> None:
+    """For the app a `client` ACK is cumulative; upstream it is one ACK per message settled
+    (the subscription is client-individual there), the app's own last."""
     st = new_state()
     subscribe(st, ack="client")
     keys = [ack_id(st.deliver(message(f"m{i}", ack=f"a{i}"), now=0.0)) for i in range(3)]
-    assert to_broker(settle(st, id=keys[1])) == frame(Command.ACK, id="a1")
+    settled = settle(st, id=keys[1])
+    assert settled.more == (frame(Command.ACK, id="a0"),)
+    assert to_broker(settled) == frame(Command.ACK, id="a1")
     assert st.unacked == 1
     with pytest.raises(SessionError, match=f"unknown ack id '{keys[0]}'"):
         settle(st, id=keys[0])
-    assert to_broker(settle(st, id=keys[2])) == frame(Command.ACK, id="a2")
+    settled = settle(st, id=keys[2])
+    assert settled.more == ()
+    assert to_broker(settled) == frame(Command.ACK, id="a2")
+    assert st.unacked == 0
+
+
+def test_client_mode_after_a_failover_never_acks_across_the_brokers_order() -> None:
+    """Found by the chaos soak on RabbitMQ: after a reattach the new link delivers a new
+    message (tag 1) before the redelivery of one the app holds (tag 2), which is hidden and
+    remapped. The app's cumulative ACK of the held message must not become a cumulative ACK
+    of tag 2 upstream (it would cover tag 1 too, and the app's later ACK of it would be an
+    "unknown delivery tag"): each settled message gets its own ACK."""
+    st = new_state()
+    subscribe(st, ack="client")
+    held = ack_id(st.deliver(message("m-old", ack="old-1", dup="H"), now=0.0))
+    st.new_link(stable_message_ids=False)
+    fresh = ack_id(st.deliver(message("m-new", ack="1", dup="N"), now=1.0))
+    assert st.deliver(message("m-old", ack="2", dup="H"), now=1.0).hidden == "redelivery"
+    first = settle(st, id=held)
+    assert (first.more, to_broker(first)) == ((), frame(Command.ACK, id="2"))
+    second = settle(st, id=fresh)
+    assert (second.more, to_broker(second)) == ((), frame(Command.ACK, id="1"))
     assert st.unacked == 0
 
 
@@ -599,7 +625,8 @@ def test_client_mode_never_acks_upstream_over_a_message_the_app_holds() -> None:
     held = ack_id(st.deliver(message("ID:1", ack="a1", dup="X1"), now=0.0))
     decision = st.deliver(message("ID:0b", ack="a2", dup="X0"), now=0.0)  # a producer replay
     assert decision.to_app is None
-    assert decision.to_broker is None  # an ACK of a2 would acknowledge a1 as well
+    # Upstream the subscription is client-individual: this ACK settles a2 alone, not a1.
+    assert decision.to_broker == frame(Command.ACK, id="a2")
     assert st.unacked == 1
     assert to_broker(settle(st, id=held)) == frame(Command.ACK, id="a1")
 
