@@ -31,6 +31,7 @@ when more than half of it (and at least 64 KiB) is consumed, which keeps copying
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from ._errors import LocalProtocolError, RemoteProtocolError, remote_error
 from ._events import CONNECTION_CLOSED, HEARTBEAT, NEED_DATA, Event
@@ -87,6 +88,15 @@ def serialize(frame: Frame, version: str) -> bytes:
             CR; in any version a name starting with NUL or text that is not encodable as UTF-8.
         ValueError: unknown ``version``.
     """
+    if version == "1.2" and frame.command not in NEVER_ESCAPED:
+        data = _serialize_12(frame)
+        if data is not None:
+            return data
+    return _serialize_general(frame, version)
+
+
+def _serialize_general(frame: Frame, version: str) -> bytes:
+    """:func:`serialize` header by header, for every version and frame."""
     check_version(version)
     escaped = version != "1.0" and frame.command not in NEVER_ESCAPED
     escape = ESCAPERS[version] if escaped else None
@@ -117,6 +127,76 @@ def serialize(frame: Frame, version: str) -> bytes:
             f"a header of the {frame.command} frame is not encodable as UTF-8: {exc}"
         ) from None
     return b"".join((head, body, b"\0"))
+
+
+def _serialize_12(frame: Frame) -> bytes | None:
+    """:func:`serialize` of an escaped STOMP 1.2 frame with the whole head escaped at once.
+
+    Names and values are joined with placeholder separators (NUL between headers, SOH
+    between a name and its value), escaped with one ``str.replace`` per escape present, and
+    the separators then become LF and ``:``: a few C-level calls instead of two per header.
+    ``content-length`` is handled as there. Returns None, for the general path, when a name or
+    value holds a NUL or SOH itself.
+    """
+    headers = frame.headers
+    body = frame.body
+    flat = "\0".join([name + "\1" + value for name, value in headers])
+    length_seen = False
+    if "content-length" in flat:
+        # The first entry says len(body), later ones are dropped (as the general path does).
+        out: list[tuple[str, str]] = []
+        for item in headers:
+            if item[0] != "content-length":
+                out.append(item)
+            elif not length_seen:
+                length_seen = True
+                out.append(("content-length", str(len(body))))
+        if length_seen:
+            headers = tuple(out)
+            flat = "\0".join([name + "\1" + value for name, value in headers])
+    if flat.count("\1") != len(headers) or flat.count("\0") != max(len(headers) - 1, 0):
+        return None
+    if "\\" in flat or "\n" in flat or ":" in flat or "\r" in flat:
+        flat = flat.replace("\\", "\\\\").replace("\n", "\\n").replace(":", "\\c")
+        flat = flat.replace("\r", "\\r")
+    head = frame.command.value + "\n" + flat.replace("\1", ":").replace("\0", "\n")
+    if headers:
+        head += "\n"
+    if not length_seen and b"\0" in body:
+        head += "content-length:" + str(len(body)) + "\n"
+    try:
+        return b"".join((head.encode("utf-8"), b"\n", body, b"\0"))
+    except UnicodeEncodeError:
+        return None  # the general path raises the precise error
+
+
+def _unescape(raw: str, version: str) -> str:
+    """:func:`unescape_header` for the common case (no escaped backslash) in a few
+    ``str.replace`` calls; anything else, or an undefined escape, goes to it."""
+    if "\\\\" not in raw:
+        text = raw.replace("\\c", ":").replace("\\n", "\n")
+        if version == "1.2":
+            text = text.replace("\\r", "\r")
+        if "\\" not in text:
+            return text
+    return unescape_header(raw, version)
+
+
+def _unescaped(headers: Iterable[tuple[str, str]], version: str) -> tuple[tuple[str, str], ...]:
+    """Headers read in an escaping ``version`` (1.1, 1.2) in their logical form.
+
+    Raises:
+        RemoteProtocolError: an undefined escape sequence (STOMP 1.2 "Value Encoding").
+    """
+    return tuple(
+        [
+            (
+                _unescape(name, version) if "\\" in name else name,
+                _unescape(value, version) if "\\" in value else value,
+            )
+            for name, value in headers
+        ]
+    )
 
 
 def _shown(raw: bytes | bytearray, limit: int = 40) -> str:
@@ -275,6 +355,9 @@ class FrameParser:
                 if buf[pos + 1] == _LF:
                     self._pos = pos + 2
                     return HEARTBEAT
+            frame = self._whole_frame(buf, pos)
+            if frame is not None:
+                return frame
             self._phase = _HEAD
             self._frame_start = self._line_start = self._scan = self._head_scan = pos
             self._command = None
@@ -283,6 +366,63 @@ class FrameParser:
         if self._phase == _HEAD and not self._read_head(buf):
             return NEED_DATA
         return self._read_body(buf)
+
+    def _whole_frame(self, buf: bytearray, pos: int) -> Frame | None:
+        """Fast path: the frame starting at ``pos`` if it is all buffered and ordinary.
+
+        Ordinary: the head ends at the first LF LF within ``max_header_line_bytes``, is
+        UTF-8 without CR or NUL, has a known command, a ``:`` on every header line, no more
+        than ``max_headers`` lines and a valid ``content-length`` if any; the body's end is
+        buffered and the frame is within ``max_frame_bytes``. Then the frame costs a few
+        C-level calls and no parser state changes. Otherwise it returns None having changed
+        nothing, and the careful phase-by-phase path reads the same bytes and decides (waits
+        for more, or raises the precise error), so both paths always agree. An undefined
+        escape sequence raises here, as it would at the end of the careful path.
+        """
+        limits = self._limits
+        head_end = buf.find(b"\n\n", pos, pos + limits.max_header_line_bytes + 2)
+        if head_end < 0:
+            return None
+        try:
+            text = buf[pos:head_end].decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        if "\r" in text or "\0" in text:
+            return None
+        lines = text.split("\n")
+        command = _COMMANDS_BY_TEXT.get(lines[0])
+        if command is None or len(lines) > limits.max_headers + 1:
+            return None
+        del lines[0]
+        parts = [line.partition(":") for line in lines]
+        headers = tuple([(name, value) for name, colon, value in parts if colon])
+        if len(headers) != len(parts):
+            return None
+        body_start = head_end + 2
+        if "content-length:" in text:
+            length = -1
+            for name, value in headers:
+                if name == "content-length":
+                    if not (value.isascii() and value.isdigit()) or len(value) > 12:
+                        return None
+                    length = int(value)
+                    break
+        else:
+            length = -1
+        if length >= 0:
+            end = body_start + length
+            if len(buf) <= end or buf[end] != _NUL:
+                return None
+        else:
+            end = buf.find(b"\0", body_start, pos + limits.max_frame_bytes + 1)
+            if end < 0:
+                return None
+        if end - pos > limits.max_frame_bytes:
+            return None
+        if "\\" in text and self._version != "1.0" and command not in NEVER_ESCAPED:
+            headers = _unescaped(headers, self._version)
+        self._pos = end + 1
+        return trusted_frame(command, headers, bytes(buf[body_start:end]))
 
     def _check_eof(self) -> None:
         if self._eof:
@@ -495,13 +635,7 @@ class FrameParser:
         version = self._version
         if not self._escapes or version == "1.0" or command in NEVER_ESCAPED:
             return tuple(raw)
-        return tuple(
-            (
-                unescape_header(name, version) if "\\" in name else name,
-                unescape_header(value, version) if "\\" in value else value,
-            )
-            for name, value in raw
-        )
+        return _unescaped(raw, version)
 
     def _line_too_long(self) -> RemoteProtocolError:
         limit = self._limits.max_header_line_bytes

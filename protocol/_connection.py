@@ -24,6 +24,20 @@ __all__ = ["Connection"]
 
 _COMMANDS = {Role.CLIENT: CLIENT_COMMANDS, Role.SERVER: SERVER_COMMANDS}
 _CONNECT = (Command.CONNECT, Command.STOMP)
+#: Per our role, the received commands that, once CONNECTED, need only the per-command rules
+#: (:func:`check_frame`) and leave the state as it is (:data:`._state.TRANSITIONS`): the
+#: frames of a running session, checked on a short path.
+_ROUTINE: dict[Role, frozenset[Command]] = {
+    Role.SERVER: CLIENT_COMMANDS - {Command.CONNECT, Command.STOMP, Command.DISCONNECT},
+    Role.CLIENT: frozenset({Command.MESSAGE, Command.RECEIPT, Command.ERROR}),
+}
+#: Per our role, the commands we send that, once CONNECTED, need no check beyond the state
+#: and leave it as it is: serialized on a short path in :meth:`Connection.send`.
+_ROUTINE_SEND: dict[Role, frozenset[Command]] = {
+    Role.CLIENT: CLIENT_COMMANDS
+    - {Command.CONNECT, Command.STOMP, Command.DISCONNECT, Command.NACK},
+    Role.SERVER: frozenset({Command.MESSAGE, Command.RECEIPT}),
+}
 
 
 class Connection:
@@ -154,6 +168,9 @@ class Connection:
 
     def _process_received(self, frame: Frame) -> None:
         command = frame.command
+        if self._state is State.CONNECTED and command in _ROUTINE[self._our_role]:
+            check_frame(frame, self._version)
+            return
         their_role = self.their_role
         if command not in _COMMANDS[their_role]:
             raise remote_error(
@@ -240,6 +257,8 @@ class Connection:
             raise TypeError(f"send() takes a Frame, not {type(frame).__name__}")
         command = frame.command
         role = self._our_role
+        if fatal and self._state is State.CONNECTED and command in _ROUTINE_SEND[role]:
+            return serialize(frame, self._version)
         if not fatal:
             if role is not Role.SERVER or command is not Command.ERROR:
                 raise LocalProtocolError("only a server's ERROR frame can be sent with fatal=False")

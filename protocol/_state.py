@@ -35,6 +35,10 @@ class Role(enum.Enum):
     #: We answer CONNECT with CONNECTED and send server frames (the proxy's leg to an app).
     SERVER = "SERVER"
 
+    # Members are singletons compared by identity: hash them by identity too, in C, instead
+    # of Enum.__hash__ (a Python call on every table lookup, i.e. on every frame).
+    __hash__ = object.__hash__
+
 
 class State(enum.Enum):
     """State of a :class:`Connection` (STOMP 1.2 "Connecting", "DISCONNECT", "ERROR")."""
@@ -50,10 +54,14 @@ class State(enum.Enum):
     #: A protocol error, a failed write, or an ERROR frame; the connection is unusable.
     ERROR = "ERROR"
 
+    __hash__ = object.__hash__  # see Role
+
 
 class Direction(enum.Enum):
     SENT = "sent"
     RECEIVED = "received"
+
+    __hash__ = object.__hash__  # see Role
 
 
 _S = Direction.SENT

@@ -473,3 +473,18 @@ def test_fatal_false_is_only_for_a_connected_servers_error() -> None:
 def state_of(conn: Connection) -> State:
     """The state, read through a call (keeps mypy from narrowing it between assertions)."""
     return conn.state
+
+
+def test_routine_frames_are_exactly_those_that_keep_a_connected_state() -> None:
+    """The short paths of Connection (frames of a running session) skip the transition table
+    only for frames that cannot change the state: pinned to TRANSITIONS here."""
+    from protocol._connection import _ROUTINE, _ROUTINE_SEND
+    from protocol._state import Direction, next_state
+
+    for role in Role:
+        for command in _ROUTINE[role]:
+            assert next_state(role, State.CONNECTED, Direction.RECEIVED, command) is State.CONNECTED
+        for command in _ROUTINE_SEND[role]:
+            assert next_state(role, State.CONNECTED, Direction.SENT, command) is State.CONNECTED
+    assert Command.DISCONNECT not in _ROUTINE[Role.SERVER] | _ROUTINE_SEND[Role.CLIENT]
+    assert Command.ERROR not in _ROUTINE_SEND[Role.SERVER]

@@ -129,3 +129,41 @@ def test_chunking_never_changes_the_outcome(
     whole = _outcome(data, version, [len(data) or 1], limits)
     assert _outcome(data, version, [1], limits) == whole
     assert _outcome(data, version, chunks, limits) == whole
+
+
+def _general_outcome(frame: Frame, version: str) -> object:
+    from protocol._codec import _serialize_general
+
+    try:
+        return _serialize_general(frame, version)
+    except LocalProtocolError as exc:
+        return ("refused", str(exc))
+
+
+@st.composite
+def any_frames_12(draw: st.DrawFn) -> Frame:
+    """Frames with any headers (NUL, SOH, content-length repeats, lone surrogates) and bodies."""
+    hostile = st.one_of(chars, st.sampled_from(["\x01", "\0", "\ud800"]), st.characters())
+    text = st.text(hostile, max_size=10)
+    pairs = st.tuples(text, text) | st.tuples(
+        st.just("content-length"), st.sampled_from(["", "7", "x"])
+    )
+    command = draw(st.sampled_from(sorted(set(Command) - NEVER_ESCAPED)))
+    return Frame(command, tuple(draw(st.lists(pairs, max_size=8))), draw(bodies))
+
+
+@given(frame=any_frames_12())
+@settings(max_examples=500)
+def test_the_whole_head_serializer_agrees_with_the_general_one(frame: Frame) -> None:
+    """serialize's STOMP 1.2 fast path gives the same bytes as the header-by-header path, or
+    leaves the frame to it (which then refuses or serializes it)."""
+    from protocol._codec import _serialize_12
+
+    fast = _serialize_12(frame)
+    if fast is not None:
+        assert fast == _general_outcome(frame, "1.2")
+    try:
+        got: object = serialize(frame, "1.2")
+    except LocalProtocolError as exc:
+        got = ("refused", str(exc))
+    assert got == _general_outcome(frame, "1.2")
