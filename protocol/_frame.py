@@ -140,6 +140,13 @@ class Frame:
         items = headers.items() if isinstance(headers, Mapping) else headers
         return cls(command, tuple((name, value) for name, value in items), body)
 
+    @staticmethod
+    def unchecked(command: Command, headers: HeaderItems, body: bytes) -> Frame:
+        """Build a frame without the constructor's type checks, for hot paths: only for a
+        ``command``, ``(str, str)`` header pairs and ``bytes`` body the caller knows are
+        well-typed (taken from a checked frame, or strings it made itself)."""
+        return trusted_frame(command, headers, body)
+
     def get(self, name: str, default: str | None = None) -> str | None:
         """Return the value of the FIRST header called ``name`` (case-sensitive), or ``default``.
 

@@ -213,6 +213,7 @@ class Session:
         self._send_lock = trio.Lock()
         self._link_ready = False
         self._window_event = trio.Event()
+        self._window_waiters = 0
         self._acks_freed = trio.Event()
         self._disconnect_entry: Entry | None = None
         self._disconnected = trio.Event()
@@ -479,8 +480,19 @@ class Session:
     # -- window -------------------------------------------------------------------------------
 
     def _window_changed(self) -> None:
-        self._window_event.set()
-        self._window_event = trio.Event()
+        """Wake the tasks waiting for the window to change (room, a new app receipt to
+        watch). Called on every relayed frame, so it costs nothing when nobody waits."""
+        if self._window_waiters:
+            self._window_event.set()
+            self._window_event = trio.Event()
+
+    async def _window_change(self) -> None:
+        """Wait for the next :meth:`_window_changed`."""
+        self._window_waiters += 1
+        try:
+            await self._window_event.wait()
+        finally:
+            self._window_waiters -= 1
 
     async def _submit(
         self, frame: Frame, *, app_receipt: str | None, idle: bool, context: object = None
@@ -497,7 +509,7 @@ class Session:
             self.metrics.window_full()
             await self._flush_upstream()  # the receipts that make room answer queued frames
             while not self.window.has_room(size):
-                await self._window_event.wait()
+                await self._window_change()
         want = (
             idle
             or frame.command in _ALWAYS_RECEIPTED
@@ -505,26 +517,37 @@ class Session:
         )
         if self._send_lock.locked():  # a restore is writing the window: append after it
             async with self._send_lock:
-                entry = self._append(frame, app_receipt, want, context)
+                entry = self._append(frame, app_receipt, want, context, size)
         else:
             # _append never checkpoints, so nothing can come between the append and the
             # queueing; taking the lock would only cost a trip through the scheduler.
-            entry = self._append(frame, app_receipt, want, context)
+            entry = self._append(frame, app_receipt, want, context, size)
         upstream = self.upstream
         if upstream is not None and upstream.needs_flush:
             await self._flush_upstream()
         return entry
 
     def _append(
-        self, frame: Frame, app_receipt: str | None, want_receipt: bool, context: object
+        self,
+        frame: Frame,
+        app_receipt: str | None,
+        want_receipt: bool,
+        context: object,
+        size: int | None = None,
     ) -> Entry:
         """Append to the window and, when the leg is up, queue the frame on it (no I/O: the
         relay flushes at the end of the app's burst, :meth:`_relay_app`)."""
         now = trio.current_time()
         entry = self.window.append(
-            frame, app_receipt=app_receipt, want_receipt=want_receipt, now=now, context=context
+            frame,
+            app_receipt=app_receipt,
+            want_receipt=want_receipt,
+            now=now,
+            context=context,
+            size=size,
         )
-        self._window_changed()
+        if app_receipt is not None:
+            self._window_changed()  # a receipt for the call_timeout watch (appends make no room)
         self.metrics.frame_to_broker(frame.command, len(frame.body))
         upstream = self.upstream
         if self._link_ready and upstream is not None:
@@ -557,7 +580,7 @@ class Session:
         while True:
             entry = self.window.first_unanswered()
             if entry is None:
-                await self._window_event.wait()
+                await self._window_change()
                 continue
             deadline = entry.enqueued_at + timeout
             if trio.current_time() < deadline:
@@ -1267,36 +1290,53 @@ class Session:
                     break
                 event = upcoming
 
-    def _with_duplicate_id(self, frame: Frame) -> Frame:
-        """Give a SEND its duplicate-detection id (DESIGN §3.5): ``mq-sidecar-id``, kept when
-        the app set one, and the same value as Artemis' ``_AMQ_DUPL_ID``."""
-        dup_id = frame.get(DUPLICATE_ID_HEADER)
+    def _upstream_send(self, frame: Frame) -> tuple[Frame, str | None]:
+        """An app SEND as it goes upstream, and the app's receipt id, in one pass over the
+        headers (the hot path): every ``receipt`` entry removed (the sidecar requests its
+        own), and the duplicate-detection id added (DESIGN §3.5): ``mq-sidecar-id``, kept when
+        the app set one, and the same value as Artemis' ``_AMQ_DUPL_ID`` unless present."""
+        app_receipt: str | None = None
+        dup_id: str | None = None
+        artemis = False
+        headers: list[tuple[str, str]] = []
+        for item in frame.headers:
+            name = item[0]
+            if name == "receipt":
+                if app_receipt is None:
+                    app_receipt = item[1]
+                continue
+            if name == DUPLICATE_ID_HEADER:
+                if dup_id is None:
+                    dup_id = item[1]
+            elif name == ARTEMIS_DUPLICATE_ID:
+                artemis = True
+            headers.append(item)
         if dup_id is None:
             self._dup_seq += 1
             dup_id = f"{self.id}-{self._dup_seq}"
-            frame = frame.with_header(DUPLICATE_ID_HEADER, dup_id)
-        if not frame.has(ARTEMIS_DUPLICATE_ID):
-            frame = frame.with_header(ARTEMIS_DUPLICATE_ID, dup_id)
-        return frame
+            headers.append((DUPLICATE_ID_HEADER, dup_id))
+        if not artemis:
+            headers.append((ARTEMIS_DUPLICATE_ID, dup_id))
+        return Frame.unchecked(Command.SEND, tuple(headers), frame.body), app_receipt
 
     async def _on_app_frame(self, frame: Frame, *, idle: bool) -> bool:
         """Handle one app frame; True when the app's DISCONNECT has been handled."""
         state = self.state
         assert state is not None
         command = frame.command
-        app_receipt = frame.get("receipt")
-        bare = frame.without("receipt")
         if command is Command.SEND:
+            up, app_receipt = self._upstream_send(frame)
             tx = state.transaction_of(frame)
             if tx is not None and tx.rolled_back:
                 await self._answer_locally(app_receipt)  # COMMIT will fail, ABORT succeeds
                 return False
-            entry = await self._submit(
-                self._with_duplicate_id(bare), app_receipt=app_receipt, idle=idle, context=tx
-            )
+            entry = await self._submit(up, app_receipt=app_receipt, idle=idle, context=tx)
             if tx is not None:
                 tx.entries.append(entry)
-        elif command is Command.SUBSCRIBE:
+            return False
+        app_receipt = frame.get("receipt")
+        bare = frame.without("receipt")
+        if command is Command.SUBSCRIBE:
             if frame.get("destination") == self.config.events_destination:
                 state.subscribe(frame, local=True)  # never goes upstream (DESIGN §3.6)
                 await self._answer_locally(app_receipt)

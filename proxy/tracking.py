@@ -362,13 +362,6 @@ class SessionState:
         while seen and (len(seen) > SEEN_MAX or next(iter(seen.values()))[2] < now - SEEN_SECONDS):
             seen.popitem(last=False)
 
-    def _find_subscription(self, message: Frame) -> Subscription | None:
-        upstream_sub = message.get("subscription")
-        if upstream_sub is not None:
-            return self.subscriptions.get(upstream_sub)
-        destination = message.get("destination")  # a STOMP 1.0 broker: match by destination
-        return next((s for s in self.subscriptions.values() if s.destination == destination), None)
-
     def deliver(
         self, message: Frame, *, upstream_version: str = "1.2", now: float | None = None
     ) -> Delivered:
@@ -393,21 +386,56 @@ class SessionState:
           acknowledged upstream and hidden in both modes.
         """
         now = time.monotonic() if now is None else now
-        sub = self._find_subscription(message)
+        # One pass over the headers (the hot path): the ids this needs, first entries only
+        # (STOMP 1.2 "Repeated Header Entries"), and the app's headers without ``ack``.
+        upstream_sub: str | None = None
+        message_id: str | None = None
+        upstream_ack: str | None = None
+        dup_id: str | None = None
+        rest: list[tuple[str, str]] = []
+        sub_at = -1
+        for item in message.headers:
+            name = item[0]
+            if name == "ack":
+                if upstream_ack is None:
+                    upstream_ack = item[1]
+                continue
+            if name == "subscription":
+                if sub_at >= 0:
+                    continue  # repeats go: the app gets exactly one (its own id) or none
+                sub_at = len(rest)
+                upstream_sub = item[1]
+            elif name == "message-id":
+                if message_id is None:
+                    message_id = item[1]
+            elif name == DUPLICATE_ID_HEADER and dup_id is None:
+                dup_id = item[1]
+            rest.append(item)
+        if upstream_sub is not None:
+            sub = self.subscriptions.get(upstream_sub)
+        else:  # a STOMP 1.0 broker: match by destination
+            destination = message.get("destination")
+            sub = next(
+                (s for s in self.subscriptions.values() if s.destination == destination), None
+            )
         if sub is None:
-            if message.get("subscription") in self.removing:
+            if upstream_sub in self.removing:
                 return Delivered(None, hidden="unsubscribed")
             return Delivered(message)
         sub.arrivals += 1
-        identity = self.identity(message)
-        upstream_ack = message.get("ack")
-        message_id = message.get("message-id", "") or ""
+        if dup_id is not None:
+            identity: str | None = f"d:{dup_id}"
+        elif self.stable_message_ids and message_id is not None:
+            identity = f"m:{message_id}"
+        else:
+            identity = None
+        message_id = message_id or ""
         redelivered = False
         if identity is not None:
             held = sub.pending_by_identity.get(identity)
             if held is not None:
                 if held.generation == self.generation:
-                    return self._hide(sub, message, "duplicate", upstream_version)
+                    return self._hide(sub, message_id, upstream_ack, "duplicate", upstream_version)
                 if self.transparent:
                     held.upstream_ack = upstream_ack
                     held.message_id = message_id
@@ -428,21 +456,30 @@ class SessionState:
                     del sub.seen[identity]
                 elif seen is not None:
                     if seen[0] == self.generation:
-                        return self._hide(sub, message, "duplicate", upstream_version)
+                        return self._hide(
+                            sub, message_id, upstream_ack, "duplicate", upstream_version
+                        )
                     if self.transparent:
-                        return self._hide(sub, message, "redelivery", upstream_version)
+                        return self._hide(
+                            sub, message_id, upstream_ack, "redelivery", upstream_version
+                        )
                     redelivered = True
-        out = message.without("ack")
+        # The app's headers: its own subscription id in place of the first entry (or none).
         if sub.app_id is not None:
-            out = out.with_header("subscription", sub.app_id)
-        elif out.has("subscription"):
-            out = out.without("subscription")
+            if sub_at >= 0:
+                rest[sub_at] = ("subscription", sub.app_id)
+            else:
+                rest.append(("subscription", sub.app_id))
+        elif sub_at >= 0:
+            del rest[sub_at]
+        out = Frame.unchecked(Command.MESSAGE, tuple(rest), message.body)
         if redelivered:
             out = out.with_header("redelivered", "true")
         if sub.ack == "auto":
             if identity is not None:
                 self._remember(sub, identity, "acked", now)
-            return Delivered(out, to_broker=self._ack_for(sub, message, upstream_version))
+            ack = self._own_ack(sub, message_id, upstream_ack, upstream_version)
+            return Delivered(out, to_broker=ack)
         out, key = self._app_ack_key(sub, out, message_id)
         delivery = Delivery(
             app_key=key,
@@ -473,7 +510,12 @@ class SessionState:
         return out, message_id
 
     def _hide(
-        self, sub: Subscription, message: Frame, why: str, upstream_version: str
+        self,
+        sub: Subscription,
+        message_id: str,
+        upstream_ack: str | None,
+        why: str,
+        upstream_version: str,
     ) -> Delivered:
         """Hide a duplicate or redelivery and acknowledge it upstream at once (every
         subscription that acknowledges is ``client-individual`` upstream, see Subscription)."""
@@ -481,24 +523,22 @@ class SessionState:
             self.duplicates_hidden += 1
         else:
             self.redeliveries_hidden += 1
-        ghost = self._ghost(sub, message)
-        ack = self.upstream_ack(Frame(Command.ACK), ghost, upstream_version)
+        ack = self._own_ack(sub, message_id, upstream_ack, upstream_version)
         return Delivered(None, to_broker=ack, hidden=why)
 
-    def _ghost(self, sub: Subscription, message: Frame) -> Delivery:
-        """A delivery record for a message the app will never acknowledge itself."""
-        return Delivery(
-            app_key="",
-            subscription=sub,
-            message_id=message.get("message-id", "") or "",
-            upstream_ack=message.get("ack"),
-            identity=None,
-            generation=self.generation,
-            arrival=sub.arrivals,
-        )
-
-    def _ack_for(self, sub: Subscription, message: Frame, upstream_version: str) -> Frame:
-        return self.upstream_ack(Frame(Command.ACK), self._ghost(sub, message), upstream_version)
+    @staticmethod
+    def _own_ack(
+        sub: Subscription, message_id: str, upstream_ack: str | None, upstream_version: str
+    ) -> Frame:
+        """The sidecar's own ACK of a message the app will never acknowledge itself (an auto
+        subscription's, a hidden one): :meth:`upstream_ack` of a bare ACK, built directly."""
+        if upstream_version == "1.2":
+            ident: tuple[tuple[str, str], ...] = (("id", upstream_ack or message_id),)
+        elif upstream_version == "1.1":
+            ident = (("message-id", message_id), ("subscription", sub.upstream_id))
+        else:
+            ident = (("message-id", message_id),)
+        return Frame.unchecked(Command.ACK, ident, b"")
 
     def _forget(self, delivery: Delivery) -> None:
         sub = delivery.subscription

@@ -50,6 +50,7 @@ class Entry:
         sent_before: written to an earlier leg that was lost before confirming it, so it may
             have taken effect there (a broker can store a frame and die before its RECEIPT).
         answered: the app's receipt was answered (RECEIPT, or ERROR after ``call_timeout``).
+        confirmed: a RECEIPT covered it; dropped: removed unconfirmed (:meth:`drop`).
         context: what the session needs to replay it (the Transaction a COMMIT ends).
     """
 
@@ -64,6 +65,7 @@ class Entry:
     sent_before: bool = False
     answered: bool = False
     confirmed: bool = False
+    dropped: bool = False
     context: object = field(default=None)
 
     @property
@@ -109,6 +111,9 @@ class ConfirmationWindow:
         self._receipt_threshold = max(1, int(max_bytes * receipt_fraction))
         self._entries: deque[Entry] = deque()
         self._by_receipt: dict[str, Entry] = {}
+        # Entries with an app receipt, in order, for first_unanswered() in O(1): answered,
+        # confirmed or dropped ones are skipped lazily from the left.
+        self._awaiting: deque[Entry] = deque()
         self._seq = 0
         self.bytes = 0
         self._unreceipted = 0
@@ -133,12 +138,15 @@ class ConfirmationWindow:
         want_receipt: bool,
         now: float,
         context: object = None,
+        size: int | None = None,
     ) -> Entry:
         """Add a frame; returns its entry (with the sidecar's receipt header set if one is
         requested: when ``want_receipt``, when the app asked for one, or when the bytes since
-        the last receipted entry passed the threshold). The caller checks :meth:`has_room`."""
+        the last receipted entry passed the threshold). The caller checks :meth:`has_room`;
+        ``size`` is :func:`frame_size` of ``frame`` if the caller has it already."""
         self._seq += 1
-        size = frame_size(frame)
+        if size is None:
+            size = frame_size(frame)
         receipt: str | None = None
         wanted = want_receipt or app_receipt is not None
         if wanted or self._unreceipted + size >= self._receipt_threshold:
@@ -151,6 +159,8 @@ class ConfirmationWindow:
         self._entries.append(entry)
         if receipt is not None:
             self._by_receipt[receipt] = entry
+        if app_receipt is not None:
+            self._awaiting.append(entry)
         self.bytes += size
         return entry
 
@@ -198,6 +208,7 @@ class ConfirmationWindow:
         if entry.receipt is not None:
             self._by_receipt.pop(entry.receipt, None)
         self.bytes -= entry.size
+        entry.dropped = True
 
     def unconfirmed(self) -> list[Entry]:
         """Every entry, in order (all of them are unconfirmed)."""
@@ -215,14 +226,21 @@ class ConfirmationWindow:
         entries = list(self._entries)
         self._entries.clear()
         self._by_receipt.clear()
+        self._awaiting.clear()
         self.bytes = 0
+        for entry in entries:
+            entry.dropped = True
         return entries
 
     def first_unanswered(self) -> Entry | None:
-        """The oldest entry whose app receipt is still unanswered (``call_timeout`` watch)."""
-        for entry in self._entries:
-            if entry.app_receipt is not None and not entry.answered:
+        """The oldest entry in the window whose app receipt is still unanswered
+        (``call_timeout`` watch). O(1) amortized."""
+        awaiting = self._awaiting
+        while awaiting:
+            entry = awaiting[0]
+            if not (entry.answered or entry.confirmed or entry.dropped):
                 return entry
+            awaiting.popleft()
         return None
 
     def statistics(self) -> WindowStatistics:
