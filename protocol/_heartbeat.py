@@ -101,6 +101,11 @@ class HeartBeatTimer:
         self._last_sent = now
         self._last_received = now
 
+    @property
+    def receive_interval_ms(self) -> int:
+        """The receive interval silence is judged by, ms (0: never)."""
+        return round(self._receive_s * 1000)
+
     def data_sent(self, now: float) -> None:
         """Record that bytes were written at ``now`` (seconds)."""
         self._last_sent = now

@@ -19,6 +19,8 @@ arithmetic itself stays in ``protocol/``.
 
 from __future__ import annotations
 
+import socket
+
 import trio
 
 import protocol
@@ -32,6 +34,9 @@ RECEIVE_SIZE = 65536
 #: Queued bytes past which a writer must flush before queueing more (``needs_flush``): bounds
 #: the out-buffer of a leg and lets a big burst start leaving while the rest is read.
 FLUSH_THRESHOLD = 65536
+#: Seconds a read may take when its heart-beat deadline passed while the reader paused: long
+#: enough to take what is buffered, too short to wait for anything (``_receive_stream``).
+_LATE_READ = 0.001
 
 
 class TransportLost(Exception):
@@ -46,6 +51,20 @@ class HeartBeatTimeout(TransportLost):
     """
 
 
+def _raw_socket(stream: trio.abc.Stream) -> socket.socket | None:
+    """The non-blocking stdlib socket under a plain ``trio.SocketStream``, or None.
+
+    :class:`FrameStream` does its reads and writes on it directly (the lean path) and keeps
+    trio's stream methods for everything else (TLS, memory streams in tests). trio keeps it
+    in ``SocketType._sock``; a trio that stops doing so only loses the lean path
+    (``test_production_streams_take_the_lean_io_path`` says so).
+    """
+    if type(stream) is not trio.SocketStream:
+        return None
+    raw = getattr(stream.socket, "_sock", None)
+    return raw if isinstance(raw, socket.socket) else None
+
+
 class FrameStream:
     """One STOMP leg: a :class:`protocol.Connection` bound to a :class:`trio.abc.Stream`.
 
@@ -55,10 +74,19 @@ class FrameStream:
         grace: heart-beat tolerance factor; a peer silent for ``receive interval * grace`` is dead.
 
     Counters ``frames_in``, ``frames_out``, ``bytes_in``, ``bytes_out`` count traffic on the leg.
+
+    I/O on a plain TCP socket takes a lean path: ``recv``/``send`` on the socket itself, with
+    trio's ``wait_readable``/``wait_writable`` only when the kernel says EAGAIN, one
+    scheduling checkpoint per read that did not wait (as trio's own ``receive_some``), none
+    after a write that completed at once (the relay's next read is one), and a cancel scope
+    for the heart-beat deadline only around an actual wait. trio's ``SocketStream`` pays an
+    async context manager, two checkpoints and a cancel scope per call: with one frame per
+    read (a synchronous request/reply) that was most of the sidecar's CPU.
     """
 
     def __init__(self, stream: trio.abc.Stream, conn: protocol.Connection, *, grace: float) -> None:
         self.stream = stream
+        self._sock = _raw_socket(stream)
         self.conn = conn
         self.grace = grace
         self._send_lock = trio.Lock()
@@ -183,7 +211,10 @@ class FrameStream:
         self._out.clear()
         self._out_bytes = 0
         try:
-            await self.stream.send_all(data)
+            if self._sock is not None:
+                await _send_all_raw(self._sock, data)
+            else:
+                await self.stream.send_all(data)
         except BaseException as exc:
             # As in h11's trio example: a write that did not complete leaves the peer with a
             # partial frame, so the connection is unusable. Cancelled is re-raised too.
@@ -209,18 +240,12 @@ class FrameStream:
                 if isinstance(event, Frame):
                     self.frames_in += 1
                 return event
-            deadline = self.timer.receive_deadline() if self.timer is not None else None
+            data: bytes | bytearray
             try:
-                if deadline is None:
-                    data = await self.stream.receive_some(RECEIVE_SIZE)
+                if self._sock is not None:
+                    data = await self._receive_raw(self._sock)
                 else:
-                    with trio.move_on_at(deadline) as scope:
-                        data = await self.stream.receive_some(RECEIVE_SIZE)
-                    if scope.cancelled_caught:
-                        raise HeartBeatTimeout(
-                            f"no data for {self.conn.heartbeat[1] * self.grace / 1000:.1f} s "
-                            f"(heart-beat {self.conn.heartbeat[1]} ms x {self.grace})"
-                        )
+                    data = await self._receive_stream()
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 self.broken = f"read failed: {exc or type(exc).__name__}"
                 raise TransportLost(self.broken) from exc
@@ -228,6 +253,61 @@ class FrameStream:
             if self.timer is not None:
                 self.timer.data_received(trio.current_time())
             self.conn.receive_data(bytes(data))
+
+    def _silence(self) -> HeartBeatTimeout:
+        # The interval silence is judged by (start_heartbeats), not always the negotiated one.
+        interval = self.timer.receive_interval_ms if self.timer else self.conn.heartbeat[1]
+        return HeartBeatTimeout(
+            f"no data for {interval * self.grace / 1000:.1f} s "
+            f"(heart-beat {interval} ms x {self.grace})"
+        )
+
+    async def _receive_stream(self) -> bytes | bytearray:
+        deadline = self.timer.receive_deadline() if self.timer is not None else None
+        if deadline is None:
+            return await self.stream.receive_some(RECEIVE_SIZE)
+        # A deadline that passed while the reader paused (backpressure) gets a millisecond:
+        # trio streams try to read before they wait, so what the peer sent meanwhile is
+        # taken, and a peer that sent nothing is found silent at the first wait.
+        with trio.move_on_at(max(deadline, trio.current_time() + _LATE_READ)):
+            return await self.stream.receive_some(RECEIVE_SIZE)
+        raise self._silence()
+
+    async def _receive_raw(self, sock: socket.socket) -> bytes:
+        """Read what the kernel has (``b""`` at EOF), waiting only if it has nothing.
+
+        What is buffered is always taken before silence is judged: a reader that paused
+        (backpressure) comes back to the bytes that arrived meanwhile, not to a deadline
+        that passed while it was not reading.
+
+        Raises: trio.BrokenResourceError (reset, closed), HeartBeatTimeout, Cancelled.
+        """
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            data = sock.recv(RECEIVE_SIZE)
+        except BlockingIOError:
+            pass
+        except OSError as exc:
+            raise trio.BrokenResourceError(f"recv: {exc}") from exc
+        else:
+            # As trio's receive_some: a checkpoint that cannot lose the bytes just read.
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return data
+        while True:
+            deadline = self.timer.receive_deadline() if self.timer is not None else None
+            if deadline is None:
+                await trio.lowlevel.wait_readable(sock)
+            else:
+                with trio.move_on_at(deadline) as scope:
+                    await trio.lowlevel.wait_readable(sock)
+                if scope.cancelled_caught:
+                    raise self._silence()
+            try:
+                return sock.recv(RECEIVE_SIZE)
+            except BlockingIOError:
+                continue
+            except OSError as exc:
+                raise trio.BrokenResourceError(f"recv: {exc}") from exc
 
     def next_buffered(self) -> Frame | HeartBeat | ConnectionClosed | None:
         """The next event if it is already in the buffer, else None; never does I/O.
@@ -245,6 +325,31 @@ class FrameStream:
     async def aclose(self) -> None:
         """Close the stream (no goodbye frame; callers send DISCONNECT/ERROR first)."""
         await self.stream.aclose()
+
+
+async def _send_all_raw(sock: socket.socket, data: bytes) -> None:
+    """Write all of ``data`` to a non-blocking socket, waiting only when the kernel's buffer
+    is full. No checkpoint when it all goes at once (see :class:`FrameStream`).
+
+    Raises: trio.BrokenResourceError (reset, closed), Cancelled (while waiting).
+    """
+    try:
+        sent = sock.send(data)
+    except BlockingIOError:
+        sent = 0
+    except OSError as exc:
+        raise trio.BrokenResourceError(f"send: {exc}") from exc
+    if sent == len(data):
+        return
+    with memoryview(data) as view:
+        while sent < len(view):
+            await trio.lowlevel.wait_writable(sock)
+            try:
+                sent += sock.send(view[sent:])
+            except BlockingIOError:
+                continue
+            except OSError as exc:
+                raise trio.BrokenResourceError(f"send: {exc}") from exc
 
 
 async def send_heartbeats(fs: FrameStream) -> None:

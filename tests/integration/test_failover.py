@@ -737,3 +737,33 @@ def test_connection_cut_in_the_middle_of_a_frame(proxied: FaultProxy) -> None:
         consumer.close()
     bodies = [b.rstrip(".") for b in consumer.bodies]
     assert exactly_once(bodies, n) == (0, 0)
+
+
+@pytest.mark.activemq
+def test_an_app_holding_max_unacked_past_the_heartbeat_tolerance_causes_no_failover(
+    activemq: ActiveMQ,
+) -> None:
+    """While the app holds ``max_unacked`` messages the session stops reading the broker
+    (DESIGN §3.8), and the broker's heart-beats wait in the kernel. Coming back to read after
+    longer than the heart-beat tolerance, the session must take them, not judge the broker
+    silent by a deadline that passed while it was not reading (it failed over for nothing)."""
+    config = sidecar_config(
+        activemq.stomp_url, upstream_heartbeat="250,250", heartbeat_grace="2.0", max_unacked="2"
+    )
+    dest = unique()
+    with SidecarThread(config) as sidecar, client(sidecar.address) as app:
+        for i in range(4):
+            app.conn.send(dest, f"m{i}", headers={"receipt": f"s{i}"})
+            app.receipt(f"s{i}")
+        app.conn.subscribe(destination=dest, id="d", ack="client-individual")
+        held = app.messages(2)
+        app.expect_silence(2.0)  # 4x the tolerance (250 ms x 2.0), nothing read upstream
+        for m in held:
+            app.conn.ack(m.headers["ack"])
+        rest = app.messages(2)
+        for m in rest:
+            app.conn.ack(m.headers["ack"], receipt=f"a-{m.body}")
+            app.receipt(f"a-{m.body}")
+        (session,) = sidecar.statistics().sessions
+    assert [m.body for m in held + rest] == ["m0", "m1", "m2", "m3"]
+    assert session.failovers == 0

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import socket
+import struct
+from functools import partial
+
 import pytest
 import trio
 import trio.testing
 
 import protocol
 from protocol import Command, Frame, Role
-from proxy.wire import FLUSH_THRESHOLD, FrameStream, TransportLost
+from proxy.wire import FLUSH_THRESHOLD, FrameStream, HeartBeatTimeout, TransportLost
 
 
 class CountingStream(trio.abc.Stream):
@@ -200,3 +204,136 @@ async def test_a_write_cancelled_before_it_starts_keeps_the_stream_usable() -> N
     assert stream.writes == []
     await fs.send(send(2))
     assert sent_numbers(stream.writes) == [1, 2]
+
+
+# -- the lean path on real sockets ----------------------------------------------------------
+
+
+def socket_pair() -> tuple[trio.SocketStream, trio.SocketStream]:
+    """Two ends of a real TCP connection on loopback."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        a = socket.create_connection(listener.getsockname())
+        b, _ = listener.accept()
+    return (
+        trio.SocketStream(trio.socket.from_stdlib_socket(a)),
+        trio.SocketStream(trio.socket.from_stdlib_socket(b)),
+    )
+
+
+def beating_client(stream: trio.abc.Stream, receive_ms: int) -> FrameStream:
+    """A client-role FrameStream whose broker promised a heart-beat every ``receive_ms``."""
+    conn = protocol.Connection(Role.CLIENT)
+    conn.send(
+        Frame.build(
+            Command.CONNECT, {"accept-version": "1.2", "host": "h", "heart-beat": f"0,{receive_ms}"}
+        )
+    )
+    conn.receive_data(f"CONNECTED\nversion:1.2\nheart-beat:{receive_ms},0\n\n\0".encode())
+    assert isinstance(conn.next_event(), Frame)
+    fs = FrameStream(stream, conn, grace=2.0)
+    fs.start_heartbeats()
+    return fs
+
+
+async def _hold(stream: trio.SocketStream) -> None:
+    await trio.sleep_forever()
+
+
+async def test_production_streams_take_the_lean_io_path() -> None:
+    """TCP legs (a trio.SocketStream, as the listener and connect_upstream make) read and write
+    their socket directly; anything else (TLS, test streams) keeps trio's stream methods."""
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, _hold, 0, host="127.0.0.1"))
+        port = listeners[0].socket.getsockname()[1]
+        tcp = await trio.open_tcp_stream("127.0.0.1", port)
+        try:
+            assert connected_client(tcp)._sock is not None
+            assert connected_client(CountingStream())._sock is None
+        finally:
+            await tcp.aclose()
+            nursery.cancel_scope.cancel()
+
+
+async def test_lean_path_relays_frames_both_ways_in_order() -> None:
+    ours, theirs = socket_pair()
+    async with ours, theirs:
+        await _relay_both_ways(connected_client(ours), theirs)
+
+
+async def _relay_both_ways(fs: FrameStream, theirs: trio.SocketStream) -> None:
+    big = b"y" * (3 * FLUSH_THRESHOLD)  # larger than a socket buffer: the write must wait
+    async with trio.open_nursery() as nursery:
+
+        async def drain() -> None:  # all of it: unread bytes at close would mean a reset
+            got = bytearray()
+            while got.count(b"\0") < 2:
+                got += await theirs.receive_some(65536)
+            assert sent_numbers([bytes(got)]) == [1, 2]
+
+        nursery.start_soon(drain)
+        fs.queue(send(1, big))
+        fs.queue(send(2, big))
+        await fs.flush()
+    await theirs.send_all(b"RECEIPT\nreceipt-id:r1\n\n\0\nMESSAGE\ndestination:/q\nmessage-id:1\n")
+    first = await fs.receive_event()
+    assert isinstance(first, Frame)
+    assert first.get("receipt-id") == "r1"
+    assert await fs.receive_event() is protocol.HEARTBEAT
+    await theirs.send_all(b"subscription:s\n\nhi\0")
+    message = await fs.receive_event()
+    assert isinstance(message, Frame)
+    assert message.body == b"hi"
+    await theirs.aclose()
+    assert await fs.receive_event() is protocol.CONNECTION_CLOSED
+
+
+async def test_a_reader_that_paused_takes_what_arrived_before_judging_silence(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    """A reader that stopped reading (backpressure: window full, app holding max_unacked)
+    for longer than the heart-beat tolerance gets the bytes that arrived meanwhile; the peer
+    is only silent when nothing came. (Judging the deadline before reading declared a live
+    broker dead after any long pause.)"""
+    ours, theirs = socket_pair()
+    async with ours, theirs:
+        await _pause_then_read(beating_client(ours, receive_ms=1000), theirs, mock_clock)
+
+
+async def _pause_then_read(
+    fs: FrameStream, theirs: trio.SocketStream, mock_clock: trio.testing.MockClock
+) -> None:
+    await theirs.send_all(b"\n")  # silent after 2 s
+    mock_clock.jump(30)  # the reader was busy elsewhere for 30 s
+    assert await fs.receive_event() is protocol.HEARTBEAT
+    mock_clock.autojump_threshold = 0
+    with pytest.raises(HeartBeatTimeout, match=r"no data for 2\.0 s"):
+        await fs.receive_event()
+    assert trio.current_time() == pytest.approx(32.0)
+
+
+async def test_lean_path_reports_a_reset_as_transport_lost() -> None:
+    ours, theirs = socket_pair()
+    async with ours:
+        fs = connected_client(ours)
+        linger = struct.pack("ii", 1, 0)  # close with a RST
+        theirs.socket.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_LINGER, linger)
+        await theirs.aclose()
+        with pytest.raises(TransportLost, match="reset"):
+            await fs.receive_event()
+        with pytest.raises(TransportLost):
+            await fs.send(send(1))
+
+
+async def test_a_paused_reader_of_a_trio_stream_takes_what_arrived_too(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    """The same on the generic path (TLS legs, test streams)."""
+    ours, theirs = trio.testing.memory_stream_pair()
+    fs = beating_client(ours, receive_ms=1000)
+    await theirs.send_all(b"\n")
+    mock_clock.jump(30)
+    assert await fs.receive_event() is protocol.HEARTBEAT
+    mock_clock.autojump_threshold = 0
+    with pytest.raises(HeartBeatTimeout, match=r"no data for 2\.0 s"):
+        await fs.receive_event()
+    assert trio.current_time() == pytest.approx(32.0)
