@@ -26,6 +26,12 @@ Every search resumes where the previous one stopped, so each byte is looked at a
 of times whatever the chunking, and parsing is O(bytes received): a whole frame costs one regex
 search and at most one ``find``. Consumed bytes are dropped only when the buffer is empty or
 when more than half of it (and at least 64 KiB) is consumed, which keeps copying linear too.
+The buffer is emptied as soon as ``next_event`` has read all of it (``NEED_DATA`` at a frame
+boundary), so an idle connection holds none of its last burst.
+
+The whole-frame fast path (``_whole_frame``) reads a frame that is entirely buffered and
+ordinary in a few C-level calls; anything else (incomplete, unusual, wrong) goes through the
+phases above, which decide.
 """
 
 from __future__ import annotations
@@ -343,6 +349,11 @@ class FrameParser:
             pos = self._pos
             size = len(buf)
             if pos >= size:
+                if pos:
+                    # Everything buffered was read: release it now, not at the next
+                    # receive_data (a connection waiting for its peer holds no burst).
+                    buf.clear()
+                    self._shift(pos)
                 return CONNECTION_CLOSED if self._eof else NEED_DATA
             first = buf[pos]
             if first == _LF:

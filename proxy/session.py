@@ -76,6 +76,9 @@ GOODBYE_TIMEOUT = 2.0
 #: Seconds after a broker's ERROR within which its closing the connection is taken as the
 #: end of the session (STOMP 1.2 "ERROR": the server closes just after it), not a failure.
 ERROR_CLOSE_WINDOW = 2.0
+#: Jitter and ``randomize`` draws of every session without an rng of its own: one generator
+#: for the process (2.5 KiB of Mersenne Twister state per session otherwise).
+_RNG = random.Random()
 #: Artemis' duplicate detection header (Artemis "Duplicate Message Detection").
 ARTEMIS_DUPLICATE_ID = "_AMQ_DUPL_ID"
 #: Commands that always carry a sidecar receipt (DESIGN §3.3).
@@ -186,7 +189,7 @@ class Session:
         self.metrics = metrics if metrics is not None else Metrics()
         self.id = session_id
         self.bus = bus if bus is not None else EventBus()
-        self.rng = rng if rng is not None else random.Random()
+        self.rng = rng if rng is not None else _RNG
         self.policy = ReconnectPolicy.from_config(config)
         limits = protocol.Limits(
             max_frame_bytes=config.max_frame_bytes,
@@ -209,7 +212,9 @@ class Session:
         self._ending: Ending | None = None
         self._app_scope = trio.CancelScope()
         self._link_scope = trio.CancelScope()
-        self._drain_requested = trio.Event()
+        self._drain_requested = False
+        self._app_nursery: trio.Nursery | None = None  # while the app side runs
+        self._pumping = False  # other sessions' events are relayed (_pump_events runs)
         self._send_lock = trio.Lock()
         self._link_ready = False
         self._window_event = trio.Event()
@@ -236,8 +241,13 @@ class Session:
     # -- public -------------------------------------------------------------------------------
 
     def request_drain(self) -> None:
-        """Ask the session to end gracefully (SIGTERM): DISCONNECT upstream, ERROR to the app."""
-        self._drain_requested.set()
+        """Ask the session to end gracefully (SIGTERM): DISCONNECT upstream, ERROR to the app.
+
+        A session still connecting ends as soon as it has answered its app's CONNECT.
+        """
+        self._drain_requested = True
+        if self._app_nursery is not None:
+            self._drain()
 
     def statistics(self) -> SessionStatistics:
         """Counters and state of this session."""
@@ -456,10 +466,11 @@ class Session:
     async def _app_side(self) -> None:
         with self._app_scope:
             async with trio.open_nursery() as nursery:
+                self._app_nursery = nursery
+                if self._drain_requested:
+                    self._drain()
                 nursery.start_soon(self._app_heartbeats)
-                nursery.start_soon(self._watch_drain)
                 nursery.start_soon(self._watch_call_timeouts)
-                nursery.start_soon(self._pump_events)
                 await self._relay_app()
 
     async def _app_heartbeats(self) -> None:
@@ -468,8 +479,7 @@ class Session:
         except TransportLost as exc:
             self._end(Ending(f"app connection lost: {exc}"))
 
-    async def _watch_drain(self) -> None:
-        await self._drain_requested.wait()
+    def _drain(self) -> None:
         self._end(
             Ending(
                 "sidecar shutting down",
@@ -1219,10 +1229,15 @@ class Session:
             )
             await self._to_app(state.local_delivery(sub, message))
 
-    async def _pump_events(self) -> None:
+    async def _pump_events(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """Deliver other sessions' events to control subscriptions that asked for them with
-        ``mq-sidecar-scope:all`` (DESIGN §3.6); this session's own are written directly."""
+        ``mq-sidecar-scope:all`` (DESIGN §3.6); this session's own are written directly.
+        Started by the first such subscription (a session without one costs the bus
+        nothing), subscribed to the bus before that SUBSCRIBE's receipt is answered."""
         with self.bus.subscribe() as events:
+            task_status.started()
             async for event in events:
                 if event.session_id != self.id:
                     await self._deliver_event(event)
@@ -1339,6 +1354,10 @@ class Session:
         if command is Command.SUBSCRIBE:
             if frame.get("destination") == self.config.events_destination:
                 state.subscribe(frame, local=True)  # never goes upstream (DESIGN §3.6)
+                if frame.get("mq-sidecar-scope") == "all" and not self._pumping:
+                    assert self._app_nursery is not None
+                    self._pumping = True
+                    await self._app_nursery.start(self._pump_events)
                 await self._answer_locally(app_receipt)
                 return False
             await self._submit(state.subscribe(frame), app_receipt=app_receipt, idle=idle)

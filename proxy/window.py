@@ -112,8 +112,9 @@ class ConfirmationWindow:
         self._entries: deque[Entry] = deque()
         self._by_receipt: dict[str, Entry] = {}
         # Entries with an app receipt, in order, for first_unanswered() in O(1): answered,
-        # confirmed or dropped ones are skipped lazily from the left.
-        self._awaiting: deque[Entry] = deque()
+        # confirmed or dropped ones are skipped lazily from the left. Made on first use (a
+        # deque costs 600 bytes even empty; a session of fire-and-forget SENDs needs none).
+        self._awaiting: deque[Entry] | None = None
         self._seq = 0
         self.bytes = 0
         self._unreceipted = 0
@@ -160,6 +161,8 @@ class ConfirmationWindow:
         if receipt is not None:
             self._by_receipt[receipt] = entry
         if app_receipt is not None:
+            if self._awaiting is None:
+                self._awaiting = deque()
             self._awaiting.append(entry)
         self.bytes += size
         return entry
@@ -226,7 +229,7 @@ class ConfirmationWindow:
         entries = list(self._entries)
         self._entries.clear()
         self._by_receipt.clear()
-        self._awaiting.clear()
+        self._awaiting = None
         self.bytes = 0
         for entry in entries:
             entry.dropped = True
@@ -236,7 +239,7 @@ class ConfirmationWindow:
         """The oldest entry in the window whose app receipt is still unanswered
         (``call_timeout`` watch). O(1) amortized."""
         awaiting = self._awaiting
-        while awaiting:
+        while awaiting:  # None or empty: nothing awaits an answer
             entry = awaiting[0]
             if not (entry.answered or entry.confirmed or entry.dropped):
                 return entry
