@@ -84,7 +84,7 @@ def plan_replay(
     pending_subscribe_ids = set(last_subscribe)
     for sub in state.subscriptions.values():
         if not sub.local and sub.upstream_id not in pending_subscribe_ids:
-            plan.subscribe.append(sub.frame)
+            plan.subscribe.append(state.upstream_subscribe(sub.frame))
     for entry in window:
         if isinstance(entry.context, DurableRemoval):
             # Re-make the durable subscription so the replayed UNSUBSCRIBE can delete it.
@@ -126,6 +126,8 @@ def plan_replay(
         elif _moot(entry, state, last_subscribe):
             plan.answer.append(entry)
         else:
+            if command is Command.SUBSCRIBE:  # the ack mode of the new link (auto subscriptions)
+                entry.frame = state.upstream_subscribe(entry.frame)
             plan.replay.append(entry)
     return plan
 

@@ -234,6 +234,10 @@ class Session:
         # The sidecar's own ACKs (auto subscriptions, hidden messages) are queued on the leg by
         # the relay, in the order it handles deliveries, and flushed by _flush_sidecar_acks.
         self._acks_held: list[Frame] = []  # ACKs of auto-acked messages until the app flush
+        # Cumulative ACKs of auto subscriptions (Delivered.coalesce): the latest of each,
+        # and how many messages they settle, until the app flush.
+        self._acks_latest: dict[str, Frame] = {}
+        self._acks_latest_count = 0
         self._ack_flush_wanted = False
         self._acks_queued = trio.Event()
         self._acks_sent = trio.Event()
@@ -706,12 +710,17 @@ class Session:
             self.broker_index = index
             self._cumulative_receipts = upstream.confirms_in_order
             self._acks_held.clear()  # ack ids of the old leg mean nothing on this one
+            self._acks_latest.clear()
+            self._acks_latest_count = 0
             self._ack_flush_wanted = False
             async with trio.open_nursery() as link:
                 link.start_soon(upstream.keep_alive)
                 link.start_soon(self._flush_sidecar_acks, upstream)
                 if first:
-                    self.state.new_link(stable_message_ids=upstream.stable_message_ids)
+                    self.state.new_link(
+                        stable_message_ids=upstream.stable_message_ids,
+                        client_ack_per_subscription=upstream.client_ack_per_subscription,
+                    )
                     self._link_ready = True
                     self.phase = "running"
                     task_status.started()
@@ -768,6 +777,7 @@ class Session:
             and len(self.window) == 0
             and state.unacked == 0
             and not self._acks_held
+            and not self._acks_latest
             and not self._ack_flush_wanted
         )
 
@@ -810,7 +820,10 @@ class Session:
         assert state is not None
         replay_tx = self.config.transaction_failover == "replay"
         async with self._send_lock:
-            state.new_link(stable_message_ids=upstream.stable_message_ids)
+            state.new_link(
+                stable_message_ids=upstream.stable_message_ids,
+                client_ack_per_subscription=upstream.client_ack_per_subscription,
+            )
             plan = plan_replay(state, self.window, replay_transactions=replay_tx)
             for entry in (*plan.answer, *plan.in_doubt):
                 self.window.drop(entry)
@@ -1027,6 +1040,13 @@ class Session:
                 self.metrics.duplicates_suppressed()
             if decision.to_broker is None:
                 pass
+            elif decision.coalesce is not None:
+                # An auto subscription's cumulative ACK (shown or hidden message): the last of
+                # the burst goes after the app's flush and settles all of them.
+                self._acks_latest[decision.coalesce] = decision.to_broker
+                self._acks_latest_count += 1
+                if self._acks_latest_count >= state.max_unacked:
+                    await self._flush_app()
             elif decision.to_app is None:
                 # A hidden message: the app never sees it, so its ACK goes on the leg now,
                 # ahead of any ACK the app sends for later deliveries (a cumulative ACK of a
@@ -1186,6 +1206,10 @@ class Session:
         messages in it may go upstream. If the app is gone, end the session (and unwind)."""
         # Only the ACKs of messages queued before this call: the flush writes those.
         held, self._acks_held = self._acks_held, []
+        if self._acks_latest:
+            held.extend(self._acks_latest.values())
+            self._acks_latest = {}
+            self._acks_latest_count = 0
         upstream = self.upstream
         try:
             await self.app.flush()

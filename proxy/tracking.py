@@ -89,6 +89,10 @@ class Subscription:
     with ``ack:auto`` a broker counts a message as acknowledged when it sends it, so the
     messages in flight when a connection breaks would be lost (issue 3, "AUTO ack's last
     message"); this way they are redelivered, and those the app already got are hidden.
+    Where a ``client`` ACK covers only its own subscription (ActiveMQ, Artemis; not RabbitMQ,
+    whose ``client`` ACK is an AMQP ``basic.ack multiple`` over the whole connection,
+    measured), an auto subscription is ``client`` upstream instead, and one ACK of the last
+    message of a burst settles the burst (:attr:`Delivered.coalesce`).
     """
 
     app_id: str | None
@@ -161,11 +165,14 @@ class Delivered:
 
     ``to_app``: the MESSAGE for the app (None: hidden). ``to_broker``: an ACK/NACK to send for
     a hidden message. ``hidden``: why it was hidden ("duplicate", "redelivery") or None.
+    ``coalesce``: set (the upstream subscription id) when ``to_broker`` is a cumulative
+    ``client`` ACK of an auto subscription: a later one of the same subscription replaces it.
     """
 
     to_app: Frame | None
     to_broker: Frame | None = None
     hidden: str | None = None
+    coalesce: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +220,7 @@ class SessionState:
         self.transparent = transparent
         self.generation = 0
         self.stable_message_ids = False
+        self.auto_ack_mode = "client-individual"  # upstream ack mode of app auto subscriptions
         self.subscriptions: dict[str, Subscription] = {}  # by upstream id
         self.transactions: dict[str, Transaction] = {}
         self._internal: set[str] = set()
@@ -227,10 +235,18 @@ class SessionState:
 
     # -- links ------------------------------------------------------------------------------
 
-    def new_link(self, *, stable_message_ids: bool) -> None:
-        """A new upstream connection: deliveries of older links are stale from now on."""
+    def new_link(
+        self, *, stable_message_ids: bool, client_ack_per_subscription: bool = False
+    ) -> None:
+        """A new upstream connection: deliveries of older links are stale from now on.
+
+        ``client_ack_per_subscription``: a ``client`` ACK on this link settles only its own
+        subscription's messages, so app auto subscriptions are ``client`` upstream (see
+        :class:`Subscription`); SUBSCRIBEs replayed on it say so (:meth:`upstream_subscribe`).
+        """
         self.generation += 1
         self.stable_message_ids = stable_message_ids
+        self.auto_ack_mode = "client" if client_ack_per_subscription else "client-individual"
 
     def identity(self, message: Frame) -> str | None:
         """The identity of a message (module docstring), or None when it has none."""
@@ -290,8 +306,10 @@ class SessionState:
                     break
             upstream = frame.with_header("id", upstream_id)
         upstream = upstream.without("receipt")
-        if ack in ("auto", "client") and not local:
+        if ack == "client" and not local:
             upstream = upstream.with_header("ack", "client-individual")
+        elif ack == "auto" and not local:
+            upstream = upstream.with_header("ack", self.auto_ack_mode)
         self.removing.discard(upstream_id)
         self.subscriptions[upstream_id] = Subscription(
             app_id=app_id,
@@ -330,6 +348,17 @@ class SessionState:
         sub.deliveries.clear()
         sub.pending_by_identity.clear()
         return sub
+
+    def upstream_subscribe(self, frame: Frame) -> Frame:
+        """A SUBSCRIBE about to go upstream again (a restore), with the ack mode of the
+        current link for an app auto subscription (:meth:`new_link`)."""
+        sub = self.subscriptions.get(frame.get("id") or "")
+        if sub is None or sub.ack != "auto" or sub.local:
+            return frame
+        if frame.get("ack") == self.auto_ack_mode:
+            return frame
+        sub.frame = sub.frame.with_header("ack", self.auto_ack_mode)
+        return frame.with_header("ack", self.auto_ack_mode)
 
     def local_subscriptions(self) -> list[Subscription]:
         """The control-channel subscriptions (never sent upstream)."""
@@ -479,7 +508,7 @@ class SessionState:
             if identity is not None:
                 self._remember(sub, identity, "acked", now)
             ack = self._own_ack(sub, message_id, upstream_ack, upstream_version)
-            return Delivered(out, to_broker=ack)
+            return Delivered(out, to_broker=ack, coalesce=self._coalesce(sub))
         out, key = self._app_ack_key(sub, out, message_id)
         delivery = Delivery(
             app_key=key,
@@ -524,7 +553,14 @@ class SessionState:
         else:
             self.redeliveries_hidden += 1
         ack = self._own_ack(sub, message_id, upstream_ack, upstream_version)
-        return Delivered(None, to_broker=ack, hidden=why)
+        return Delivered(None, to_broker=ack, hidden=why, coalesce=self._coalesce(sub))
+
+    def _coalesce(self, sub: Subscription) -> str | None:
+        """The key under which the sidecar's ACKs of ``sub`` replace each other: only an app
+        auto subscription that is ``client`` upstream (cumulative, per subscription)."""
+        if sub.ack == "auto" and self.auto_ack_mode == "client":
+            return sub.upstream_id
+        return None
 
     @staticmethod
     def _own_ack(

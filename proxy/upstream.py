@@ -151,6 +151,14 @@ class Upstream:
         return not (self.connected.get("server") or "").startswith("RabbitMQ")
 
     @property
+    def client_ack_per_subscription(self) -> bool:
+        """Whether a ``client``-mode ACK settles only its own subscription's messages
+        (ActiveMQ, Artemis). RabbitMQ's is an AMQP ``basic.ack`` with ``multiple`` on the
+        connection's channel: it also settled another subscription's unacknowledged message
+        (measured with RabbitMQ 3.10)."""
+        return not (self.connected.get("server") or "").startswith("RabbitMQ")
+
+    @property
     def stable_message_ids(self) -> bool:
         """Whether this broker keeps a message's ``message-id`` across redelivery and
         failover: ActiveMQ Classic and Artemis do, RabbitMQ does not (BROKERS.md §3, §8.9)."""

@@ -123,10 +123,14 @@ def _notes(ctx: BrokerCtx, spec: _Spec, persistent: bool) -> list[str]:
             )
     if spec.name == "consume-auto":
         notes.append(
-            "through the sidecar an ack:auto subscription is client-individual upstream and "
-            "the sidecar ACKs each message after writing it to the app (one ACK per message "
-            "the direct run does not send)"
-            + ("; on RabbitMQ with ack client-individual" if rabbit else "")
+            "through the sidecar an ack:auto subscription is acknowledged upstream by the "
+            "sidecar after it wrote the messages to the app, ACKs the direct run does not send: "
+            + (
+                "one per message (client-individual: a RabbitMQ client ACK would span the "
+                "connection)"
+                if rabbit
+                else "one cumulative client ACK per burst"
+            )
         )
     if not rabbit and persistent and spec.name in ("send-sync", "send-pipelined"):
         notes.append(

@@ -65,6 +65,30 @@ def test_send_and_receive_ack_auto(relay: Relay, version: str) -> None:
     assert all("ack" not in m.headers for m in got), "auto mode needs no ack id"
 
 
+def test_ack_auto_settles_every_message_upstream(relay: Relay) -> None:
+    """An app's auto subscription is acknowledged upstream by the sidecar: one ACK per
+    message on RabbitMQ, one cumulative client ACK per burst on ActiveMQ. Either way nothing
+    is left for the next consumer, and a client-individual subscription on the same session
+    keeps what its app did not acknowledge (a RabbitMQ client ACK would have settled it)."""
+    dest, held_dest = unique(), unique()
+    with client(relay.address) as producer:
+        producer.conn.send(held_dest, "held", headers={"persistent": "true"})
+        for i in range(300):
+            producer.conn.send(dest, f"m{i}", headers={"persistent": "true"})
+        send(producer, dest, "last", persistent="true")
+    with client(relay.address) as app:
+        subscribe(app, held_dest, "held", ack="client-individual")
+        assert [m.body for m in app.messages(1)] == ["held"]
+        subscribe(app, dest, "auto")
+        got = app.messages(301)
+    assert [m.body for m in got] == [f"m{i}" for i in range(300)] + ["last"]
+    with client(relay.address) as after:
+        subscribe(after, dest, "again")
+        subscribe(after, held_dest, "held-again")
+        assert [m.body for m in after.messages(1)] == ["held"]
+        after.expect_silence(1.0)
+
+
 @pytest.mark.parametrize("version", ["1.1", "1.2"])
 def test_client_individual_ack_redelivers_only_unacked(relay: Relay, version: str) -> None:
     dest = unique()

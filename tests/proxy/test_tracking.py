@@ -892,3 +892,47 @@ def test_local_and_broker_ack_ids_share_one_sequence() -> None:
     assert ack_id(st.deliver(message("ID:2", ack="a2"), now=0.0)) == "3"
     assert settle(st, id="2") == Settled(to_broker=None, local=True)
     assert to_broker(settle(st, id="3")) == frame(Command.ACK, id="a2")
+
+
+# -- auto subscriptions: cumulative client ACKs where they stay in the subscription ----------
+
+
+def test_auto_subscription_is_client_upstream_where_client_acks_are_per_subscription() -> None:
+    st = new_state()
+    st.new_link(stable_message_ids=True, client_ack_per_subscription=True)
+    assert subscribe(st, "a", ack="auto").get("ack") == "client"
+    assert subscribe(st, "c", ack="client").get("ack") == "client-individual"
+    assert subscribe(st, "i", ack="client-individual").get("ack") == "client-individual"
+
+
+def test_auto_subscription_acks_coalesce_per_subscription_shown_or_hidden() -> None:
+    st = new_state()
+    st.new_link(stable_message_ids=True, client_ack_per_subscription=True)
+    subscribe(st, "a", ack="auto")
+    subscribe(st, "i", ack="client-individual")
+    first = st.deliver(message("m1", ack="k1", sub="a"), now=0.0)
+    assert first.coalesce == "a"
+    assert first.to_broker == Frame.build(Command.ACK, {"id": "k1"})
+    again = st.deliver(message("m1", ack="k2", sub="a"), now=0.0)  # the same link: a duplicate
+    assert again.hidden == "duplicate"
+    assert again.coalesce == "a"  # replaces the first ACK: k2 settles both
+    assert st.deliver(message("m3", ack="k3", sub="i"), now=0.0).coalesce is None
+
+
+def test_auto_subscription_acks_stay_individual_where_client_acks_span_the_connection() -> None:
+    """RabbitMQ: a client ACK is channel-wide, it would settle other subscriptions' messages."""
+    st = new_state()
+    assert subscribe(st, "a", ack="auto").get("ack") == "client-individual"
+    assert st.deliver(message("m1", ack="k1", sub="a"), now=0.0).coalesce is None
+
+
+def test_a_restore_subscribes_auto_subscriptions_in_the_new_links_mode() -> None:
+    st = new_state()
+    st.new_link(stable_message_ids=True, client_ack_per_subscription=True)
+    up = subscribe(st, "a", ack="auto", selector="x = 1")
+    st.new_link(stable_message_ids=False, client_ack_per_subscription=False)
+    again = st.upstream_subscribe(up)
+    assert again == up.with_header("ack", "client-individual")
+    assert list(st.iter_subscribe_frames()) == [again]
+    plain = subscribe(st, "i", ack="client-individual", destination="/queue/b")
+    assert st.upstream_subscribe(plain) is plain
