@@ -56,6 +56,8 @@ DUPLICATE_ID_HEADER = "mq-sidecar-id"
 SEEN_MAX = 20_000
 #: ...and none older than this many seconds.
 SEEN_SECONDS = 600.0
+#: The headers by which an ACK/NACK names its message, in one STOMP version or another.
+_ACK_IDENTIFIERS = frozenset({"id", "message-id", "subscription"})
 
 
 class SessionError(Exception):
@@ -106,6 +108,7 @@ class Subscription:
     arrivals: int = 0  # upstream MESSAGEs seen on this subscription (orders cumulative acks)
     # identity -> (generation, "acked" | "nacked" | "delivered", seen at)
     seen: OrderedDict[str, tuple[int, str, float]] = field(default_factory=OrderedDict)
+    sweep_at: float = float("-inf")  # when ``seen`` is next checked for expired identities
 
 
 @dataclass(eq=False)
@@ -386,10 +389,16 @@ class SessionState:
         generation: int | None = None,
     ) -> None:
         seen = sub.seen
+        if identity in seen:
+            seen.move_to_end(identity)
         seen[identity] = (self.generation if generation is None else generation, status, now)
-        seen.move_to_end(identity)
-        while seen and (len(seen) > SEEN_MAX or next(iter(seen.values()))[2] < now - SEEN_SECONDS):
+        if len(seen) > SEEN_MAX:
             seen.popitem(last=False)
+        if now >= sub.sweep_at:  # the age bound, checked at most once a second (hot path)
+            sub.sweep_at = now + 1.0
+            cutoff = now - SEEN_SECONDS
+            while seen and next(iter(seen.values()))[2] < cutoff:
+                seen.popitem(last=False)
 
     def deliver(
         self, message: Frame, *, upstream_version: str = "1.2", now: float | None = None
@@ -529,11 +538,12 @@ class SessionState:
 
     def _app_ack_key(self, sub: Subscription, out: Frame, message_id: str) -> tuple[Frame, str]:
         """The key the app will acknowledge ``out`` by: a new sidecar ack id (STOMP 1.2, added
-        as the ``ack`` header), ``subscription`` + ``message-id`` (1.1) or ``message-id`` (1.0)."""
+        as the ``ack`` header, appended: ``out`` has none), ``subscription`` + ``message-id``
+        (1.1) or ``message-id`` (1.0)."""
         if self.app_version == "1.2":
             self._next_ack += 1
             key = str(self._next_ack)
-            return out.with_header("ack", key), key
+            return Frame.unchecked(out.command, (*out.headers, ("ack", key)), out.body), key
         if self.app_version == "1.1":
             return out, f"{sub.app_id}\x00{message_id}"
         return out, message_id
@@ -683,19 +693,17 @@ class SessionState:
         headers are rewritten: ``id`` in 1.2, ``message-id`` + ``subscription`` in 1.1,
         ``message-id`` in 1.0 (STOMP 1.0/1.1/1.2 "ACK").
         """
-        rest = frame.without("id", "message-id", "subscription")
+        rest = [h for h in frame.headers if h[0] not in _ACK_IDENTIFIERS]
         if upstream_version == "1.2":
-            ident: tuple[tuple[str, str], ...] = (
-                ("id", delivery.upstream_ack or delivery.message_id),
-            )
+            ident: list[tuple[str, str]] = [("id", delivery.upstream_ack or delivery.message_id)]
         elif upstream_version == "1.1":
-            ident = (
+            ident = [
                 ("message-id", delivery.message_id),
                 ("subscription", delivery.subscription.upstream_id),
-            )
+            ]
         else:
-            ident = (("message-id", delivery.message_id),)
-        return rest.replace(headers=ident + rest.headers)
+            ident = [("message-id", delivery.message_id)]
+        return Frame.unchecked(frame.command, tuple(ident + rest), frame.body)
 
     # -- transactions -----------------------------------------------------------------------
 
