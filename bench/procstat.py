@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-__all__ = ["RssSampler", "cpu_seconds", "rss_bytes", "wait_cpu_quiet"]
+__all__ = ["RssSampler", "cpu_seconds", "cpu_split", "rss_bytes", "wait_cpu_quiet"]
 
 #: Clock ticks per second of ``/proc/PID/stat`` times.
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -25,6 +25,12 @@ def cpu_seconds(pid: int) -> float:
     Resolution is one clock tick (10 ms with the usual ``CLK_TCK`` of 100). Raises
     ``ProcessLookupError`` when the process does not exist.
     """
+    user, system = cpu_split(pid)
+    return user + system
+
+
+def cpu_split(pid: int) -> tuple[float, float]:
+    """``(user, system)`` CPU seconds used so far by process ``pid`` (see :func:`cpu_seconds`)."""
     try:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except OSError as exc:
@@ -32,7 +38,7 @@ def cpu_seconds(pid: int) -> float:
     # Fields after the last ")" (comm may contain spaces): state is index 0, so field k of
     # proc(5) (1-based) is index k - 3: utime (14) -> 11, stime (15) -> 12.
     fields = raw.rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+    return int(fields[11]) / _CLK_TCK, int(fields[12]) / _CLK_TCK
 
 
 def rss_bytes(pid: int) -> int:

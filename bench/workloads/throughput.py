@@ -30,7 +30,7 @@ from bench.loadgen import Measurement, RawStomp
 from bench.report import Goal, Row, median
 from bench.workloads import BrokerCtx
 
-__all__ = ["WORKLOADS", "run_throughput"]
+__all__ = ["WORKLOADS", "Sample", "run_once", "run_throughput"]
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,10 @@ SATURATED_PCT = 90.0
 
 
 @dataclass
-class _Sample:
+class Sample:
+    """One run: the load generator's measurement, and the CPU seconds the sidecar (None for
+    a direct run) and the broker used during it."""
+
     m: Measurement
     sidecar_cpu: float | None
     broker_cpu: float
@@ -82,8 +85,11 @@ def _client(name: str, persistent: bool) -> Callable[[RawStomp, str, int], Measu
     raise ValueError(f"unknown throughput workload {name!r}")
 
 
-def _one(ctx: BrokerCtx, target: str, spec: _Spec, persistent: bool, n: int) -> _Sample:
-    """One timed run against ``target`` ("direct" or "sidecar")."""
+def run_once(ctx: BrokerCtx, target: str, name: str, persistent: bool, n: int) -> Sample:
+    """One timed run of workload ``name`` with ``n`` messages against ``target`` ("direct" or
+    "sidecar", the shared sidecar of ``ctx``), on a fresh queue (filled first for the
+    consumers, drained and counted after the senders). Raises LoadgenError on a shortfall."""
+    spec = WORKLOADS[name]
     dest = ctx.unique(spec.name)
     if spec.kind == "consume":
         loadgen.fill(ctx.port, ctx.vhost, dest, n, persistent=persistent)
@@ -103,7 +109,7 @@ def _one(ctx: BrokerCtx, target: str, spec: _Spec, persistent: bool, n: int) -> 
         got = loadgen.drain(ctx.port, ctx.vhost, dest, n)
         if got != n:
             raise loadgen.LoadgenError(f"{dest}: {n} messages sent, {got} drained")
-    return _Sample(m, (s1 - s0) if sidecar is not None else None, b1 - b0)
+    return Sample(m, (s1 - s0) if sidecar is not None else None, b1 - b0)
 
 
 def _notes(ctx: BrokerCtx, spec: _Spec, persistent: bool) -> list[str]:
@@ -148,11 +154,11 @@ def run_throughput(
     spec = WORKLOADS[name]
     st = ctx.settings
     n = max(50, int(st.n * (spec.persistent_fraction if persistent else spec.fraction)))
-    samples: dict[str, list[_Sample]] = {"direct": [], "sidecar": []}
+    samples: dict[str, list[Sample]] = {"direct": [], "sidecar": []}
     for rep in range(st.reps):
         order = ("direct", "sidecar") if rep % 2 == 0 else ("sidecar", "direct")
         for target in order:
-            sample = _one(ctx, target, spec, persistent, n)
+            sample = run_once(ctx, target, name, persistent, n)
             samples[target].append(sample)
             if on_sample is not None:
                 on_sample(f"{target} {sample.m.rate:,.0f} msg/s")

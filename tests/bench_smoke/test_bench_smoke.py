@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from bench.loadgen import RawStomp, header
+from bench.profile import hot_functions
 from bench.report import Goal, Row
 from bench.workloads.failover import _outage_after
 from bench.workloads.latency import percentile
@@ -134,3 +135,35 @@ def test_quick_run_writes_latest_json(tmp_path: Path) -> None:
     assert meta["failures"] == []
     assert "rawstomp_consume_auto" in meta["loadgen"]
     assert "latency-send-receipt-p50" in proc.stdout  # the printed table
+
+
+def test_hot_functions_add_up_lines_and_leave_out_the_roots() -> None:
+    collapsed = (
+        "<module> (proxy/__main__.py:3);run (trio/_core/_run.py:9);f (proxy/a.py:10);"
+        "g (protocol/b.py:5) 6\n"
+        "<module> (proxy/__main__.py:3);run (trio/_core/_run.py:9);f (proxy/a.py:12) 3\n"
+        "<module> (proxy/__main__.py:3);run (trio/_core/_run.py:9);f (proxy/a.py:12);"
+        "f (proxy/a.py:20) 1\n"
+        "garbage line\n"
+    )
+    total, own, inclusive = hot_functions(collapsed, 10)
+    assert total == 10
+    assert own == [("g (protocol/b.py)", 0.6), ("f (proxy/a.py)", 0.4)]
+    assert inclusive == [("f (proxy/a.py)", 1.0), ("g (protocol/b.py)", 0.6)]
+
+
+@pytest.mark.activemq
+@pytest.mark.skipif(not activemq_installed(), reason="needs ActiveMQ (scripts/setup.sh)")
+def test_profile_samples_the_sidecar(tmp_path: Path) -> None:
+    raw = tmp_path / "stacks.txt"
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.profile", "--n", "3000", "--top", "5", "--raw", str(raw)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "sidecar CPU per message: user" in out.stdout
+    assert "proxy/" in raw.read_text()  # the sidecar's own frames were sampled
