@@ -231,6 +231,7 @@ class Session:
         self._event_seq = 0
         self._app_broke: protocol.RemoteProtocolError | None = None  # read ahead, not yet reported
         self._cumulative_receipts = True  # False on a RabbitMQ leg (Upstream.confirms_in_order)
+        self._artemis_ids = True  # SENDs carry _AMQ_DUPL_ID (Upstream.artemis_duplicate_ids)
         # The sidecar's own ACKs (auto subscriptions, hidden messages) are queued on the leg by
         # the relay, in the order it handles deliveries, and flushed by _flush_sidecar_acks.
         self._acks_held: list[Frame] = []  # ACKs of auto-acked messages until the app flush
@@ -709,6 +710,7 @@ class Session:
             self.upstream = upstream
             self.broker_index = index
             self._cumulative_receipts = upstream.confirms_in_order
+            self._artemis_ids = upstream.artemis_duplicate_ids
             self._acks_held.clear()  # ack ids of the old leg mean nothing on this one
             self._acks_latest.clear()
             self._acks_latest_count = 0
@@ -1333,7 +1335,9 @@ class Session:
         """An app SEND as it goes upstream, and the app's receipt id, in one pass over the
         headers (the hot path): every ``receipt`` entry removed (the sidecar requests its
         own), and the duplicate-detection id added (DESIGN §3.5): ``mq-sidecar-id``, kept when
-        the app set one, and the same value as Artemis' ``_AMQ_DUPL_ID`` unless present."""
+        the app set one, and the same value as Artemis' ``_AMQ_DUPL_ID`` unless present or
+        the leg is a broker that ignores it (:attr:`Upstream.artemis_duplicate_ids`). A frame
+        replayed on a new leg keeps the headers it was made with."""
         app_receipt: str | None = None
         dup_id: str | None = None
         artemis = False
@@ -1354,7 +1358,7 @@ class Session:
             self._dup_seq += 1
             dup_id = f"{self.id}-{self._dup_seq}"
             headers.append((DUPLICATE_ID_HEADER, dup_id))
-        if not artemis:
+        if not artemis and self._artemis_ids:
             headers.append((ARTEMIS_DUPLICATE_ID, dup_id))
         return Frame.unchecked(Command.SEND, tuple(headers), frame.body), app_receipt
 

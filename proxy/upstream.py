@@ -151,6 +151,15 @@ class Upstream:
         return not (self.connected.get("server") or "").startswith("RabbitMQ")
 
     @property
+    def artemis_duplicate_ids(self) -> bool:
+        """Whether SENDs carry Artemis' duplicate-detection header ``_AMQ_DUPL_ID`` (DESIGN
+        §3.5: "copied to ``_AMQ_DUPL_ID`` for Artemis"): yes unless the broker says it is
+        ActiveMQ Classic (``server:ActiveMQ/5...``) or RabbitMQ, which ignore it but store it
+        as one more message property (Artemis says ``ActiveMQ-Artemis/...``)."""
+        server = self.connected.get("server") or ""
+        return not server.startswith(("ActiveMQ/", "RabbitMQ"))
+
+    @property
     def client_ack_per_subscription(self) -> bool:
         """Whether a ``client``-mode ACK settles only its own subscription's messages
         (ActiveMQ, Artemis). RabbitMQ's is an AMQP ``basic.ack`` with ``multiple`` on the

@@ -65,6 +65,19 @@ def test_send_and_receive_ack_auto(relay: Relay, version: str) -> None:
     assert all("ack" not in m.headers for m in got), "auto mode needs no ack id"
 
 
+def test_sends_carry_the_duplicate_detection_id_the_broker_understands(relay: Relay) -> None:
+    """mq-sidecar-id on every SEND; Artemis' _AMQ_DUPL_ID only where it means something (not
+    to ActiveMQ Classic or RabbitMQ, which would keep it as one more message property)."""
+    dest = unique()
+    with client(relay.address) as producer:
+        send(producer, dest, "one")
+    with client(relay.broker_address) as direct:
+        subscribe(direct, dest)
+        (got,) = direct.messages(1)
+    assert got.headers["mq-sidecar-id"]
+    assert "_AMQ_DUPL_ID" not in got.headers
+
+
 def test_ack_auto_settles_every_message_upstream(relay: Relay) -> None:
     """An app's auto subscription is acknowledged upstream by the sidecar: one ACK per
     message on RabbitMQ, one cumulative client ACK per burst on ActiveMQ. Either way nothing

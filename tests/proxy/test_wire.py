@@ -337,3 +337,35 @@ async def test_a_paused_reader_of_a_trio_stream_takes_what_arrived_too(
     with pytest.raises(HeartBeatTimeout, match=r"no data for 2\.0 s"):
         await fs.receive_event()
     assert trio.current_time() == pytest.approx(32.0)
+
+
+@pytest.mark.parametrize(
+    ("server", "cumulative_receipts", "client_ack_per_subscription", "artemis_ids"),
+    [
+        ("ActiveMQ/5.17.6", True, True, False),
+        ("RabbitMQ/3.10.8", False, False, False),
+        ("ActiveMQ-Artemis/2.31.2 ActiveMQ Artemis Messaging Engine", True, True, True),
+        (None, True, True, True),  # an unknown broker gets what STOMP and Artemis promise
+    ],
+)
+async def test_what_a_leg_knows_of_its_broker_by_its_server_header(
+    server: str | None,
+    cumulative_receipts: bool,
+    client_ack_per_subscription: bool,
+    artemis_ids: bool,
+) -> None:
+    """The broker differences the sidecar adapts to, read from the CONNECTED ``server``
+    header (measured on ActiveMQ 5.17 and RabbitMQ 3.10; Artemis' from its documentation)."""
+    from config import Broker
+    from proxy.upstream import Upstream
+
+    headers = {"version": "1.2"} | ({"server": server} if server else {})
+    connected = Frame.build(Command.CONNECTED, headers)
+    leg = Upstream(
+        Broker("127.0.0.1", 61613),
+        connected_client(CountingStream()),
+        connected,
+    )
+    assert leg.confirms_in_order is cumulative_receipts
+    assert leg.client_ack_per_subscription is client_ack_per_subscription
+    assert leg.artemis_duplicate_ids is artemis_ids
