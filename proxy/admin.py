@@ -418,13 +418,15 @@ class AdminServer:
                 return
             if not isinstance(event, h11.Request):
                 return  # ConnectionClosed (or PAUSED, which cannot happen at a cycle start)
+            # Before any answer, the 431 too: a response to a HEAD has no body (h11 refuses
+            # one), whatever its status.
+            http.head = event.method == b"HEAD"
             if _head_size(event) > limits.max_header_bytes:
                 # h11 bounds only a head still incomplete; one that arrived whole is checked here.
                 self._count("bad_request", 431)
                 await http.respond(431, b"request header fields too large\n", close=True)
                 return
             http.must_close = _has_body(event)  # a body we will not read: answer, then close
-            http.head = event.method == b"HEAD"
             # The event stream bounds each of its writes itself; other responses get one
             # deadline for the whole answer, after which a reader that does not read is cut off.
             deadline = trio.current_time() + limits.send_timeout
