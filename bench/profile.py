@@ -38,9 +38,8 @@ import time
 from pathlib import Path
 
 from bench.procstat import cpu_split
-from bench.workloads import BrokerCtx, Settings
+from bench.workloads import BrokerCtx, Settings, bench_broker
 from bench.workloads.throughput import WORKLOADS, Sample, run_once
-from testbed import ActiveMQ, BrokerProcess, RabbitMQ
 
 __all__ = ["hot_functions", "main"]
 
@@ -143,12 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"profiling the sidecar: {label}, {args.n:,} x 1 KiB on {args.broker}", flush=True)
     with tempfile.TemporaryDirectory(prefix="mq-profile-") as tmp:
         workdir = Path(tmp)
-        broker: BrokerProcess
-        if args.broker == "activemq":
-            broker = ActiveMQ("profile", workdir, heap_mb=512, memory_mb=256, quick_jit=False)
-        else:
-            broker = RabbitMQ("profile", workdir)
-        with broker:
+        with bench_broker(args.broker, "profile", workdir) as broker:
             ctx = BrokerCtx(args.broker, broker, workdir, Settings())
             try:
                 for target in ("direct", "sidecar"):  # warm-up: JIT, queues, connections

@@ -37,19 +37,13 @@ from typing import Any
 from bench import loadgen
 from bench.loadgen import RawStomp
 from bench.report import Row, print_table, write_json
-from bench.workloads import BrokerCtx, Settings
+from bench.workloads import BrokerCtx, Settings, bench_broker
 from bench.workloads.failover import run_blackhole, run_kill9, run_reset
 from bench.workloads.latency import run_latency
 from bench.workloads.scale import run_scale
 from bench.workloads.throughput import WORKLOADS, run_throughput
 from proxy._version import VERSION
-from testbed import (
-    ActiveMQ,
-    BrokerProcess,
-    RabbitMQ,
-    activemq_installed,
-    rabbitmq_installed,
-)
+from testbed import activemq_installed, rabbitmq_installed
 
 __all__ = ["ALL", "main"]
 
@@ -368,12 +362,7 @@ def main(argv: list[str] | None = None) -> int:
             workdir.mkdir()
             per_broker = [w for w in selected if w != "kill9"]
             if per_broker:
-                broker: BrokerProcess
-                if flavor == "activemq":
-                    # A long run: full JIT; room for 1,000 connections and queued messages.
-                    broker = ActiveMQ("bench", workdir, heap_mb=512, memory_mb=256, quick_jit=False)
-                else:
-                    broker = RabbitMQ("bench", workdir)
+                broker = bench_broker(flavor, "bench", workdir)
                 print(f"[{flavor}] starting the broker ...", flush=True)
                 try:
                     with broker:

@@ -17,9 +17,20 @@ from pathlib import Path
 
 from bench.procstat import cpu_seconds, wait_cpu_quiet
 from bench.sidecar import SidecarProcess, broker_url
-from testbed import BrokerProcess
+from testbed import ActiveMQ, BrokerProcess, RabbitMQ
 
-__all__ = ["BrokerCtx", "Settings"]
+__all__ = ["BrokerCtx", "Settings", "bench_broker"]
+
+
+def bench_broker(flavor: str, name: str, workdir: Path) -> BrokerProcess:
+    """The broker of a benchmark run (not started): ``flavor`` "activemq" with full JIT and
+    room for 1,000 connections and queued messages (512 MiB heap, 256 MiB memory limit), or
+    "rabbitmq" as the testbed makes it. Raises ValueError for another flavor."""
+    if flavor == "activemq":
+        return ActiveMQ(name, workdir, heap_mb=512, memory_mb=256, quick_jit=False)
+    if flavor == "rabbitmq":
+        return RabbitMQ(name, workdir)
+    raise ValueError(f"unknown broker flavor {flavor!r}")
 
 
 @dataclass
