@@ -60,6 +60,19 @@ SEEN_SECONDS = 600.0
 _ACK_IDENTIFIERS = frozenset({"id", "message-id", "subscription"})
 
 
+def _ack_ident(
+    version: str, message_id: str, upstream_ack: str | None, upstream_sub: str
+) -> list[tuple[str, str]]:
+    """The headers by which an ACK/NACK names a message in STOMP ``version``: ``id`` (the
+    MESSAGE's ``ack`` header, else its ``message-id``) in 1.2, ``message-id`` +
+    ``subscription`` in 1.1, ``message-id`` in 1.0 (STOMP 1.0/1.1/1.2 "ACK")."""
+    if version == "1.2":
+        return [("id", upstream_ack or message_id)]
+    if version == "1.1":
+        return [("message-id", message_id), ("subscription", upstream_sub)]
+    return [("message-id", message_id)]
+
+
 class SessionError(Exception):
     """The app sent a frame that is valid STOMP but wrong for this session; fatal.
 
@@ -253,13 +266,14 @@ class SessionState:
 
     def identity(self, message: Frame) -> str | None:
         """The identity of a message (module docstring), or None when it has none."""
-        dup_id = message.get(DUPLICATE_ID_HEADER)
+        return self._identity_of(message.get(DUPLICATE_ID_HEADER), message.get("message-id"))
+
+    def _identity_of(self, dup_id: str | None, message_id: str | None) -> str | None:
+        """:meth:`identity` from the message's first ``mq-sidecar-id`` and ``message-id``."""
         if dup_id is not None:
             return f"d:{dup_id}"
-        if self.stable_message_ids:
-            message_id = message.get("message-id")
-            if message_id is not None:
-                return f"m:{message_id}"
+        if self.stable_message_ids and message_id is not None:
+            return f"m:{message_id}"
         return None
 
     # -- internal receipts ------------------------------------------------------------------
@@ -461,12 +475,7 @@ class SessionState:
                 return Delivered(None, hidden="unsubscribed")
             return Delivered(message)
         sub.arrivals += 1
-        if dup_id is not None:
-            identity: str | None = f"d:{dup_id}"
-        elif self.stable_message_ids and message_id is not None:
-            identity = f"m:{message_id}"
-        else:
-            identity = None
+        identity = self._identity_of(dup_id, message_id)
         message_id = message_id or ""
         redelivered = False
         if identity is not None:
@@ -578,13 +587,8 @@ class SessionState:
     ) -> Frame:
         """The sidecar's own ACK of a message the app will never acknowledge itself (an auto
         subscription's, a hidden one): :meth:`upstream_ack` of a bare ACK, built directly."""
-        if upstream_version == "1.2":
-            ident: tuple[tuple[str, str], ...] = (("id", upstream_ack or message_id),)
-        elif upstream_version == "1.1":
-            ident = (("message-id", message_id), ("subscription", sub.upstream_id))
-        else:
-            ident = (("message-id", message_id),)
-        return Frame.unchecked(Command.ACK, ident, b"")
+        ident = _ack_ident(upstream_version, message_id, upstream_ack, sub.upstream_id)
+        return Frame.unchecked(Command.ACK, tuple(ident), b"")
 
     def _forget(self, delivery: Delivery) -> None:
         sub = delivery.subscription
@@ -694,15 +698,12 @@ class SessionState:
         ``message-id`` in 1.0 (STOMP 1.0/1.1/1.2 "ACK").
         """
         rest = [h for h in frame.headers if h[0] not in _ACK_IDENTIFIERS]
-        if upstream_version == "1.2":
-            ident: list[tuple[str, str]] = [("id", delivery.upstream_ack or delivery.message_id)]
-        elif upstream_version == "1.1":
-            ident = [
-                ("message-id", delivery.message_id),
-                ("subscription", delivery.subscription.upstream_id),
-            ]
-        else:
-            ident = [("message-id", delivery.message_id)]
+        ident = _ack_ident(
+            upstream_version,
+            delivery.message_id,
+            delivery.upstream_ack,
+            delivery.subscription.upstream_id,
+        )
         return Frame.unchecked(frame.command, tuple(ident + rest), frame.body)
 
     # -- transactions -----------------------------------------------------------------------

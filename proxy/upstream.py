@@ -143,12 +143,18 @@ class Upstream:
         await trio.aclose_forcefully(self.wire.stream)
 
     @property
+    def _server(self) -> str:
+        """The broker's ``server`` header of CONNECTED ("" if none), e.g. ``ActiveMQ/5...``,
+        ``RabbitMQ/3...``, ``ActiveMQ-Artemis/2...``: the behaviours below follow from it."""
+        return self.connected.get("server") or ""
+
+    @property
     def confirms_in_order(self) -> bool:
         """Whether one RECEIPT confirms every frame sent before it. RabbitMQ sends a SEND's
         RECEIPT when the message is confirmed (publisher confirms), a transient message at
         once and a persistent one after it is on disk, so its receipts overtake each other
         (measured in tests/integration/test_failover.py): there every SEND needs its own."""
-        return not (self.connected.get("server") or "").startswith("RabbitMQ")
+        return not self._server.startswith("RabbitMQ")
 
     @property
     def artemis_duplicate_ids(self) -> bool:
@@ -156,8 +162,7 @@ class Upstream:
         §3.5: "copied to ``_AMQ_DUPL_ID`` for Artemis"): yes unless the broker says it is
         ActiveMQ Classic (``server:ActiveMQ/5...``) or RabbitMQ, which ignore it but store it
         as one more message property (Artemis says ``ActiveMQ-Artemis/...``)."""
-        server = self.connected.get("server") or ""
-        return not server.startswith(("ActiveMQ/", "RabbitMQ"))
+        return not self._server.startswith(("ActiveMQ/", "RabbitMQ"))
 
     @property
     def client_ack_per_subscription(self) -> bool:
@@ -165,13 +170,13 @@ class Upstream:
         (ActiveMQ, Artemis). RabbitMQ's is an AMQP ``basic.ack`` with ``multiple`` on the
         connection's channel: it also settled another subscription's unacknowledged message
         (measured with RabbitMQ 3.10)."""
-        return not (self.connected.get("server") or "").startswith("RabbitMQ")
+        return not self._server.startswith("RabbitMQ")
 
     @property
     def stable_message_ids(self) -> bool:
         """Whether this broker keeps a message's ``message-id`` across redelivery and
         failover: ActiveMQ Classic and Artemis do, RabbitMQ does not (BROKERS.md §3, §8.9)."""
-        return (self.connected.get("server") or "").startswith("ActiveMQ")
+        return self._server.startswith("ActiveMQ")
 
     def statistics(self) -> UpstreamStatistics:
         """Counters and negotiated parameters of this leg."""
