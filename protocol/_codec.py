@@ -150,16 +150,25 @@ def _serialize_12(frame: Frame) -> bytes | None:
     length_seen = False
     if "content-length" in flat:
         # The first entry says len(body), later ones are dropped (as the general path does).
-        out: list[tuple[str, str]] = []
-        for item in headers:
-            if item[0] != "content-length":
-                out.append(item)
-            elif not length_seen:
-                length_seen = True
-                out.append(("content-length", str(len(body))))
-        if length_seen:
-            headers = tuple(out)
-            flat = "\0".join([name + "\1" + value for name, value in headers])
+        # The usual case, one entry that says it already, leaves ``flat`` as it is. (A NUL or
+        # SOH in a name or value that fools these searches fails the separator count below.)
+        length_text = str(len(body))
+        bounded = "\0" + flat + "\0"
+        if bounded.count("\0content-length\1") == 1 and (
+            "\0content-length\1" + length_text + "\0" in bounded
+        ):
+            length_seen = True
+        else:
+            out: list[tuple[str, str]] = []
+            for item in headers:
+                if item[0] != "content-length":
+                    out.append(item)
+                elif not length_seen:
+                    length_seen = True
+                    out.append(("content-length", length_text))
+            if length_seen:
+                headers = tuple(out)
+                flat = "\0".join([name + "\1" + value for name, value in headers])
     if flat.count("\1") != len(headers) or flat.count("\0") != max(len(headers) - 1, 0):
         return None
     if "\\" in flat or "\n" in flat or ":" in flat or "\r" in flat:
@@ -410,16 +419,14 @@ class FrameParser:
         if len(headers) != len(parts):
             return None
         body_start = head_end + 2
+        length = -1
         if "content-length:" in text:
-            length = -1
             for name, value in headers:
                 if name == "content-length":
                     if not (value.isascii() and value.isdigit()) or len(value) > 12:
                         return None
                     length = int(value)
                     break
-        else:
-            length = -1
         if length >= 0:
             end = body_start + length
             if len(buf) <= end or buf[end] != _NUL:

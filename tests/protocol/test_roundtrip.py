@@ -145,11 +145,12 @@ def any_frames_12(draw: st.DrawFn) -> Frame:
     """Frames with any headers (NUL, SOH, content-length repeats, lone surrogates) and bodies."""
     hostile = st.one_of(chars, st.sampled_from(["\x01", "\0", "\ud800"]), st.characters())
     text = st.text(hostile, max_size=10)
+    body = draw(bodies)
     pairs = st.tuples(text, text) | st.tuples(
-        st.just("content-length"), st.sampled_from(["", "7", "x"])
+        st.just("content-length"), st.sampled_from(["", "7", "x", str(len(body))])
     )
     command = draw(st.sampled_from(sorted(set(Command) - NEVER_ESCAPED)))
-    return Frame(command, tuple(draw(st.lists(pairs, max_size=8))), draw(bodies))
+    return Frame(command, tuple(draw(st.lists(pairs, max_size=8))), body)
 
 
 @given(frame=any_frames_12())
