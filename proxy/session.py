@@ -56,11 +56,13 @@ from proxy.tracking import (
     SessionState,
 )
 from proxy.upstream import (
+    StreamOpener,
     Upstream,
     UpstreamRefused,
     UpstreamUnavailable,
     connect_frame,
     connect_upstream,
+    open_broker_stream,
 )
 from proxy.window import ConfirmationWindow, Entry, WindowStatistics, frame_size
 from proxy.wire import FrameStream, HeartBeatTimeout, TransportLost, send_heartbeats
@@ -171,6 +173,8 @@ class Session:
             when None, which still serves the in-band control channel).
         metrics: where counters go (the sidecar's; a private registry when None).
         rng: randomness for backoff jitter and ``randomize`` (seeded in tests).
+        open_stream: opens the byte stream to a broker (TCP/TLS; a memory stream to a
+            scripted broker in unit tests).
 
     ``run()`` never raises for anything the app or a broker does; only cancellation propagates.
     """
@@ -184,12 +188,14 @@ class Session:
         bus: EventBus | None = None,
         metrics: Metrics | None = None,
         rng: random.Random | None = None,
+        open_stream: StreamOpener = open_broker_stream,
     ) -> None:
         self.config = config
         self.metrics = metrics if metrics is not None else Metrics()
         self.id = session_id
         self.bus = bus if bus is not None else EventBus()
         self.rng = rng if rng is not None else _RNG
+        self._open_stream = open_stream
         self.policy = ReconnectPolicy.from_config(config)
         limits = protocol.Limits(
             max_frame_bytes=config.max_frame_bytes,
@@ -643,6 +649,7 @@ class Session:
             limits=self.limits,
             grace=self.config.heartbeat_grace,
             connect_timeout=self.config.connect_timeout / 1000,
+            open_stream=self._open_stream,
         )
 
     def _log_attempt(self, attempt: Attempt) -> None:

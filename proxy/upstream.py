@@ -13,7 +13,7 @@ completes the kernel's handshake, BROKERS.md §2.4) fails the attempt like a ref
 from __future__ import annotations
 
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -26,12 +26,14 @@ from proxy.wire import FrameStream, TransportLost, send_heartbeats
 
 __all__ = [
     "ConnectFailed",
+    "StreamOpener",
     "Upstream",
     "UpstreamRefused",
     "UpstreamStatistics",
     "UpstreamUnavailable",
     "connect_frame",
     "connect_upstream",
+    "open_broker_stream",
     "open_upstream",
 ]
 
@@ -243,7 +245,15 @@ def _connect_representable(name: str, value: str) -> bool:
     return not any(c in name for c in ":\r\n") and "\r" not in value and "\n" not in value
 
 
-async def _open_stream(broker: Broker) -> trio.abc.Stream:
+#: Opens the byte stream to a broker: TCP (and TLS for ``stomp+ssl``) by default; unit tests
+#: pass one that returns a memory stream to a scripted broker.
+StreamOpener = Callable[[Broker], Awaitable[trio.abc.Stream]]
+
+
+async def open_broker_stream(broker: Broker) -> trio.abc.Stream:
+    """The default :data:`StreamOpener`: a TCP connection to ``broker.host:broker.port``,
+    wrapped in TLS for ``stomp+ssl``. Raises OSError (or trio.BrokenResourceError, ssl errors
+    inside it) when the broker cannot be reached."""
     # Names are resolved on every attempt: a Kubernetes Service may move (DESIGN §3.1).
     tcp = await trio.open_tcp_stream(broker.host, broker.port)
     if not broker.tls:
@@ -264,6 +274,7 @@ async def connect_upstream(
     limits: protocol.Limits,
     grace: float,
     connect_timeout: float,
+    open_stream: StreamOpener = open_broker_stream,
 ) -> Upstream:
     """Connect to ``broker``, send ``connect`` and return the CONNECTED leg.
 
@@ -276,6 +287,7 @@ async def connect_upstream(
         limits: parser limits for frames coming from the broker.
         grace: heart-beat tolerance factor for this leg.
         connect_timeout: seconds for TCP + TLS + CONNECTED together.
+        open_stream: how the byte stream is opened (:func:`open_broker_stream`).
 
     Raises:
         UpstreamRefused: the broker answered with an ERROR frame.
@@ -284,7 +296,7 @@ async def connect_upstream(
     wire: FrameStream | None = None
     try:
         with trio.fail_after(connect_timeout):
-            stream = await _open_stream(broker)
+            stream = await open_stream(broker)
             conn = protocol.Connection(protocol.Role.CLIENT, limits)
             wire = FrameStream(stream, conn, grace=grace)
             await wire.send(connect)
