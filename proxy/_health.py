@@ -26,9 +26,10 @@ import trio
 import protocol
 from config import Broker, Config
 from protocol import Command, ConnectionClosed, Frame
-from proxy.metrics import Metrics, ProbeOutcome
-from proxy.session import SessionStatistics
+from proxy.metrics import Metrics
+from proxy.statistics import SessionStatistics
 from proxy.upstream import ConnectFailed, UpstreamRefused, connect_frame, open_upstream
+from proxy.vocabulary import ProbeOutcome
 from proxy.wire import TransportLost
 
 __all__ = [

@@ -38,7 +38,6 @@ import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import h11
@@ -50,10 +49,8 @@ from proxy._errors import ListenError
 from proxy._health import BrokerProber, Readiness, evaluate_readiness, stuck_for
 from proxy._version import VERSION
 from proxy.events import SessionEvent
-from proxy.metrics import SidecarCollector
-
-if TYPE_CHECKING:
-    from proxy.app import Sidecar
+from proxy.gauges import SidecarCollector
+from proxy.statistics import SidecarView
 
 __all__ = ["AdminLimits", "AdminServer", "AdminStatistics"]
 
@@ -238,12 +235,12 @@ class AdminServer:
         prober: the broker prober; default: a :class:`~proxy._health.BrokerProber` over the
             sidecar's brokers and sessions, run by :meth:`serve`.
 
-    Registers a :class:`~proxy.metrics.SidecarCollector` (the gauges) on the sidecar's registry.
+    Registers a :class:`~proxy.gauges.SidecarCollector` (the gauges) on the sidecar's registry.
     """
 
     def __init__(
         self,
-        sidecar: Sidecar,
+        sidecar: SidecarView,
         *,
         limits: AdminLimits | None = None,
         prober: BrokerProber | None = None,

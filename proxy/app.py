@@ -21,7 +21,6 @@ import itertools
 import logging
 import secrets
 import signal
-from dataclasses import dataclass
 
 import trio
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
@@ -32,7 +31,8 @@ from proxy.admin import AdminLimits, AdminServer
 from proxy.events import EventBus
 from proxy.logs import log_session_event
 from proxy.metrics import Metrics
-from proxy.session import Session, SessionStatistics
+from proxy.session import Session
+from proxy.statistics import SidecarStatistics
 
 __all__ = ["ListenError", "Sidecar", "SidecarStatistics", "serve"]
 
@@ -42,16 +42,6 @@ log = logging.getLogger("mq_sidecar.app")
 #: (the same set as trio.serve_listeners).
 _ACCEPT_CAPACITY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
 _ACCEPT_RETRY_SECONDS = 0.1
-
-
-@dataclass(frozen=True, slots=True)
-class SidecarStatistics:
-    """Snapshot of the whole daemon: listener address and every live session."""
-
-    listen: tuple[str, int] | None
-    sessions_total: int
-    sessions: tuple[SessionStatistics, ...]
-    admin_listen: tuple[str, int] | None = None
 
 
 class Sidecar:

@@ -38,16 +38,10 @@ from config import Broker, Config
 from protocol import Command, ConnectionClosed, Frame, HeartBeat
 from proxy.events import EventBus, EventKind, SessionEvent
 from proxy.failover import Attempt, ReconnectExhausted, connect_by_policy
-from proxy.metrics import (
-    ClientErrorReason,
-    ConnectOutcome,
-    FailoverReason,
-    Metrics,
-    OutageOutcome,
-    TransactionOutcome,
-)
+from proxy.metrics import Metrics
 from proxy.policy import ReconnectPolicy
 from proxy.replay import ReplayPlan, plan_replay
+from proxy.statistics import SessionStatistics
 from proxy.tracking import (
     DUPLICATE_ID_HEADER,
     DurableRemoval,
@@ -64,7 +58,14 @@ from proxy.upstream import (
     connect_upstream,
     open_broker_stream,
 )
-from proxy.window import ConfirmationWindow, Entry, WindowStatistics, frame_size
+from proxy.vocabulary import (
+    ClientErrorReason,
+    ConnectOutcome,
+    FailoverReason,
+    OutageOutcome,
+    TransactionOutcome,
+)
+from proxy.window import ConfirmationWindow, Entry, frame_size
 from proxy.wire import FrameStream, HeartBeatTimeout, TransportLost, send_heartbeats
 
 __all__ = ["Ending", "Session", "SessionStatistics", "error_frame"]
@@ -132,34 +133,6 @@ class _Loss:
     broker: str | None
     reason: str
     kind: FailoverReason = FailoverReason.CONNECTION_LOST
-
-
-@dataclass(frozen=True, slots=True)
-class SessionStatistics:
-    """Snapshot of one session for ``/status`` and metrics.
-
-    ``state``: handshake, running, reconnecting, closing or closed. ``reconnect_attempts``:
-    attempts made in the reconnect now in progress (0 when running).
-    """
-
-    session_id: str
-    state: str
-    app_version: str | None
-    broker: str | None
-    upstream_version: str | None
-    subscriptions: int
-    transactions: int
-    unacked: int
-    pending_receipts: int
-    frames_from_app: int
-    frames_to_app: int
-    window: WindowStatistics | None
-    reconnect_attempts: int
-    failovers: int
-    duplicates_hidden: int
-    redeliveries_hidden: int
-    reconnecting_for: float | None = None  # seconds since the leg was lost, while reconnecting
-    oldest_unconfirmed_age: float | None = None  # seconds the oldest window entry has waited
 
 
 class Session:

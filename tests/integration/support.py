@@ -22,7 +22,8 @@ import trio
 
 import protocol
 from config import Config, load_config
-from proxy.app import Sidecar, SidecarStatistics, serve
+from proxy.app import Sidecar, serve
+from proxy.statistics import SidecarStatistics
 from testbed import BrokerProcess
 
 #: Generous per-wait bound for anything a broker does on loopback.

@@ -23,8 +23,9 @@ from proxy._health import (
     evaluate_readiness,
     stuck_for,
 )
-from proxy.metrics import Metrics, ProbeOutcome
-from proxy.session import SessionStatistics
+from proxy.metrics import Metrics
+from proxy.statistics import SessionStatistics
+from proxy.vocabulary import ProbeOutcome
 from proxy.window import WindowStatistics
 
 A = Broker("127.0.0.1", 61001)

@@ -16,18 +16,18 @@ from prometheus_client.parser import text_string_to_metric_families
 from config import Broker, Config
 from protocol import Command
 from proxy.admin import AdminServer
-from proxy.app import Sidecar, SidecarStatistics
-from proxy.metrics import (
+from proxy.app import Sidecar
+from proxy.metrics import Metrics
+from proxy.statistics import SessionStatistics, SidecarStatistics
+from proxy.vocabulary import (
     ClientErrorReason,
     ConnectOutcome,
     Direction,
     FailoverReason,
-    Metrics,
     OutageOutcome,
     ProbeOutcome,
     TransactionOutcome,
 )
-from proxy.session import SessionStatistics
 from tests.proxy.test_admin_health import session_stats
 
 A, B = "127.0.0.1:61001", "127.0.0.1:61002"

@@ -1,0 +1,76 @@
+"""Snapshots of the running daemon (``statistics()`` results) and the view of the daemon that
+the admin plane and the metrics collector read.
+
+A leaf module: the session, the daemon, the admin plane and the gauges all import it, and it
+imports none of them, so the statistics types close no import cycle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import trio
+from prometheus_client import CollectorRegistry
+
+from config import Config
+from proxy.events import EventBus
+from proxy.metrics import Metrics
+from proxy.window import WindowStatistics
+
+__all__ = ["SessionStatistics", "SidecarStatistics", "SidecarView"]
+
+
+@dataclass(frozen=True, slots=True)
+class SessionStatistics:
+    """Snapshot of one session for ``/status`` and metrics.
+
+    ``state``: handshake, running, reconnecting, closing or closed. ``reconnect_attempts``:
+    attempts made in the reconnect now in progress (0 when running).
+    """
+
+    session_id: str
+    state: str
+    app_version: str | None
+    broker: str | None
+    upstream_version: str | None
+    subscriptions: int
+    transactions: int
+    unacked: int
+    pending_receipts: int
+    frames_from_app: int
+    frames_to_app: int
+    window: WindowStatistics | None
+    reconnect_attempts: int
+    failovers: int
+    duplicates_hidden: int
+    redeliveries_hidden: int
+    reconnecting_for: float | None = None  # seconds since the leg was lost, while reconnecting
+    oldest_unconfirmed_age: float | None = None  # seconds the oldest window entry has waited
+
+
+@dataclass(frozen=True, slots=True)
+class SidecarStatistics:
+    """Snapshot of the whole daemon: listener address and every live session."""
+
+    listen: tuple[str, int] | None
+    sessions_total: int
+    sessions: tuple[SessionStatistics, ...]
+    admin_listen: tuple[str, int] | None = None
+
+
+class SidecarView(Protocol):
+    """What the admin plane and the gauges read of the running daemon
+    (:class:`proxy.app.Sidecar`)."""
+
+    @property
+    def config(self) -> Config: ...
+    @property
+    def registry(self) -> CollectorRegistry: ...
+    @property
+    def metrics(self) -> Metrics: ...
+    @property
+    def events(self) -> EventBus: ...
+    @property
+    def shutdown_requested(self) -> trio.Event: ...
+    def statistics(self) -> SidecarStatistics: ...

@@ -1,0 +1,115 @@
+"""The words the sidecar uses for what happened: one closed vocabulary shared by the session,
+the metrics (as label values), the admin plane and the events.
+
+Every enum here is a ``StrEnum`` whose values are the exact label values exported to
+Prometheus, so a value is spelled once. The module is a leaf: it imports nothing of the
+sidecar, so the session, metrics, health and admin modules can all import it without cycles.
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = [
+    "ClientErrorReason",
+    "ConnectOutcome",
+    "Direction",
+    "FailoverReason",
+    "OutageOutcome",
+    "ProbeOutcome",
+    "TransactionOutcome",
+]
+
+
+class Direction(enum.StrEnum):
+    """Which way a relayed frame went (label ``direction``)."""
+
+    APP_TO_BROKER = "app_to_broker"
+    BROKER_TO_APP = "broker_to_app"
+
+
+class ConnectOutcome(enum.StrEnum):
+    """Result of one attempt to open an upstream leg (label ``outcome``); the values are those
+    of ``proxy.failover.Attempt.outcome``, so ``ConnectOutcome(attempt.outcome)`` works."""
+
+    #: CONNECTED received: the leg is up.
+    CONNECTED = "connected"
+    #: The broker answered CONNECT with an ERROR (credentials refused...): ``UpstreamRefused``.
+    REFUSED = "refused"
+    #: No CONNECTED within ``connect_timeout`` (a hung broker accepts TCP and says nothing).
+    TIMEOUT = "timeout"
+    #: No STOMP session: TCP refused or reset, name not resolved, TLS failure, garbage.
+    UNREACHABLE = "unreachable"
+
+
+class ProbeOutcome(enum.StrEnum):
+    """Result of one readiness probe of a broker (label ``outcome``)."""
+
+    #: CONNECTED received.
+    CONNECTED = "connected"
+    #: The broker answered with an ERROR (it is up; the probe's credentials were refused).
+    REFUSED = "refused"
+    #: No answer: connection refused, reset, timeout, garbage.
+    FAILED = "failed"
+    #: No probe needed: a session leg to this broker is live (its heart-beats are the proof).
+    LIVE_SESSION = "live_session"
+
+
+class FailoverReason(enum.StrEnum):
+    """Why a session left its upstream leg (label ``reason`` of failovers and reattaches)."""
+
+    #: TCP EOF, reset, or a write that failed (DESIGN §3.2 "immediate").
+    CONNECTION_LOST = "connection_lost"
+    #: The broker was silent past the heart-beat tolerance (DESIGN §3.2 "silent death").
+    HEARTBEAT_TIMEOUT = "heartbeat_timeout"
+    #: The broker sent bytes that are not STOMP.
+    PROTOCOL_ERROR = "protocol_error"
+    #: The broker sent an ERROR frame that was not an answer to an app frame, then closed.
+    BROKER_ERROR = "broker_error"
+    #: ``priority_backup``: back to the first broker at a quiet point (not a failure).
+    FAILBACK = "failback"
+
+
+class OutageOutcome(enum.StrEnum):
+    """How an outage ended (label ``outcome`` of ``mq_sidecar_outage_seconds``)."""
+
+    #: Same broker again.
+    REATTACHED = "reattached"
+    #: Another broker (or the first one again with ``priority_backup``).
+    FAILED_OVER = "failed_over"
+    #: Reconnecting was given up; the app got DISCONNECT and its connection closed.
+    DISCONNECTED = "disconnected"
+
+
+class TransactionOutcome(enum.StrEnum):
+    """What became of an app transaction (label ``outcome``; DESIGN §3.5)."""
+
+    #: COMMIT confirmed by the broker.
+    COMMITTED = "committed"
+    #: ``transaction_failover = "replay"``: re-run on the new broker after a failover.
+    REPLAYED = "replayed"
+    #: ``transaction_failover = "rollback"``: dirty at failover, rolled back, COMMIT refused.
+    ROLLED_BACK = "rolled_back"
+    #: COMMIT sent but the leg died before its receipt: the outcome is unknown.
+    IN_DOUBT = "in_doubt"
+
+
+class ClientErrorReason(enum.StrEnum):
+    """Why an app's frame or session was refused for the app's own fault (label ``reason``;
+    DESIGN §3.8)."""
+
+    #: Not STOMP, or over a limit (frame size, header count or length), unknown command, a
+    #: frame before CONNECT: a ``protocol.RemoteProtocolError`` from the app's leg.
+    MALFORMED_FRAME = "malformed_frame"
+    #: No CONNECT within ``handshake_timeout``.
+    HANDSHAKE_TIMEOUT = "handshake_timeout"
+    #: ``accept-version`` names no version the sidecar speaks.
+    UNSUPPORTED_VERSION = "unsupported_version"
+    #: Wrong ``client_login`` / ``client_passcode``.
+    AUTH_FAILED = "auth_failed"
+    #: A well-formed frame the session cannot accept (unknown ack id or transaction, duplicate
+    #: subscription id, too many subscriptions, NACK to a 1.0 broker...): a
+    #: ``proxy.tracking.SessionError`` (session ends) or a ``FrameRejected`` (frame refused).
+    INVALID_REQUEST = "invalid_request"
+    #: The app was silent past its heart-beat tolerance.
+    HEARTBEAT_TIMEOUT = "heartbeat_timeout"
