@@ -1,5 +1,6 @@
-# mq-sidecar container image: the wheel built from this repository in a virtualenv, run as a
-# fixed non-root uid (10001), nothing written at run time (read-only root filesystem).
+# mq-sidecar container image: the wheel built from this repository (the runtime: protocol, proxy,
+# config; not the test harness in harness/) in a virtualenv, run as a fixed non-root uid
+# (10001), nothing written at run time (read-only root filesystem).
 #
 #   docker build -t mq-sidecar:0.1.0 .
 #   podman build --isolation chroot --format docker \

@@ -2,7 +2,7 @@
 # Set up an mq-sidecar development / CI machine (Debian bookworm). Idempotent; prints
 # nothing when there is nothing to do. Works from any directory.
 #
-#  1. Installs the real brokers the test suite starts by itself (testbed/): the Debian
+#  1. Installs the real brokers the test suite starts by itself (harness/testbed/): the Debian
 #     packages activemq (ActiveMQ Classic 5.17, pulls in Java 17) and rabbitmq-server
 #     (RabbitMQ 3.10 + rabbitmq_stomp, pulls in Erlang 25), and prometheus (the server and
 #     promtool: the admin-plane tests lint /metrics with `promtool check metrics` and let a real
@@ -12,9 +12,11 @@
 #  2. On a host running systemd, disables the services the packages enable on default
 #     ports (rabbitmq-server on 5672, epmd on 4369, activemq, prometheus on 9090): the tests
 #     run their own brokers and Prometheus on free ports and need none of them.
-#  3. Creates .venv in the repository root (python3 -m venv) if missing and installs the
-#     project with its test extras (pip install -e '.[test]'); skipped while pyproject.toml
-#     is unchanged since the last successful install (hash in .venv/.mq-sidecar-setup).
+#  3. Creates .venv in the repository root (python3 -m venv) if missing and installs, editable,
+#     the runtime with its test extras (pip install -e '.[test]') and the test harness
+#     (pip install -e harness: testbed, pipeline, the drill's PySpark stack, and the `demo` and
+#     `drill` commands); skipped while pyproject.toml and harness/pyproject.toml are unchanged
+#     since the last successful install (their hash in .venv/.mq-sidecar-setup).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -96,11 +98,12 @@ if [ ! -x "$VENV/bin/python" ]; then
     quiet python3 -m venv "$VENV"
 fi
 
-want="$(sha256sum "$REPO/pyproject.toml" | cut -d' ' -f1)"
+want="$(cat "$REPO/pyproject.toml" "$REPO/harness/pyproject.toml" | sha256sum | cut -d' ' -f1)"
 have="$(cat "$STAMP" 2>/dev/null || true)"
 if [ "$want" != "$have" ]; then
-    say "installing mq-sidecar[test] into $VENV"
-    quiet "$VENV/bin/python" -m pip install --disable-pip-version-check --quiet -e "$REPO[test]"
+    say "installing mq-sidecar[test] and mq-sidecar-harness into $VENV"
+    quiet "$VENV/bin/python" -m pip install --disable-pip-version-check --quiet \
+        -e "$REPO[test]" -e "$REPO/harness"
     printf '%s\n' "$want" >"$STAMP"
 fi
 

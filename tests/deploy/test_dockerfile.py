@@ -13,15 +13,18 @@ def test_hadolint_clean() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def _runtime_packages() -> list[str]:
+    """The top-level packages of the runtime wheel (pyproject.toml's packages.find)."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    include: list[str] = project["tool"]["setuptools"]["packages"]["find"]["include"]
+    return [name for name in include if "*" not in name]
+
+
 def test_dockerignore_keeps_what_the_wheel_needs() -> None:
     """`pip wheel .` inside the build needs pyproject.toml, the readme and every package: a
     new top-level package listed in pyproject.toml must not be ignored by .dockerignore."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
-    needed = [
-        "pyproject.toml",
-        project["project"]["readme"],
-        *project["tool"]["setuptools"]["packages"],
-    ]
+    needed = ["pyproject.toml", project["project"]["readme"], *_runtime_packages()]
     patterns = [
         line.strip()
         for line in (REPO / ".dockerignore").read_text().splitlines()
@@ -30,8 +33,16 @@ def test_dockerignore_keeps_what_the_wheel_needs() -> None:
     for path in needed:
         ignored = [p for p in patterns if fnmatch.fnmatch(path, p.removeprefix("**/"))]
         assert not ignored, f"{path} is excluded from the build context by {ignored}"
-    for path in (".venv", ".git", "tests"):
+    for path in (".venv", ".git", "tests", "harness"):
         assert path in patterns, f"{path} should stay out of the build context"
+
+
+def test_the_wheel_is_the_runtime_only() -> None:
+    """The image's wheel holds protocol, proxy and config; the test harness (harness/: testbed,
+    pipeline) is a distribution of its own that the image never installs."""
+    assert sorted(_runtime_packages()) == ["config", "protocol", "proxy"]
+    harness = tomllib.loads((REPO / "harness" / "pyproject.toml").read_text())
+    assert sorted(harness["tool"]["setuptools"]["packages"]) == ["pipeline", "testbed"]
 
 
 def test_dockerfile_contract() -> None:

@@ -176,6 +176,14 @@ def test_image_metadata_and_cli(image: str, containers: list[str], tmp_path: Pat
     assert buildah_run(ctr, "id", "-u").stdout.strip() == "10001"
     # The runtime venv has the program, not the build tools.
     assert buildah_run(ctr, "test", "-e", "/opt/mq-sidecar/bin/pip").returncode != 0
+    # ... nor the test harness (harness/): its commands say in one line that it is missing.
+    harness = buildah_run(ctr, "python3", "-c", "import testbed")
+    assert harness.returncode != 0
+    assert "No module named 'testbed'" in harness.stderr
+    drill = buildah_run(ctr, "mq-sidecar", "drill")
+    assert drill.returncode == 1
+    assert len(drill.stderr.strip().splitlines()) == 1, drill.stderr
+    assert "mq-sidecar-harness" in drill.stderr
 
     # The image's own (empty) config file plus environment variables.
     bare = buildah_run(ctr, "mq-sidecar", "check-config")

