@@ -1,0 +1,161 @@
+"""Session: connecting, giving up, and failing back, on scripted brokers and the mock clock:
+a login the broker refuses, reconnect attempts exhausted, ``priority_backup`` failback."""
+
+from __future__ import annotations
+
+import trio
+
+from protocol import Command
+from tests.proxy.scripted_broker import (
+    Network,
+    make_config,
+    start_session,
+    wait_until,
+)
+
+QUEUE = "/queue/orders"
+
+
+async def test_a_login_refused_at_first_connect_reaches_the_app_as_the_brokers_error(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, network: Network
+) -> None:
+    """The only broker answers CONNECT with an ERROR: the app's CONNECT is answered with an
+    ERROR carrying the broker's own message, and its connection is closed. The broker got the
+    app's credentials (the sidecar has none of its own)."""
+    broker = network.add("broker", 61001)
+    broker.refuse = "Authentication failed: bad login"
+    running = await start_session(nursery, network, make_config(broker))
+    app = running.app
+
+    answer = await app.connect(login="app", passcode="wrong")
+    assert answer.command is Command.ERROR
+    assert answer.get("message") == "Authentication failed: bad login"
+    assert answer.get("receipt-id") is None
+    await app.wait_closed()
+    with trio.fail_after(10):
+        await running.done.wait()
+    assert app.frames == [answer]
+    (connect,) = broker.link.frames
+    assert (connect.get("login"), connect.get("passcode")) == ("app", "wrong")
+    assert running.session.statistics().state == "closed"
+
+
+async def test_a_refusing_first_broker_is_skipped_for_the_next_one(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, network: Network
+) -> None:
+    """A refusal is one failed attempt: the session goes on to the next broker of the round
+    and the app is CONNECTED there (its CONNECTED names that broker's server)."""
+    primary = network.add("primary", 61001)
+    backup = network.add("backup", 61002, server="RabbitMQ/3.10.8")
+    primary.refuse = "Authentication failed"
+    running = await start_session(nursery, network, make_config(primary, backup))
+
+    answer = await running.app.connect()
+    assert answer.command is Command.CONNECTED
+    assert answer.get("server") == "mq-sidecar (RabbitMQ/3.10.8)"
+    assert running.session.statistics().broker == backup.label
+    assert len(primary.links) == 1
+    assert len(backup.links) == 1
+
+
+async def test_reconnect_exhausted_ends_the_session_naming_the_unconfirmed_frames(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, network: Network
+) -> None:
+    """Every broker down and ``reconnect_attempts = 2``: after two rounds over both brokers
+    the session gives up: a DISCONNECT event naming the frames the lost broker never confirmed
+    (the app's receipt id, else ``SEND #<seq>``), then an ERROR saying so, then the app's
+    connection is closed. No RECEIPT ever comes for them."""
+    primary = network.add("primary", 61001)
+    backup = network.add("backup", 61002)
+    running = await start_session(
+        nursery, network, make_config(primary, backup, reconnect_attempts=2)
+    )
+    app = running.app
+    assert (await app.connect()).command is Command.CONNECTED
+    await app.subscribe_events()
+    primary.receipts = "hold"
+    await app.send(Command.SEND, {"destination": QUEUE, "receipt": "r1"}, b"one")
+    await app.send(Command.SEND, {"destination": QUEUE}, b"two")
+    await primary.wait_for(Command.SEND, 2)
+
+    primary.reachable = backup.reachable = False
+    lost_at = trio.current_time()
+    await primary.link.drop("reset")
+    await app.wait_closed()
+    with trio.fail_after(10):
+        await running.done.wait()
+
+    disconnect = app.events("DISCONNECT")[0]
+    assert disconnect["frames_lost"] == ["r1", "SEND #2"]
+    assert disconnect["attempts"] == 4  # 2 rounds x 2 brokers
+    assert disconnect["from_broker"] == primary.label
+    (error,) = app.errors()
+    assert error.get("message") == (
+        "mq-sidecar lost the broker connection and could not reconnect; "
+        "2 frame(s) not confirmed: r1, SEND #2"
+    )
+    kinds = [f.get("event") or f.command for f in app.frames]
+    assert kinds[-3:] == ["RECONNECTING", "DISCONNECT", Command.ERROR]
+    assert app.receipt_ids() == ["events-sub"]
+    # Backoff 100 ms before round 1, 200 ms before round 2 (no jitter), then it gives up.
+    assert app.closed_at is not None
+    assert 0.3 <= app.closed_at - lost_at < 0.5
+    assert [label for _, label, _ in network.attempts[-4:]] == [
+        primary.label,
+        backup.label,
+        primary.label,
+        backup.label,
+    ]
+    assert running.session.statistics().state == "closed"
+
+
+async def test_priority_backup_fails_back_to_the_first_broker_at_a_quiet_point(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, network: Network
+) -> None:
+    """``priority_backup``: the first broker is down, the session runs on the backup. When
+    the first broker is back the session stays put while a frame is unconfirmed (not quiet;
+    it does not even try), and within ``max_retry_interval`` of the window emptying it moves
+    back: FAILOVER "failback to the first broker", a DISCONNECT to the backup, and the app's
+    next SEND goes to the first broker."""
+    primary = network.add("primary", 61001)
+    backup = network.add("backup", 61002)
+    primary.reachable = False
+    running = await start_session(
+        nursery,
+        network,
+        make_config(primary, backup, priority_backup=True, max_retry_interval=1000),
+    )
+    app, session = running.app, running.session
+    assert (await app.connect()).command is Command.CONNECTED
+    await app.subscribe_events()
+    assert session.statistics().broker == backup.label
+
+    backup.receipts = "hold"
+    await app.send(Command.SEND, {"destination": QUEUE, "receipt": "r1"}, b"one")
+    await backup.wait_for(Command.SEND)
+    primary.reachable = True
+    await trio.sleep(10)
+    assert primary.links == []  # not quiet: the first broker is not even tried
+    assert app.events() == []
+
+    released_at = trio.current_time()
+    await backup.link.release()
+    await app.wait_receipt("r1")
+    failover = await app.wait_event("FAILOVER")
+    assert failover["reason"] == "failback to the first broker"
+    assert failover["from_broker"] == backup.label
+    assert failover["to_broker"] == primary.label
+    assert failover["replayed_frames"] == 0
+    moved = app.arrival(lambda f: f.get("event") == "FAILOVER") - released_at
+    assert moved <= 1.0 + 0.1
+    await backup.signal.wait_until(lambda: backup.links[0].closed)
+    assert backup.link.commands()[-1] is Command.DISCONNECT
+
+    await app.send(Command.SEND, {"destination": QUEUE, "receipt": "r2"}, b"two")
+    await app.wait_receipt("r2")
+    assert [f.body for f in primary.link.received(Command.SEND)] == [b"two"]
+    assert [f.body for f in backup.link.received(Command.SEND)] == [b"one"]
+    await wait_until(lambda: session.statistics().broker == primary.label)
+    stats = session.statistics()
+    assert stats.failovers == 1
+    assert stats.state == "running"
