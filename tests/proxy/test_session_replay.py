@@ -71,7 +71,8 @@ async def test_unconfirmed_sends_are_replayed_on_the_backup_once_each(
     """Three SENDs the primary never confirmed (receipts held) are replayed on the backup
     after the primary is lost (closed, reset, or cut inside a frame) and goes down: in order,
     byte for byte the frames the primary got (same ``mq-sidecar-id`` and sidecar receipt);
-    the app gets RECEIPT r1, r2, r3 exactly once, after RECONNECTING and FAILOVER events."""
+    the app gets RECEIPT r1, r2, r3 exactly once, only once the backup confirmed them, after
+    RECONNECTING and FAILOVER events."""
     primary = network.add("primary", 61001)
     backup = network.add("backup", 61002)
     primary.receipts = "hold"
@@ -89,7 +90,14 @@ async def test_unconfirmed_sends_are_replayed_on_the_backup_once_each(
     assert app.receipt_ids() == ["events-sub"]
 
     primary.reachable = False
+    backup.receipts = "hold"
     await primary.link.drop(how)
+    await backup.wait_for(Command.SEND, 3)
+    await trio.sleep(10)
+    # Replayed is not confirmed: the app's RECEIPTs wait for the backup's.
+    assert app.receipt_ids() == ["events-sub"]
+    assert running.session.statistics().pending_receipts == 3
+    await backup.link.release()
     await app.wait_receipt("r3")
     await trio.sleep(10)  # anything more would have come by now
 
