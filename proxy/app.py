@@ -1,13 +1,15 @@
 """The daemon: the STOMP listener, one :class:`Session` per app connection, the admin plane,
 graceful shutdown.
 
-``serve`` is the root of the task tree (STYLE §2 rules 8, 9, 14): it binds the listener,
-starts the admin plane (``proxy.admin``: metrics, health, status, events) and the event log in
-the same nursery, reports the :class:`Sidecar` through ``task_status`` once both listeners are
-bound (tests and readiness wait on that, never on a sleep), accepts connections into a sessions
-nursery it owns, and on shutdown stops accepting, asks every session to drain (DISCONNECT
-upstream, ERROR to the app), and cancels whatever is still running when ``drain_timeout`` has
-passed. The admin plane answers during the drain (``/readyz`` says "shutting down").
+``serve`` is the root of the task tree (docs/architecture.md: "Every task has an owner",
+"Readiness is reported, never waited for", "Shutdown is a phase with a deadline"): it binds the
+listener, starts the admin plane (``proxy.admin``: metrics, health, status, events) and the
+event log in the same nursery, reports the :class:`Sidecar` through ``task_status`` once both
+listeners are bound (tests and readiness wait on that, never on a sleep), accepts connections
+into a sessions nursery it owns, and on shutdown stops accepting, asks every session to drain
+(DISCONNECT upstream, ERROR to the app), and cancels whatever is still running when
+``drain_timeout`` has passed. The admin plane answers during the drain (``/readyz`` says
+"shutting down").
 
 The :class:`Sidecar` owns what sessions report into: the Prometheus ``registry`` (never the
 global one), the :class:`~proxy.metrics.Metrics` recorded on it, and the

@@ -1,14 +1,15 @@
 """Session events (RECONNECTING, FAILOVER, DISCONNECT) and the bus that fans them out.
 
-The events tell an app what happened to its broker connection, like the JMS
-``ExceptionListener``/``FailoverEventListener`` codes of the seeds (AMQ Broker 7.1
-"Client Failover": FAILOVER and DISCONNECT; Qpid client failover draft: "stop the world").
-They reach apps in band (a SUBSCRIBE to the reserved destination, DESIGN §3.6) and operators out
-of band (``GET /events`` on the admin port, Server-Sent Events).
+The events tell an app what happened to its broker connection, like the codes JMS clients give
+their ``ExceptionListener``/``FailoverEventListener`` (AMQ Broker 7.1 "Client Failover":
+FAILOVER and DISCONNECT; the Qpid client failover draft: "stop the world"). They reach apps in
+band (a SUBSCRIBE to the reserved destination) and operators out of band (``GET /events`` on the
+admin port, Server-Sent Events): docs/behaviour.md, "Control channel".
 
-Fan-out follows STYLE §2 rule 12: one bounded memory channel per subscriber, filled with
-``send_nowait``; a subscriber too slow to keep up is dropped (its channel closed, counted),
-never allowed to block the session that publishes.
+Fan-out is bounded (docs/architecture.md, "Bounded buffers and backpressure by not reading"):
+one bounded memory channel per subscriber, filled with ``send_nowait``; a subscriber too slow
+to keep up is dropped (its channel closed, counted), never allowed to block the session that
+publishes.
 """
 
 from __future__ import annotations

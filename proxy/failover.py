@@ -5,7 +5,7 @@
 failover), sleeping the policy's jittered delay before each round but the first of a session's
 initial connection, until one broker accepts the session or the policy is exhausted. A broker
 that refuses the login is reported and skipped for that round; the backoff between rounds keeps
-a refusing broker list from spinning (issue 3, "Failure detection").
+a refusing broker list from spinning (docs/behaviour.md, "Broker list and reconnect policy").
 """
 
 from __future__ import annotations

@@ -1,13 +1,15 @@
 """The upstream leg: one STOMP client connection from the sidecar to one broker.
 
-``open_upstream`` is an async context manager (STYLE §2 rule 8): it connects, performs the
-CONNECT/CONNECTED exchange, and runs the leg's heart-beat sender in a nursery it owns; leaving
-the block cancels that task and closes the socket. The session reads frames from it with
+``open_upstream`` is an async context manager that owns the leg's task (docs/architecture.md,
+"Every task has an owner"): it connects, performs the CONNECT/CONNECTED exchange, and runs the
+leg's heart-beat sender in a nursery it owns; leaving the block cancels that task and closes
+the socket. The session reads frames from it with
 :meth:`Upstream.receive_event` (one reader) and writes with :meth:`Upstream.send`.
 
 Connecting is bounded by ``connect_timeout`` (TCP connect, TLS handshake and CONNECTED
 together): a broker that accepts TCP but never answers CONNECT (a SIGSTOPped JVM still
-completes the kernel's handshake, BROKERS.md §2.4) fails the attempt like a refused one.
+completes the kernel's handshake: docs/brokers.md, "Takeover and hung brokers") fails the
+attempt like a refused one.
 """
 
 from __future__ import annotations
@@ -160,10 +162,10 @@ class Upstream:
 
     @property
     def artemis_duplicate_ids(self) -> bool:
-        """Whether SENDs carry Artemis' duplicate-detection header ``_AMQ_DUPL_ID`` (DESIGN
-        §3.5: "copied to ``_AMQ_DUPL_ID`` for Artemis"): yes unless the broker says it is
-        ActiveMQ Classic (``server:ActiveMQ/5...``) or RabbitMQ, which ignore it but store it
-        as one more message property (Artemis says ``ActiveMQ-Artemis/...``)."""
+        """Whether SENDs carry Artemis' duplicate-detection header ``_AMQ_DUPL_ID`` beside
+        ``mq-sidecar-id`` (docs/behaviour.md, "Duplicate detection"): yes unless the broker
+        says it is ActiveMQ Classic (``server:ActiveMQ/5...``) or RabbitMQ, which ignore it but
+        store it as one more message property (Artemis says ``ActiveMQ-Artemis/...``)."""
         return not self._server.startswith(("ActiveMQ/", "RabbitMQ"))
 
     @property
@@ -177,7 +179,8 @@ class Upstream:
     @property
     def stable_message_ids(self) -> bool:
         """Whether this broker keeps a message's ``message-id`` across redelivery and
-        failover: ActiveMQ Classic and Artemis do, RabbitMQ does not (BROKERS.md §3, §8.9)."""
+        failover: ActiveMQ Classic and Artemis do, RabbitMQ does not (docs/brokers.md,
+        "Message ids")."""
         return self._server.startswith("ActiveMQ")
 
     def statistics(self) -> UpstreamStatistics:
@@ -254,7 +257,8 @@ async def open_broker_stream(broker: Broker) -> trio.abc.Stream:
     """The default :data:`StreamOpener`: a TCP connection to ``broker.host:broker.port``,
     wrapped in TLS for ``stomp+ssl``. Raises OSError (or trio.BrokenResourceError, ssl errors
     inside it) when the broker cannot be reached."""
-    # Names are resolved on every attempt: a Kubernetes Service may move (DESIGN §3.1).
+    # Names are resolved on every attempt: a Kubernetes Service may move (docs/behaviour.md,
+    # "Broker list and reconnect policy").
     tcp = await trio.open_tcp_stream(broker.host, broker.port)
     if not broker.tls:
         return tcp

@@ -312,8 +312,8 @@ class FrameStream:
     def next_buffered(self) -> Frame | HeartBeat | ConnectionClosed | None:
         """The next event if it is already in the buffer, else None; never does I/O.
 
-        Lets a reader see whether a frame is the last of a burst (DESIGN §3.3: request a
-        receipt when the session goes idle).
+        Lets a reader see whether a frame is the last of a burst, which gets a receipt so that
+        a session going idle is confirmed (docs/behaviour.md, "Confirmation window").
         """
         event = self.conn.next_event()
         if isinstance(event, protocol.NeedData):
