@@ -21,7 +21,15 @@ Credentials never appear in a repr, str, :meth:`Config.redacted` view or error m
 from __future__ import annotations
 
 from ._load import CONFIG_ENV, load_config
-from ._model import Broker, Config, ConfigError, Secret
+from ._model import (
+    Broker,
+    Config,
+    ConfigError,
+    Durations,
+    FailoverMode,
+    Secret,
+    TransactionFailover,
+)
 from ._options import ENV_PREFIX, OPTIONS, Option
 from ._url import FAILOVER_OPTIONS, FailoverOption, parse_address, parse_broker_url
 
@@ -33,9 +41,12 @@ __all__ = (
     "Broker",
     "Config",
     "ConfigError",
+    "Durations",
+    "FailoverMode",
     "FailoverOption",
     "Option",
     "Secret",
+    "TransactionFailover",
     "load_config",
     "parse_address",
     "parse_broker_url",

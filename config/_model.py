@@ -12,10 +12,39 @@ shown as ``'***'`` (DESIGN §3.8: "Credentials never appear in logs, events or m
 from __future__ import annotations
 
 import dataclasses
+import enum
 import hmac
 from dataclasses import dataclass
 
-__all__ = ["REDACTED", "Broker", "Config", "ConfigError", "Secret", "format_address"]
+__all__ = [
+    "REDACTED",
+    "Broker",
+    "Config",
+    "ConfigError",
+    "Durations",
+    "FailoverMode",
+    "Secret",
+    "TransactionFailover",
+    "format_address",
+]
+
+
+class FailoverMode(enum.StrEnum):
+    """``failover_mode``: what the app sees of a message redelivered by a failover."""
+
+    #: Redeliveries of messages the app already has are hidden; its ack ids stay valid.
+    TRANSPARENT = "transparent"
+    #: JMS semantics: stale ack ids fail with an ERROR, redeliveries are shown.
+    STRICT = "strict"
+
+
+class TransactionFailover(enum.StrEnum):
+    """``transaction_failover``: what becomes of a transaction open at failover."""
+
+    #: Its frames (held by the sidecar) are re-run on the new broker; COMMIT succeeds once.
+    REPLAY = "replay"
+    #: JMS semantics: rolled back; its COMMIT answers an ERROR, its messages are redelivered.
+    ROLLBACK = "rollback"
 
 #: What every credential is replaced by in reprs, messages and :meth:`Config.redacted`.
 REDACTED = "***"
@@ -186,8 +215,8 @@ class Config:
         max_unacked: Most delivered-but-unacked messages per app session, > 0.
         events_destination: Reserved destination of the in-band control channel
             (DESIGN §3.6); never sent upstream.
-        failover_mode: ``"transparent"`` or ``"strict"`` (DESIGN §3.5).
-        transaction_failover: ``"replay"`` or ``"rollback"`` (DESIGN §3.5).
+        failover_mode: :class:`FailoverMode` (DESIGN §3.5).
+        transaction_failover: :class:`TransactionFailover` (DESIGN §3.5).
         log_level: ``"debug"``, ``"info"``, ``"warning"`` or ``"error"``.
         log_format: ``"text"`` or ``"json"``.
     """
@@ -223,10 +252,28 @@ class Config:
     max_subscriptions: int = 1000
     max_unacked: int = 10_000
     events_destination: str = "/mq-sidecar/events"
-    failover_mode: str = "transparent"
-    transaction_failover: str = "replay"
+    failover_mode: FailoverMode = FailoverMode.TRANSPARENT
+    transaction_failover: TransactionFailover = TransactionFailover.REPLAY
     log_level: str = "info"
     log_format: str = "text"
+
+    def __post_init__(self) -> None:
+        # The mode options arrive as text from TOML, environment and flags: a known value
+        # becomes its enum here; an unknown one is left as given for validation to report.
+        for name, kind in (
+            ("failover_mode", FailoverMode),
+            ("transaction_failover", TransactionFailover),
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, kind) and value in set(kind):
+                object.__setattr__(self, name, kind(value))
+
+    @property
+    def durations(self) -> Durations:
+        """Every duration option in seconds (:class:`Durations`): the one place where the
+        options' milliseconds (Artemis' unit, kept for users) become the running code's
+        seconds (trio's unit)."""
+        return Durations.of(self)
 
     def redacted(self) -> dict[str, object]:
         """A JSON-able view for ``/status`` and ``check-config``.
@@ -252,6 +299,39 @@ class Config:
 
     def __repr__(self) -> str:
         return _safe_repr(self)
+
+
+@dataclass(frozen=True, slots=True)
+class Durations:
+    """The duration options of a :class:`Config` in seconds, for the running code.
+
+    Users write milliseconds (Artemis' convention); trio counts seconds. Built once per
+    consumer from :attr:`Config.durations`, so no ``/ 1000`` is scattered through the code.
+    ``reconnect_period`` is None when the option is 0 (no time bound).
+    """
+
+    handshake_timeout: float
+    call_timeout: float
+    connect_timeout: float
+    drain_timeout: float
+    broker_probe_interval: float
+    retry_interval: float
+    max_retry_interval: float
+    reconnect_period: float | None
+
+    @classmethod
+    def of(cls, config: Config) -> Durations:
+        """Convert ``config``'s millisecond options."""
+        return cls(
+            handshake_timeout=config.handshake_timeout / 1000,
+            call_timeout=config.call_timeout / 1000,
+            connect_timeout=config.connect_timeout / 1000,
+            drain_timeout=config.drain_timeout / 1000,
+            broker_probe_interval=config.broker_probe_interval / 1000,
+            retry_interval=config.retry_interval / 1000,
+            max_retry_interval=config.max_retry_interval / 1000,
+            reconnect_period=config.reconnect_period / 1000 if config.reconnect_period else None,
+        )
 
 
 class ConfigError(Exception):

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from protocol import Command, Frame
-from proxy.tracking import DurableRemoval, SessionState, Transaction
+from proxy.tracking import DurableRemoval, PassThrough, SessionState, Transaction
 from proxy.window import ConfirmationWindow, Entry
 
 __all__ = ["ReplayPlan", "plan_replay"]
@@ -143,8 +143,6 @@ def _moot(entry: Entry, state: SessionState, last_subscribe: dict[str | None, En
     if command is Command.SUBSCRIBE:
         sub_id = entry.frame.get("id")
         return sub_id not in state.subscriptions or last_subscribe.get(sub_id) is not entry
-    return (
-        command is Command.UNSUBSCRIBE
-        and entry.context != "passthrough"
-        and not isinstance(entry.context, DurableRemoval)
+    return command is Command.UNSUBSCRIBE and not isinstance(
+        entry.context, PassThrough | DurableRemoval
     )

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from protocol import Frame
 
-__all__ = ["ConfirmationWindow", "Entry", "WindowStatistics", "frame_size"]
+__all__ = ["ConfirmationWindow", "Entry", "EntryContext", "WindowStatistics", "frame_size"]
 
 
 def frame_size(frame: Frame) -> int:
@@ -33,6 +33,15 @@ def frame_size(frame: Frame) -> int:
     for name, value in frame.headers:
         size += len(name) + len(value) + 2
     return size
+
+
+class EntryContext:
+    """Base of what a window entry carries for the session's replay
+    (:class:`proxy.tracking.Transaction`, :class:`proxy.tracking.DurableRemoval`,
+    :data:`proxy.tracking.PASS_THROUGH`): a closed set of types the window itself never
+    looks into, defined here so the window needs nothing from the tracking module."""
+
+    __slots__ = ()
 
 
 @dataclass(eq=False, slots=True)
@@ -51,7 +60,9 @@ class Entry:
             have taken effect there (a broker can store a frame and die before its RECEIPT).
         answered: the app's receipt was answered (RECEIPT, or ERROR after ``call_timeout``).
         confirmed: a RECEIPT covered it; dropped: removed unconfirmed (:meth:`drop`).
-        context: what the session needs to replay it (the Transaction a COMMIT ends).
+        context: what the session needs to replay it (:class:`EntryContext`: the
+            transaction a frame belongs to, an UNSUBSCRIBE that removes a durable
+            subscription or one passed through as it is), or None.
     """
 
     seq: int
@@ -66,7 +77,7 @@ class Entry:
     answered: bool = False
     confirmed: bool = False
     dropped: bool = False
-    context: object = field(default=None)
+    context: EntryContext | None = field(default=None)
 
     @property
     def label(self) -> str:
@@ -138,7 +149,7 @@ class ConfirmationWindow:
         app_receipt: str | None,
         want_receipt: bool,
         now: float,
-        context: object = None,
+        context: EntryContext | None = None,
         size: int | None = None,
     ) -> Entry:
         """Add a frame; returns its entry (with the sidecar's receipt header set if one is

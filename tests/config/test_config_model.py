@@ -200,13 +200,15 @@ def test_option_kinds_match_default_types() -> None:
         "int": int,
         "float": float,
         "bool": bool,
-        "enum": str,
         "address": tuple,
         "heartbeat": tuple,
         "brokers": tuple,
     }
     for option in OPTIONS.values():
-        if option.kind in kinds:
+        if option.kind == "enum":  # a str, or a StrEnum (failover_mode, transaction_failover)
+            assert isinstance(option.default, str), option.name
+            assert option.default in option.choices, option.name
+        elif option.kind in kinds:
             assert type(option.default) is kinds[option.kind], option.name
         else:
             assert option.default is None or isinstance(option.default, str), option.name

@@ -11,14 +11,14 @@ from hypothesis import strategies as st
 
 from protocol import Command, Frame
 from proxy.replay import ReplayPlan, plan_replay
-from proxy.tracking import DUPLICATE_ID_HEADER, SessionState, Transaction
-from proxy.window import ConfirmationWindow, Entry
+from proxy.tracking import DUPLICATE_ID_HEADER, PASS_THROUGH, SessionState, Transaction
+from proxy.window import ConfirmationWindow, Entry, EntryContext
 
 
 class Sim:
     """The bookkeeping of ``Session._on_app_frame`` without the I/O: each app frame is
     recorded in the SessionState and appended to the window with the same context
-    (the Transaction, or ``"passthrough"``), and every frame gets a receipt (each is the
+    (the Transaction, or ``PASS_THROUGH``), and every frame gets a receipt (each is the
     last of its burst)."""
 
     def __init__(self) -> None:
@@ -28,7 +28,7 @@ class Sim:
         self._dup = 0
         self._msg = 0
 
-    def _submit(self, frame: Frame, context: object = None) -> Entry:
+    def _submit(self, frame: Frame, context: EntryContext | None = None) -> Entry:
         entry = self.window.append(
             frame, app_receipt=None, want_receipt=True, now=0.0, context=context
         )
@@ -65,7 +65,7 @@ class Sim:
         frame = Frame.build(Command.UNSUBSCRIBE, {"id": sub_id, **extra})
         sub = self.state.unsubscribe(frame)
         if sub is None:
-            return self._submit(frame, "passthrough")
+            return self._submit(frame, PASS_THROUGH)
         rest = frame.without("id", "destination")
         return self._submit(rest.replace(headers=(("id", sub.upstream_id), *rest.headers)))
 
@@ -106,7 +106,7 @@ class Sim:
         return owner.begin
 
     def end(self, tx: str, command: Command = Command.COMMIT) -> Entry:
-        owner = self.state.end(Frame.build(command, {"transaction": tx}))
+        owner = self.state.end(Frame.build(command, {"transaction": tx}), now=0.0)
         assert not owner.rolled_back
         owner.end = self._submit(Frame.build(command, {"transaction": tx}), owner)
         return owner.end
@@ -249,7 +249,7 @@ def test_an_unsubscribe_of_a_confirmed_subscription_is_answered() -> None:
 def test_a_pass_through_unsubscribe_is_replayed() -> None:
     sim = Sim()
     removal = sim.unsubscribe("durable-1", **{"activemq.subscriptionName": "durable-1"})
-    assert removal.context == "passthrough"
+    assert removal.context is PASS_THROUGH
     plan = sim.plan()
     assert plan.replay == [removal]
     assert plan.answer == []

@@ -15,6 +15,7 @@ from proxy.tracking import (
     SessionState,
     Settled,
 )
+from proxy.tracking import state as tracking_state
 
 
 def dashed(headers: dict[str, str]) -> dict[str, str]:
@@ -729,7 +730,7 @@ def test_strict_duplicate_on_the_same_link_is_still_hidden() -> None:
 
 
 def test_seen_identities_are_bounded_in_number(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tracking, "SEEN_MAX", 2)
+    monkeypatch.setattr(tracking_state, "SEEN_MAX", 2)
     st = new_state()
     subscribe(st, ack="auto")
     for dup in ("A", "B", "C"):
@@ -741,7 +742,7 @@ def test_seen_identities_are_bounded_in_number(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_seen_identities_are_bounded_in_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tracking, "SEEN_SECONDS", 10.0)
+    monkeypatch.setattr(tracking_state, "SEEN_SECONDS", 10.0)
     st = new_state()
     subscribe(st, ack="auto")
     shown(st.deliver(message("ID:A", dup="A"), now=0.0))
@@ -755,7 +756,7 @@ def test_seen_identities_are_bounded_in_time(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_a_new_status_refreshes_a_seen_identity(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tracking, "SEEN_MAX", 2)
+    monkeypatch.setattr(tracking_state, "SEEN_MAX", 2)
     st = new_state()
     subscribe(st)
     key = ack_id(st.deliver(message("ID:A", ack="a", dup="A"), now=0.0))
@@ -782,10 +783,10 @@ def test_transactions_open_and_close() -> None:
     assert st.transaction_of(frame(Command.SEND, destination="/q", transaction="t")) is tx
     with pytest.raises(SessionError, match="transaction 'other' is not open"):
         st.transaction_of(frame(Command.ACK, id="1", transaction="other"))
-    assert st.end(frame(Command.COMMIT, transaction="t")) is tx
+    assert st.end(frame(Command.COMMIT, transaction="t"), now=0.0) is tx
     assert st.transactions == {}
     with pytest.raises(SessionError, match="transaction 't' is not open"):
-        st.end(frame(Command.ABORT, transaction="t"))
+        st.end(frame(Command.ABORT, transaction="t"), now=0.0)
 
 
 def test_acks_in_a_transaction_record_the_deliveries_they_settle() -> None:
@@ -828,12 +829,36 @@ def test_an_aborted_ack_does_not_make_the_sidecar_ack_the_redelivery() -> None:
     st.begin(frame(Command.BEGIN, transaction="t"))
     key = ack_id(st.deliver(message("ID:1", ack="a1", dup="X"), now=0.0))
     settle(st, id=key, transaction="t")
-    st.end(frame(Command.ABORT, transaction="t"))
+    st.end(frame(Command.ABORT, transaction="t"), now=0.0)
     st.new_link(stable_message_ids=False)
     decision = st.deliver(message("ID:1", ack="b1", dup="X"), now=1.0)
     assert decision.to_broker is None  # nobody acked it: the sidecar must not either
     if decision.to_app is None:  # the app holds it again: its ack id settles the redelivery
         assert to_broker(settle(st, id=key)) == frame(Command.ACK, id="b1")
+
+
+def test_an_aborted_ack_is_stamped_with_the_callers_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every identity is stamped with the clock the session passes in (trio's), never a clock
+    of tracking's own. Regression: the ABORT path stamped ``time.monotonic()`` into records
+    otherwise stamped with ``trio.current_time()``; two clocks that cannot be compared, so the
+    age bound (SEEN_SECONDS) judged that identity by the wrong clock and it, and every identity
+    remembered after it, outlived the bound. ``time.monotonic`` is made huge here so that a
+    stamp from it can never pass for an old one."""
+    import time
+
+    monkeypatch.setattr(time, "monotonic", lambda: 1e9)
+    st = new_state()
+    subscribe(st)
+    st.begin(frame(Command.BEGIN, transaction="t"))
+    key = ack_id(st.deliver(message("ID:1", ack="a1", dup="X"), now=0.0))
+    settle(st, id=key, transaction="t")
+    st.end(frame(Command.ABORT, transaction="t"), now=1.0)  # the app holds X again
+    sub = st.subscriptions["s"]
+    assert sub.seen["d:X"][2] == 1.0
+    # Past the age bound by the caller's clock, the next delivery's sweep forgets X.
+    st.deliver(message("ID:2", ack="a2", dup="Y"), now=tracking_state.SEEN_SECONDS + 5.0)
+    assert "d:X" not in sub.seen
+    assert "d:Y" in sub.seen
 
 
 # -- the control channel ----------------------------------------------------------------------

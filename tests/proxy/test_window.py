@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from protocol import Command, Frame
-from proxy.window import ConfirmationWindow, Entry, WindowStatistics, frame_size
+from proxy.window import ConfirmationWindow, Entry, EntryContext, WindowStatistics, frame_size
 
 _EMPTY_SEND = Frame(Command.SEND, (("destination", "/q"),))
 #: The smallest frame :func:`send` can build.
@@ -66,7 +66,7 @@ def test_entries_are_numbered_in_order_and_numbers_are_never_reused() -> None:
 
 def test_append_keeps_what_the_session_needs() -> None:
     w = window()
-    tx = object()
+    tx = EntryContext()
     frame = send(50)
     entry = w.append(frame, app_receipt="mine", want_receipt=False, now=12.5, context=tx)
     assert (entry.seq, entry.size, entry.app_receipt, entry.enqueued_at) == (1, 50, "mine", 12.5)

@@ -1,210 +1,32 @@
-"""Session bookkeeping, pure: subscriptions, deliveries and ack ids, transactions, identities.
-
-No I/O and no trio here (like ``protocol/``): the session feeds frames in and gets decisions
-out, and the tests drive it directly. Everything a reconnect needs to restore a session lives
-in :class:`SessionState` (DESIGN §3.5): every live subscription with the headers it was made
-with, every open transaction with its frames, every message delivered to the app and not yet
-acknowledged, and the identities of messages already seen, to recognise redeliveries.
-
-Identifiers the app sees are the sidecar's own (DESIGN §3.3, §3.5):
-
-- **ack ids** (STOMP 1.2 ``ack`` header of MESSAGE) are numbers the sidecar allocates per
-  session and maps to the current upstream delivery; after a failover, a redelivery of the
-  same message is mapped to the same ack id (``transparent`` mode). STOMP 1.0/1.1 apps
-  acknowledge by ``message-id`` (+ ``subscription`` in 1.1); those keys are mapped the same way.
-- **subscription ids** upstream are the app's own (RabbitMQ names durable subscription queues
-  after them, so they must survive a reconnect unchanged); a STOMP 1.0 SUBSCRIBE without an id
-  gets ``<session id>-s<n>``.
-
-The **identity** of a message is its ``mq-sidecar-id`` header (the duplicate-detection id every
-SEND through a sidecar carries), else its ``message-id`` when the broker keeps message ids
-stable across redelivery and failover (ActiveMQ does, RabbitMQ does not: BROKERS.md §3, §8.9).
-Each link (upstream connection) has a *generation*; a message seen again on a later generation
-is a redelivery, one seen again on the same generation is a duplicate (a producer's replay).
-"""
+"""The state of one app session that outlives any single upstream connection
+(:class:`SessionState`); see :mod:`proxy.tracking` for the rules it keeps."""
 
 from __future__ import annotations
 
-import time
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 from protocol import Command, Frame
-from proxy.window import Entry
+from proxy.tracking.records import (
+    ACK_MODES,
+    DUPLICATE_ID_HEADER,
+    SEEN_MAX,
+    SEEN_SECONDS,
+    AckMode,
+    Delivered,
+    Delivery,
+    FrameRejected,
+    SessionError,
+    Settled,
+    Subscription,
+    Transaction,
+    ack_ident,
+)
 
-__all__ = [
-    "ACK_MODES",
-    "DUPLICATE_ID_HEADER",
-    "Delivered",
-    "Delivery",
-    "DurableRemoval",
-    "FrameRejected",
-    "SessionError",
-    "SessionState",
-    "Settled",
-    "Subscription",
-    "Transaction",
-]
+__all__ = ["SessionState"]
 
-#: STOMP 1.2 "SUBSCRIBE ack Header".
-ACK_MODES = ("auto", "client", "client-individual")
-#: The duplicate-detection id on every SEND through the sidecar (DESIGN §3.5).
-DUPLICATE_ID_HEADER = "mq-sidecar-id"
-#: Identities remembered per subscription to recognise duplicates and redeliveries
-#: (DESIGN §3.5 "bounded window of ids and time"): at most this many...
-SEEN_MAX = 20_000
-#: ...and none older than this many seconds.
-SEEN_SECONDS = 600.0
 #: The headers by which an ACK/NACK names its message, in one STOMP version or another.
 _ACK_IDENTIFIERS = frozenset({"id", "message-id", "subscription"})
-
-
-def _ack_ident(
-    version: str, message_id: str, upstream_ack: str | None, upstream_sub: str
-) -> list[tuple[str, str]]:
-    """The headers by which an ACK/NACK names a message in STOMP ``version``: ``id`` (the
-    MESSAGE's ``ack`` header, else its ``message-id``) in 1.2, ``message-id`` +
-    ``subscription`` in 1.1, ``message-id`` in 1.0 (STOMP 1.0/1.1/1.2 "ACK")."""
-    if version == "1.2":
-        return [("id", upstream_ack or message_id)]
-    if version == "1.1":
-        return [("message-id", message_id), ("subscription", upstream_sub)]
-    return [("message-id", message_id)]
-
-
-class SessionError(Exception):
-    """The app sent a frame that is valid STOMP but wrong for this session; fatal.
-
-    The message is one line, fit for the ``message`` header of the ERROR frame the app gets
-    (e.g. ``unknown ack id '17'``, ``transaction 'tx1' is not open``); the session then closes.
-    """
-
-
-class FrameRejected(SessionError):
-    """One frame is refused, the session goes on (JEUS per-message exceptions; a stale ack
-    id in ``strict`` mode; the COMMIT of a transaction rolled back by a failover)."""
-
-
-@dataclass(eq=False)
-class Subscription:
-    """One live subscription of the app.
-
-    ``frame`` is the SUBSCRIBE as sent upstream (upstream id, destination, ack mode, selector,
-    durable-subscription headers...): replaying it restores the subscription. ``local`` marks
-    the control-channel subscription, which never goes upstream (DESIGN §3.6).
-
-    ``ack`` is the app's ack mode. An app's ``client`` subscription is ``client-individual``
-    upstream too, and its cumulative ACK becomes one ACK per message it covers: after a
-    failover the redeliveries the sidecar hides and remaps reorder the app's deliveries against
-    the broker's, so a cumulative ACK upstream could cover a message the app still holds (and
-    RabbitMQ closes the connection on the "unknown delivery tag" of its later ACK; found by the
-    chaos soak). An app's ``auto`` subscription is made ``client-individual``
-    upstream and the sidecar acknowledges each message itself once it is written to the app:
-    with ``ack:auto`` a broker counts a message as acknowledged when it sends it, so the
-    messages in flight when a connection breaks would be lost (issue 3, "AUTO ack's last
-    message"); this way they are redelivered, and those the app already got are hidden.
-    Where a ``client`` ACK covers only its own subscription (ActiveMQ, Artemis; not RabbitMQ,
-    whose ``client`` ACK is an AMQP ``basic.ack multiple`` over the whole connection,
-    measured), an auto subscription is ``client`` upstream instead, and one ACK of the last
-    message of a burst settles the burst (:attr:`Delivered.coalesce`).
-    """
-
-    app_id: str | None
-    upstream_id: str
-    destination: str
-    ack: str
-    frame: Frame
-    local: bool = False
-    deliveries: dict[str, Delivery] = field(default_factory=dict)  # app key -> delivery, in order
-    pending_by_identity: dict[str, Delivery] = field(default_factory=dict)
-    arrivals: int = 0  # upstream MESSAGEs seen on this subscription (orders cumulative acks)
-    # identity -> (generation, "acked" | "nacked" | "delivered", seen at)
-    seen: OrderedDict[str, tuple[int, str, float]] = field(default_factory=OrderedDict)
-    sweep_at: float = float("-inf")  # when ``seen`` is next checked for expired identities
-
-
-@dataclass(eq=False)
-class Delivery:
-    """A MESSAGE delivered to the app that still needs its ACK/NACK.
-
-    ``upstream_ack`` is the broker's ``ack`` header (STOMP 1.2) on the current delivery;
-    otherwise the upstream acknowledgement is built from ``message_id`` (and the subscription
-    id in 1.1). ``generation`` is the link that delivered it: an ACK is only valid upstream on
-    that link.
-    """
-
-    app_key: str
-    subscription: Subscription
-    message_id: str
-    upstream_ack: str | None
-    identity: str | None
-    generation: int
-    arrival: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class DurableRemoval:
-    """Window-entry context of an UNSUBSCRIBE that also removes a durable subscription
-    (RabbitMQ ``durable:true``): replaying it on a new leg needs the subscription re-made
-    first, or the broker would keep the durable queue the app asked to delete."""
-
-    subscribe: Frame
-
-
-@dataclass(eq=False)
-class Transaction:
-    """A transaction and its window entries: the BEGIN, the SEND/ACK/NACK frames sent in it
-    and the COMMIT/ABORT that ends it (each knows whether the broker confirmed it).
-
-    ``acked`` are the deliveries its ACKs settled: held again after an ABORT, shown again
-    after a failover rolls the transaction back.
-    ``rolled_back``: a failover rolled it back (``rollback`` mode); its COMMIT answers an ERROR.
-    """
-
-    id: str
-    begin: Entry | None = None
-    entries: list[Entry] = field(default_factory=list)
-    end: Entry | None = None
-    acked: list[Delivery] = field(default_factory=list)
-    rolled_back: bool = False
-
-    @property
-    def dirty(self) -> bool:
-        """Work was done in it (Qpid draft: a "dirty" session cannot fail over silently)."""
-        return bool(self.entries)
-
-
-@dataclass(frozen=True, slots=True)
-class Delivered:
-    """What to do with one upstream MESSAGE.
-
-    ``to_app``: the MESSAGE for the app (None: hidden). ``to_broker``: an ACK/NACK to send for
-    a hidden message. ``hidden``: why it was hidden ("duplicate", "redelivery") or None.
-    ``coalesce``: set (the upstream subscription id) when ``to_broker`` is a cumulative
-    ``client`` ACK of an auto subscription: a later one of the same subscription replaces it.
-    """
-
-    to_app: Frame | None
-    to_broker: Frame | None = None
-    hidden: str | None = None
-    coalesce: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Settled:
-    """What an app ACK/NACK resolved to.
-
-    ``to_broker``: the ACK/NACK to send upstream, or None when the delivery belongs to an older
-    link and the redelivery will be settled on arrival (``transparent`` mode); ``local``: the
-    delivery was the sidecar's own (control channel), nothing goes upstream. ``more``: in
-    ``client`` mode, the ACKs/NACKs of the other messages a cumulative ACK settles, to send
-    before ``to_broker`` (which carries the app's receipt).
-    """
-
-    to_broker: Frame | None
-    local: bool = False
-    more: tuple[Frame, ...] = ()
 
 
 class SessionState:
@@ -236,7 +58,8 @@ class SessionState:
         self.transparent = transparent
         self.generation = 0
         self.stable_message_ids = False
-        self.auto_ack_mode = "client-individual"  # upstream ack mode of app auto subscriptions
+        #: The upstream ack mode of the app's auto subscriptions on the current link.
+        self.auto_ack_mode = AckMode.CLIENT_INDIVIDUAL
         self.subscriptions: dict[str, Subscription] = {}  # by upstream id
         self.transactions: dict[str, Transaction] = {}
         self._internal: set[str] = set()
@@ -262,7 +85,9 @@ class SessionState:
         """
         self.generation += 1
         self.stable_message_ids = stable_message_ids
-        self.auto_ack_mode = "client" if client_ack_per_subscription else "client-individual"
+        self.auto_ack_mode = (
+            AckMode.CLIENT if client_ack_per_subscription else AckMode.CLIENT_INDIVIDUAL
+        )
 
     def identity(self, message: Frame) -> str | None:
         """The identity of a message (module docstring), or None when it has none."""
@@ -303,9 +128,12 @@ class SessionState:
         destination = frame.get("destination")
         assert destination is not None  # protocol.Connection checks required headers
         app_id = frame.get("id")
-        ack = frame.get("ack", "auto") or "auto"
-        if ack not in ACK_MODES:
-            raise SessionError(f"unknown ack mode '{ack}' (expected one of {', '.join(ACK_MODES)})")
+        ack_header = frame.get("ack", "auto") or "auto"
+        if ack_header not in ACK_MODES:
+            raise SessionError(
+                f"unknown ack mode '{ack_header}' (expected one of {', '.join(ACK_MODES)})"
+            )
+        ack = AckMode(ack_header)
         if len(self.subscriptions) >= self.max_subscriptions:
             raise SessionError(
                 f"too many subscriptions: this session already has {self.max_subscriptions}"
@@ -323,10 +151,10 @@ class SessionState:
                     break
             upstream = frame.with_header("id", upstream_id)
         upstream = upstream.without("receipt")
-        if ack == "client" and not local:
-            upstream = upstream.with_header("ack", "client-individual")
-        elif ack == "auto" and not local:
-            upstream = upstream.with_header("ack", self.auto_ack_mode)
+        if ack is AckMode.CLIENT and not local:
+            upstream = upstream.with_header("ack", AckMode.CLIENT_INDIVIDUAL.value)
+        elif ack is AckMode.AUTO and not local:
+            upstream = upstream.with_header("ack", self.auto_ack_mode.value)
         self.removing.discard(upstream_id)
         self.subscriptions[upstream_id] = Subscription(
             app_id=app_id,
@@ -370,12 +198,13 @@ class SessionState:
         """A SUBSCRIBE about to go upstream again (a restore), with the ack mode of the
         current link for an app auto subscription (:meth:`new_link`)."""
         sub = self.subscriptions.get(frame.get("id") or "")
-        if sub is None or sub.ack != "auto" or sub.local:
+        if sub is None or sub.ack is not AckMode.AUTO or sub.local:
             return frame
-        if frame.get("ack") == self.auto_ack_mode:
+        mode = self.auto_ack_mode.value
+        if frame.get("ack") == mode:
             return frame
-        sub.frame = sub.frame.with_header("ack", self.auto_ack_mode)
-        return frame.with_header("ack", self.auto_ack_mode)
+        sub.frame = sub.frame.with_header("ack", mode)
+        return frame.with_header("ack", mode)
 
     def local_subscriptions(self) -> list[Subscription]:
         """The control-channel subscriptions (never sent upstream)."""
@@ -414,9 +243,7 @@ class SessionState:
             while seen and next(iter(seen.values()))[2] < cutoff:
                 seen.popitem(last=False)
 
-    def deliver(
-        self, message: Frame, *, upstream_version: str = "1.2", now: float | None = None
-    ) -> Delivered:
+    def deliver(self, message: Frame, *, upstream_version: str = "1.2", now: float) -> Delivered:
         """Decide what an upstream MESSAGE becomes for the app.
 
         ``to_broker``, when set, is sent after ``to_app`` was written (for an ``auto``
@@ -437,7 +264,6 @@ class SessionState:
         - a duplicate (same identity on the same link, e.g. a producer's replayed SEND):
           acknowledged upstream and hidden in both modes.
         """
-        now = time.monotonic() if now is None else now
         # One pass over the headers (the hot path): the ids this needs, first entries only
         # (STOMP 1.2 "Repeated Header Entries"), and the app's headers without ``ack``.
         upstream_sub: str | None = None
@@ -522,7 +348,7 @@ class SessionState:
         out = Frame.unchecked(Command.MESSAGE, tuple(rest), message.body)
         if redelivered:
             out = out.with_header("redelivered", "true")
-        if sub.ack == "auto":
+        if sub.ack is AckMode.AUTO:
             if identity is not None:
                 self._remember(sub, identity, "acked", now)
             ack = self._own_ack(sub, message_id, upstream_ack, upstream_version)
@@ -577,7 +403,7 @@ class SessionState:
     def _coalesce(self, sub: Subscription) -> str | None:
         """The key under which the sidecar's ACKs of ``sub`` replace each other: only an app
         auto subscription that is ``client`` upstream (cumulative, per subscription)."""
-        if sub.ack == "auto" and self.auto_ack_mode == "client":
+        if sub.ack is AckMode.AUTO and self.auto_ack_mode is AckMode.CLIENT:
             return sub.upstream_id
         return None
 
@@ -587,7 +413,7 @@ class SessionState:
     ) -> Frame:
         """The sidecar's own ACK of a message the app will never acknowledge itself (an auto
         subscription's, a hidden one): :meth:`upstream_ack` of a bare ACK, built directly."""
-        ident = _ack_ident(upstream_version, message_id, upstream_ack, sub.upstream_id)
+        ident = ack_ident(upstream_version, message_id, upstream_ack, sub.upstream_id)
         return Frame.unchecked(Command.ACK, tuple(ident), b"")
 
     def _forget(self, delivery: Delivery) -> None:
@@ -606,7 +432,7 @@ class SessionState:
         out = message
         if sub.app_id is not None:
             out = out.with_header("subscription", sub.app_id)
-        if sub.ack == "auto":
+        if sub.ack is AckMode.AUTO:
             return out
         message_id = out.get("message-id", "") or ""
         out, key = self._app_ack_key(sub, out, message_id)
@@ -615,7 +441,7 @@ class SessionState:
         sub.deliveries[key] = delivery
         return out
 
-    def settle(self, frame: Frame, *, upstream_version: str, now: float | None = None) -> Settled:
+    def settle(self, frame: Frame, *, upstream_version: str, now: float) -> Settled:
         """Resolve an app ACK/NACK to the frame for the broker, and forget what it settles.
 
         In ``client`` ack mode an ACK/NACK is cumulative (STOMP 1.2 "SUBSCRIBE ack Header"):
@@ -629,7 +455,6 @@ class SessionState:
             SessionError: the ack id (or message-id) matches no outstanding delivery.
             FrameRejected: a stale ack id in ``strict`` mode.
         """
-        now = time.monotonic() if now is None else now
         if self.app_version == "1.2":
             key = frame.get("id", "") or ""
             what = f"ack id '{key}'"
@@ -660,7 +485,7 @@ class SessionState:
             )
         status = "nacked" if frame.command == "NACK" else "acked"
         settled = [delivery]
-        if sub.ack == "client":
+        if sub.ack is AckMode.CLIENT:
             settled = []
             for candidate in list(sub.deliveries.values()):
                 settled.append(candidate)
@@ -675,7 +500,7 @@ class SessionState:
                 self.transactions[tx].acked.append(d)
         if sub.local:
             return Settled(None, local=True)
-        if sub.ack == "client":
+        if sub.ack is AckMode.CLIENT:
             # client-individual upstream (Subscription): one ACK/NACK per message settled,
             # except those of older links (their redeliveries are settled on arrival).
             frames = [
@@ -698,7 +523,7 @@ class SessionState:
         ``message-id`` in 1.0 (STOMP 1.0/1.1/1.2 "ACK").
         """
         rest = [h for h in frame.headers if h[0] not in _ACK_IDENTIFIERS]
-        ident = _ack_ident(
+        ident = ack_ident(
             upstream_version,
             delivery.message_id,
             delivery.upstream_ack,
@@ -715,8 +540,9 @@ class SessionState:
             raise SessionError(f"transaction '{tx}' is already open")
         self.transactions[tx] = Transaction(tx)
 
-    def end(self, frame: Frame) -> Transaction:
-        """Close the transaction a COMMIT/ABORT names. Raises SessionError if it is not open."""
+    def end(self, frame: Frame, *, now: float) -> Transaction:
+        """Close the transaction a COMMIT/ABORT names (``now``: the caller's clock, seconds,
+        as for :meth:`deliver`). Raises SessionError if it is not open."""
         tx = frame.get("transaction", "") or ""
         if tx not in self.transactions:
             raise SessionError(f"transaction '{tx}' is not open")
@@ -725,11 +551,11 @@ class SessionState:
             # The broker keeps what the transaction acknowledged unacknowledged (ActiveMQ
             # StompSubscription.onStompAbort); so does the sidecar: the app holds them again.
             for d in ended.acked:
-                self._restore_delivery(d)
+                self._restore_delivery(d, now)
             ended.acked.clear()
         return ended
 
-    def _restore_delivery(self, d: Delivery) -> None:
+    def _restore_delivery(self, d: Delivery, now: float) -> None:
         sub = d.subscription
         if sub.upstream_id not in self.subscriptions:
             return
@@ -737,7 +563,7 @@ class SessionState:
         sub.deliveries[d.app_key] = d
         if d.identity is not None:
             sub.pending_by_identity[d.identity] = d
-            self._remember(sub, d.identity, "delivered", time.monotonic(), generation=d.generation)
+            self._remember(sub, d.identity, "delivered", now, generation=d.generation)
 
     def transaction_of(self, frame: Frame) -> Transaction | None:
         """The open transaction a SEND/ACK/NACK names, if any.

@@ -1,0 +1,111 @@
+"""The sidecar's own ACKs: for messages of the app's ``ack:auto`` subscriptions (which the
+sidecar subscribes with a client ack mode upstream, so that an unconfirmed delivery survives a
+failover) and for redeliveries it hides from the app.
+
+An auto-acked message is acknowledged upstream only after the app's out-buffer holding it has
+been written (:meth:`SidecarAcks.take` is called by the app flush); a hidden message's ACK goes
+at once. The relay (the leg's only reader) never writes these itself: it queues them on the leg
+and :meth:`SidecarAcks.flush_loop` writes them, since a broker blocked writing to us may not
+read (see :mod:`proxy.session.link`).
+"""
+
+from __future__ import annotations
+
+import trio
+
+import protocol
+from protocol import Frame
+from proxy.upstream import Upstream
+from proxy.wire import TransportLost
+
+__all__ = ["SidecarAcks"]
+
+
+class SidecarAcks:
+    """The ACKs the sidecar owes the broker on the current leg.
+
+    Args:
+        max_unacked: ``max_unacked``: past this many held ACKs the relay flushes the app
+            (:meth:`hold` and :meth:`coalesce` say so).
+    """
+
+    def __init__(self, max_unacked: int) -> None:
+        self.max_unacked = max_unacked
+        #: ACKs of auto-acked messages, held until the app flush.
+        self._held: list[Frame] = []
+        #: Cumulative ACKs of auto subscriptions (``Delivered.coalesce``): the latest of each,
+        #: and how many messages they settle, until the app flush.
+        self._latest: dict[str, Frame] = {}
+        self._latest_count = 0
+        self._flush_wanted = False
+        self._queued = trio.Event()
+        self._sent = trio.Event()
+
+    def reset(self) -> None:
+        """Forget everything owed: a new leg (ack ids of the old one mean nothing there)."""
+        self._held.clear()
+        self._latest.clear()
+        self._latest_count = 0
+        self._flush_wanted = False
+
+    @property
+    def pending(self) -> bool:
+        """Whether any ACK of the sidecar's is held or queued (a ``priority_backup`` quiet
+        point needs none)."""
+        return bool(self._held or self._latest or self._flush_wanted)
+
+    def hold(self, ack: Frame) -> bool:
+        """Hold an auto-acked message's ACK until the app flush. True when ``max_unacked``
+        are held: the caller should flush the app now."""
+        self._held.append(ack)
+        return len(self._held) >= self.max_unacked
+
+    def coalesce(self, key: str, ack: Frame) -> bool:
+        """Keep ``ack`` as the latest cumulative ACK of subscription ``key`` (it settles the
+        earlier ones). True when it settles ``max_unacked`` messages: flush the app now."""
+        self._latest[key] = ack
+        self._latest_count += 1
+        return self._latest_count >= self.max_unacked
+
+    def take(self) -> list[Frame]:
+        """Every ACK held so far (the app flush about to happen writes their messages)."""
+        held, self._held = self._held, []
+        if self._latest:
+            held.extend(self._latest.values())
+            self._latest = {}
+            self._latest_count = 0
+        return held
+
+    async def send(self, upstream: Upstream, ack: Frame) -> None:
+        """Queue one ACK on ``upstream`` (no I/O) and have :meth:`flush_loop` write it. When
+        the leg's out-buffer is full, wait for that flush first, which bounds the buffer."""
+        while upstream.needs_flush:
+            self._want_flush()
+            self._sent = trio.Event()
+            await self._sent.wait()
+        try:
+            upstream.queue(ack)
+        except (TransportLost, protocol.LocalProtocolError):
+            # The leg is lost (the redelivery will be hidden again on the next one), or the
+            # app's DISCONNECT went up before this delivery arrived: nothing to acknowledge.
+            return
+        self._want_flush()
+
+    def _want_flush(self) -> None:
+        self._flush_wanted = True
+        self._queued.set()
+
+    async def flush_loop(self, upstream: Upstream) -> None:
+        """Write the ACKs queued on ``upstream`` by :meth:`send`, until cancelled or the leg
+        is lost (run it in the leg's nursery)."""
+        while True:
+            while not self._flush_wanted:
+                self._queued = trio.Event()
+                await self._queued.wait()
+            self._flush_wanted = False
+            try:
+                await upstream.flush()
+            except TransportLost:
+                return  # the relay sees the loss; the redelivery will be hidden again
+            finally:
+                self._sent.set()

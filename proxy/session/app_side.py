@@ -1,0 +1,307 @@
+"""App → broker: read the app's frames in bursts and handle each by its command (a table of
+handlers), through the session state (subscriptions, ack ids, transactions) into the
+confirmation window; the last frame of a burst asks for a receipt.
+
+A frame the session cannot accept gets an ERROR: :class:`proxy.tracking.FrameRejected` refuses
+that frame and keeps the session, :class:`proxy.tracking.SessionError` ends it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+import trio
+
+import protocol
+from protocol import Command, ConnectionClosed, Frame
+from proxy.session.confirmations import Confirmations
+from proxy.session.control import SCOPE_HEADER, ControlChannel
+from proxy.session.core import SessionCore
+from proxy.session.ending import Ending, error_frame
+from proxy.session.to_app import AppOutput
+from proxy.tracking import (
+    DUPLICATE_ID_HEADER,
+    PASS_THROUGH,
+    DurableRemoval,
+    FrameRejected,
+    SessionError,
+)
+from proxy.vocabulary import ClientErrorReason
+from proxy.wire import HeartBeatTimeout, TransportLost
+
+__all__ = ["ARTEMIS_DUPLICATE_ID", "AppSide"]
+
+#: Artemis' duplicate detection header (Artemis "Duplicate Message Detection").
+ARTEMIS_DUPLICATE_ID = "_AMQ_DUPL_ID"
+
+#: A command handler: (frame, idle) -> True when the app's DISCONNECT has been handled.
+_Handler = Callable[[Frame, bool], Awaitable[bool]]
+
+
+class AppSide:
+    """Reads the app and dispatches its frames (:meth:`relay`)."""
+
+    def __init__(
+        self,
+        core: SessionCore,
+        out: AppOutput,
+        control: ControlChannel,
+        confirmations: Confirmations,
+    ) -> None:
+        self.core = core
+        self.out = out
+        self.control = control
+        self.confirmations = confirmations
+        self._dup_seq = 0
+        self._handlers: dict[Command, _Handler] = {
+            Command.SEND: self._send,
+            Command.SUBSCRIBE: self._subscribe,
+            Command.UNSUBSCRIBE: self._unsubscribe,
+            Command.ACK: self._settle,
+            Command.NACK: self._settle,
+            Command.BEGIN: self._begin,
+            Command.COMMIT: self._end_transaction,
+            Command.ABORT: self._end_transaction,
+            Command.DISCONNECT: self._disconnect,
+        }
+
+    async def relay(self) -> None:
+        """Relay app → broker until the app leaves or breaks the protocol (the session
+        ends) or the app side is cancelled."""
+        core = self.core
+        while True:
+            # The burst read so far is handled: what it queued for the broker leaves in one
+            # write, before we wait for the app again.
+            await self.confirmations.flush_upstream()
+            try:
+                event = await core.app.receive_event()
+            except HeartBeatTimeout as exc:
+                core.metrics.client_protocol_error(ClientErrorReason.HEARTBEAT_TIMEOUT)
+                core.end(
+                    Ending(
+                        f"app silent: {exc}", app_error=error_frame(f"heart-beat timeout: {exc}")
+                    )
+                )
+                return
+            except TransportLost as exc:
+                core.end(Ending(f"app connection lost: {exc}"))
+                return
+            except protocol.RemoteProtocolError as exc:
+                core.metrics.client_protocol_error(ClientErrorReason.MALFORMED_FRAME)
+                core.end(
+                    Ending(
+                        f"app protocol error: {exc}",
+                        app_error=exc.error_frame,
+                        level=logging.WARNING,
+                    )
+                )
+                return
+            # Handle the burst already read; the last frame of it gets a receipt (idle).
+            while True:
+                if isinstance(event, ConnectionClosed):
+                    core.end(Ending("app closed the connection"))
+                    return
+                try:
+                    upcoming = core.app.next_buffered()
+                except protocol.RemoteProtocolError as exc:
+                    upcoming = None  # reported when read again, after this frame
+                    core.app_broke = exc
+                if isinstance(event, Frame) and await self._dispatch(event, upcoming is None):
+                    return
+                if upcoming is None:
+                    break
+                event = upcoming
+
+    async def _dispatch(self, frame: Frame, idle: bool) -> bool:
+        """Handle one app frame; True when the session is over (DISCONNECT, or a
+        :class:`SessionError` that ended it)."""
+        core = self.core
+        handler = self._handlers.get(frame.command)
+        try:
+            if handler is None:  # CONNECT/STOMP again: protocol.Connection rejects these first
+                raise SessionError(f"unexpected {frame.command} frame")
+            return await handler(frame, idle)
+        except FrameRejected as exc:
+            core.metrics.client_protocol_error(ClientErrorReason.INVALID_REQUEST)
+            await self.out.send(error_frame(str(exc), receipt_id=frame.get("receipt")))
+            return False
+        except SessionError as exc:
+            core.metrics.client_protocol_error(ClientErrorReason.INVALID_REQUEST)
+            core.end(
+                Ending(
+                    f"app error: {exc}",
+                    app_error=error_frame(str(exc), receipt_id=frame.get("receipt")),
+                    level=logging.WARNING,
+                )
+            )
+            return True
+
+    # -- one handler per command ------------------------------------------------------------
+
+    def upstream_send(self, frame: Frame) -> tuple[Frame, str | None]:
+        """An app SEND as it goes upstream, and the app's receipt id, in one pass over the
+        headers (the hot path): every ``receipt`` entry removed (the sidecar requests its
+        own), and the duplicate-detection id added: ``mq-sidecar-id``, kept when the app set
+        one, and the same value as Artemis' ``_AMQ_DUPL_ID`` unless present or the leg is a
+        broker that ignores it (:attr:`proxy.upstream.Upstream.artemis_duplicate_ids`). A
+        frame replayed on a new leg keeps the headers it was made with."""
+        app_receipt: str | None = None
+        dup_id: str | None = None
+        artemis = False
+        headers: list[tuple[str, str]] = []
+        for item in frame.headers:
+            name = item[0]
+            if name == "receipt":
+                if app_receipt is None:
+                    app_receipt = item[1]
+                continue
+            if name == DUPLICATE_ID_HEADER:
+                if dup_id is None:
+                    dup_id = item[1]
+            elif name == ARTEMIS_DUPLICATE_ID:
+                artemis = True
+            headers.append(item)
+        if dup_id is None:
+            self._dup_seq += 1
+            dup_id = f"{self.core.id}-{self._dup_seq}"
+            headers.append((DUPLICATE_ID_HEADER, dup_id))
+        if not artemis and self.core.artemis_ids:
+            headers.append((ARTEMIS_DUPLICATE_ID, dup_id))
+        return Frame.unchecked(Command.SEND, tuple(headers), frame.body), app_receipt
+
+    async def _send(self, frame: Frame, idle: bool) -> bool:
+        state = self.core.state
+        assert state is not None
+        up, app_receipt = self.upstream_send(frame)
+        tx = state.transaction_of(frame)
+        if tx is not None and tx.rolled_back:
+            await self.out.answer_locally(app_receipt)  # COMMIT will fail, ABORT succeeds
+            return False
+        entry = await self.confirmations.submit(up, app_receipt=app_receipt, idle=idle, context=tx)
+        if tx is not None:
+            tx.entries.append(entry)
+        return False
+
+    async def _subscribe(self, frame: Frame, idle: bool) -> bool:
+        core = self.core
+        state = core.state
+        assert state is not None
+        app_receipt = frame.get("receipt")
+        if frame.get("destination") == core.config.events_destination:
+            state.subscribe(frame, local=True)  # the control channel never goes upstream
+            if frame.get(SCOPE_HEADER) == "all" and not self.control.pumping:
+                assert core.app_nursery is not None
+                self.control.pumping = True
+                await core.app_nursery.start(self.control.pump)
+            await self.out.answer_locally(app_receipt)
+            return False
+        await self.confirmations.submit(state.subscribe(frame), app_receipt=app_receipt, idle=idle)
+        return False
+
+    async def _unsubscribe(self, frame: Frame, idle: bool) -> bool:
+        core = self.core
+        state = core.state
+        assert state is not None
+        app_receipt = frame.get("receipt")
+        bare = frame.without("receipt")
+        sub = state.unsubscribe(frame)
+        if sub is not None and sub.local:
+            await self.out.answer_locally(app_receipt)
+            return False
+        core.acks_freed.set()
+        if sub is None:
+            # No live subscription: e.g. ActiveMQ's removal of a durable subscription
+            # (UNSUBSCRIBE with activemq.subscriptionName after the consumer closed).
+            # The broker decides; its ERROR, if any, reaches the app.
+            await self.confirmations.submit(
+                bare, app_receipt=app_receipt, idle=idle, context=PASS_THROUGH
+            )
+        else:
+            rest = bare.without("id", "destination")
+            upstream = rest.replace(headers=(("id", sub.upstream_id), *rest.headers))
+            durable = frame.get("durable") == "true"
+            context = DurableRemoval(sub.frame) if durable else None
+            await self.confirmations.submit(
+                upstream, app_receipt=app_receipt, idle=idle, context=context
+            )
+        return False
+
+    async def _settle(self, frame: Frame, idle: bool) -> bool:
+        """ACK or NACK."""
+        core = self.core
+        state = core.state
+        assert state is not None
+        app_receipt = frame.get("receipt")
+        bare = frame.without("receipt")
+        upstream_version = core.upstream.version if core.upstream else "1.2"
+        if frame.command is Command.NACK and upstream_version == "1.0":
+            raise FrameRejected("NACK is not possible: the broker speaks STOMP 1.0")
+        tx = state.transaction_of(frame)
+        settled = state.settle(bare, upstream_version=upstream_version, now=trio.current_time())
+        core.acks_freed.set()
+        if settled.to_broker is None or (tx is not None and tx.rolled_back):
+            await self.out.answer_locally(app_receipt)
+            return False
+        # A `client` ACK settles several messages: one ACK each, the app's receipt last.
+        for frame_up in (*settled.more, settled.to_broker):
+            last = frame_up is settled.to_broker
+            entry = await self.confirmations.submit(
+                frame_up,
+                app_receipt=app_receipt if last else None,
+                idle=idle and last,
+                context=tx,
+            )
+            if tx is not None:
+                tx.entries.append(entry)
+        return False
+
+    async def _begin(self, frame: Frame, idle: bool) -> bool:
+        state = self.core.state
+        assert state is not None
+        state.begin(frame)
+        tx = state.transactions[frame.get("transaction", "") or ""]
+        tx.begin = await self.confirmations.submit(
+            frame.without("receipt"), app_receipt=frame.get("receipt"), idle=idle, context=tx
+        )
+        return False
+
+    async def _end_transaction(self, frame: Frame, idle: bool) -> bool:
+        """COMMIT or ABORT."""
+        state = self.core.state
+        assert state is not None
+        app_receipt = frame.get("receipt")
+        tx = state.end(frame, now=trio.current_time())
+        if tx.rolled_back:
+            if frame.command is Command.COMMIT:
+                raise FrameRejected(
+                    f"transaction '{tx.id}' rolled back: the broker connection failed over "
+                    "before COMMIT (transaction_failover = rollback); its messages will be "
+                    "redelivered"
+                )
+            await self.out.answer_locally(app_receipt)
+            return False
+        tx.end = await self.confirmations.submit(
+            frame.without("receipt"), app_receipt=app_receipt, idle=idle, context=tx
+        )
+        return False
+
+    async def _disconnect(self, frame: Frame, idle: bool) -> bool:
+        core = self.core
+        # The sidecar's ACKs of auto-acked messages already written to the app go before
+        # the DISCONNECT (after it the leg takes no frame), or the broker would redeliver
+        # them to another consumer.
+        await self.out.flush()
+        core.disconnect_entry = await self.confirmations.submit(
+            frame.without("receipt"), app_receipt=frame.get("receipt"), idle=True
+        )
+        await self.confirmations.flush_upstream()
+        with trio.move_on_after(core.durations.call_timeout):
+            await core.disconnected.wait()
+        lost = [e.label for e in core.window if not e.confirmed]
+        reason = "app disconnected"
+        if lost:
+            core.metrics.frames_lost(len(lost))
+            reason += f"; {len(lost)} frame(s) never confirmed: {', '.join(lost)}"
+        core.end(Ending(reason, disconnect_upstream=False))
+        return True

@@ -1,0 +1,148 @@
+"""Broker → app: the relay of one upstream leg. MESSAGEs go through the session state (ack ids
+mapped, redeliveries and duplicates hidden), RECEIPTs confirm the window, an ERROR reaches the
+app with the app's own receipt id. The relay is the leg's only reader; it returns why the leg
+was lost, and decides whether that loss ends the session instead of failing over."""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+import protocol
+from protocol import Command, ConnectionClosed, Frame, HeartBeat
+from proxy.session.acks import SidecarAcks
+from proxy.session.confirmations import Confirmations
+from proxy.session.core import SessionCore
+from proxy.session.ending import Ending
+from proxy.session.to_app import AppOutput
+from proxy.upstream import Upstream
+from proxy.vocabulary import FailoverReason
+from proxy.wire import HeartBeatTimeout, TransportLost
+
+__all__ = ["ERROR_CLOSE_WINDOW", "BrokerSide"]
+
+log = logging.getLogger("mq_sidecar.session")
+
+#: Seconds after a broker's ERROR within which its closing the connection is taken as the
+#: end of the session (STOMP 1.2 "ERROR": the server closes just after it), not a failure.
+ERROR_CLOSE_WINDOW = 2.0
+
+
+class BrokerSide:
+    """Relays one leg at a time (:meth:`relay`), for the link task."""
+
+    def __init__(
+        self,
+        core: SessionCore,
+        acks: SidecarAcks,
+        out: AppOutput,
+        confirmations: Confirmations,
+    ) -> None:
+        self.core = core
+        self.acks = acks
+        self.out = out
+        self.confirmations = confirmations
+        self._error_at: float | None = None  # when this leg last sent an ERROR
+
+    async def relay(self, upstream: Upstream) -> tuple[str, FailoverReason]:
+        """Relay broker → app until the leg is lost; returns why it was lost. Ends the
+        session when the loss is the app's DISCONNECT completing, or the broker closing just
+        after an ERROR (an application error, not a failover)."""
+        core = self.core
+        kind = FailoverReason.CONNECTION_LOST
+        try:
+            while True:
+                event = upstream.next_buffered()
+                if event is None:
+                    # The burst read so far is handled: what it queued for the app leaves
+                    # in one write, before we wait for the broker again.
+                    await self.out.flush()
+                    event = await upstream.receive_event()
+                if isinstance(event, HeartBeat):
+                    continue
+                if isinstance(event, ConnectionClosed):
+                    reason = "broker closed the connection"
+                    break
+                await self._on_frame(upstream, event)
+        except HeartBeatTimeout as exc:
+            reason, kind = f"broker silent: {exc}", FailoverReason.HEARTBEAT_TIMEOUT
+        except TransportLost as exc:
+            reason = f"connection lost: {exc}"
+        except protocol.RemoteProtocolError as exc:
+            reason, kind = f"broker sent invalid STOMP: {exc}", FailoverReason.PROTOCOL_ERROR
+        error_at, self._error_at = self._error_at, None
+        closed_after_error = (
+            error_at is not None
+            and kind is FailoverReason.CONNECTION_LOST
+            and trio.current_time() - error_at < ERROR_CLOSE_WINDOW
+        )
+        if core.disconnect_entry is not None and core.disconnected.is_set():
+            core.end(Ending("app disconnected", disconnect_upstream=False))
+        elif closed_after_error:
+            # An ERROR answering the app's own frame is an application error, not a
+            # failover; the broker closes after it, and so does the session. (A broker that
+            # kept the connection after a non-fatal ERROR and dies later fails over.)
+            kind = FailoverReason.BROKER_ERROR
+            core.end(Ending(f"{reason} after an ERROR", disconnect_upstream=False))
+        return reason, kind
+
+    async def _on_frame(self, upstream: Upstream, frame: Frame) -> None:
+        command = frame.command
+        if command is Command.MESSAGE:
+            await self._on_message(upstream, frame)
+        elif command is Command.RECEIPT:
+            await self.confirmations.confirm(frame.get("receipt-id") or "")
+        elif command is Command.ERROR:
+            await self._on_error(upstream, frame)
+        else:  # CONNECTED twice: protocol.Connection already rejects it
+            log.warning("session %s: unexpected %s from broker ignored", self.core.id, command)
+
+    async def _on_message(self, upstream: Upstream, frame: Frame) -> None:
+        core = self.core
+        state = core.state
+        assert state is not None
+        while state.unacked >= state.max_unacked:
+            # Bounded: stop reading the broker until the app acknowledges (max_unacked).
+            await self.out.flush()
+            core.acks_freed = trio.Event()
+            await core.acks_freed.wait()
+        decision = state.deliver(frame, upstream_version=upstream.version, now=trio.current_time())
+        if decision.to_app is not None:
+            core.metrics.frame_to_app(Command.MESSAGE, len(decision.to_app.body))
+            await self.out.send(decision.to_app, flush=False)
+        elif decision.hidden is not None:
+            core.metrics.duplicates_suppressed()
+        if decision.to_broker is None:
+            return
+        if decision.coalesce is not None:
+            # An auto subscription's cumulative ACK (shown or hidden message): the last of
+            # the burst goes after the app's flush and settles all of them.
+            if self.acks.coalesce(decision.coalesce, decision.to_broker):
+                await self.out.flush()
+        elif decision.to_app is None:
+            # A hidden message: the app never sees it, so its ACK goes on the leg now, ahead
+            # of any ACK the app sends for later deliveries (a cumulative ACK of a `client`
+            # subscription would otherwise cover it first: RabbitMQ then closes the
+            # connection on the "unknown delivery tag").
+            await self.acks.send(upstream, decision.to_broker)
+        elif self.acks.hold(decision.to_broker):
+            # The sidecar's ACK of an auto subscription's message goes only after the app
+            # has it: held until the app's out-buffer is written (AppOutput.flush).
+            await self.out.flush()
+
+    async def _on_error(self, upstream: Upstream, frame: Frame) -> None:
+        core = self.core
+        error_receipt = frame.get("receipt-id")
+        out = frame
+        if error_receipt is not None:
+            out = await self.confirmations.confirm_by_error(frame, error_receipt)
+        log.warning(
+            "session %s: broker %s sent ERROR: %s",
+            core.id,
+            upstream.broker.label,
+            frame.get("message"),
+        )
+        self._error_at = trio.current_time()
+        core.metrics.frame_to_app(Command.ERROR, len(out.body))
+        await self.out.send(out)

@@ -1,0 +1,224 @@
+"""The confirmation window at work: frames from the app enter the window and go upstream with
+the receipts the sidecar asks for; broker RECEIPTs confirm them and answer the app's receipts;
+a receipt the app waits for past ``call_timeout`` is answered with an ERROR.
+
+The window itself (:class:`proxy.window.ConfirmationWindow`) is pure bookkeeping; this module
+adds the I/O and the waiting (backpressure: while the window is full the app is not read).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import trio
+
+from protocol import Command, Frame
+from proxy.session.core import SessionCore
+from proxy.session.ending import error_frame
+from proxy.session.phase import Phase
+from proxy.session.to_app import AppOutput
+from proxy.vocabulary import TransactionOutcome
+from proxy.window import Entry, EntryContext, frame_size
+from proxy.wire import TransportLost
+
+__all__ = ["ALWAYS_RECEIPTED", "Confirmations"]
+
+log = logging.getLogger("mq_sidecar.session")
+
+#: Commands that always carry a sidecar receipt: each changes session state a restore must
+#: know the outcome of (docs/behaviour.md, "Confirmation window").
+ALWAYS_RECEIPTED = frozenset(
+    {
+        Command.BEGIN,
+        Command.COMMIT,
+        Command.ABORT,
+        Command.SUBSCRIBE,
+        Command.UNSUBSCRIBE,
+        Command.DISCONNECT,
+    }
+)
+
+
+class Confirmations:
+    """Submitting app frames through the window, and confirming them."""
+
+    def __init__(self, core: SessionCore, out: AppOutput) -> None:
+        self.core = core
+        self.out = out
+
+    async def submit(
+        self,
+        frame: Frame,
+        *,
+        app_receipt: str | None,
+        idle: bool,
+        context: EntryContext | None = None,
+    ) -> Entry:
+        """Put a frame in the confirmation window and send it if a leg is up.
+
+        Blocks (stops reading the app: backpressure through TCP) while the window is full.
+        The sidecar's receipt is requested when the app asked for one, on
+        :data:`ALWAYS_RECEIPTED` commands, on every SEND of a leg whose receipts do not
+        confirm in order (RabbitMQ), when the bytes since the last receipt pass half the
+        window, and on the last frame of a burst (``idle``).
+        """
+        core = self.core
+        window = core.window
+        size = frame_size(frame)
+        if not window.has_room(size):
+            core.metrics.window_full()
+            await self.flush_upstream()  # the receipts that make room answer queued frames
+            while not window.has_room(size):
+                await core.window_change()
+        want = (
+            idle
+            or frame.command in ALWAYS_RECEIPTED
+            or (frame.command is Command.SEND and not core.cumulative_receipts)
+        )
+        if core.send_lock.locked():  # a restore is writing the window: append after it
+            async with core.send_lock:
+                entry = self._append(frame, app_receipt, want, context, size)
+        else:
+            # _append never checkpoints, so nothing can come between the append and the
+            # queueing; taking the lock would only cost a trip through the scheduler.
+            entry = self._append(frame, app_receipt, want, context, size)
+        upstream = core.upstream
+        if upstream is not None and upstream.needs_flush:
+            await self.flush_upstream()
+        return entry
+
+    def _append(
+        self,
+        frame: Frame,
+        app_receipt: str | None,
+        want_receipt: bool,
+        context: EntryContext | None,
+        size: int,
+    ) -> Entry:
+        """Append to the window and, when the leg is up, queue the frame on it (no I/O: the
+        app relay flushes at the end of the app's burst)."""
+        core = self.core
+        now = trio.current_time()
+        entry = core.window.append(
+            frame,
+            app_receipt=app_receipt,
+            want_receipt=want_receipt,
+            now=now,
+            context=context,
+            size=size,
+        )
+        if app_receipt is not None:
+            core.window_changed()  # a receipt for the call_timeout watch (appends make no room)
+        core.metrics.frame_to_broker(frame.command, len(frame.body))
+        upstream = core.upstream
+        if core.link_ready and upstream is not None:
+            try:
+                entry.sent_at = now
+                upstream.queue(entry.frame)
+                entry.sent = True
+            except TransportLost:
+                pass  # the link task sees the loss and replays the window
+        return entry
+
+    async def flush_upstream(self) -> None:
+        """Write what is queued for the broker; a failed write is left to the link task,
+        which sees the loss on its read and replays the window."""
+        upstream = self.core.upstream
+        if upstream is not None:
+            with contextlib.suppress(TransportLost):
+                await upstream.flush()
+
+    async def confirm(self, receipt: str) -> None:
+        """Apply a broker RECEIPT to the window and answer the app's receipts it covers."""
+        core = self.core
+        state = core.state
+        assert state is not None
+        confirmed = core.window.confirm(receipt)
+        if confirmed is None:
+            if not state.take_internal_receipt(receipt):
+                log.warning("session %s: broker sent unknown receipt-id %r", core.id, receipt)
+            return
+        core.window_changed()
+        now = trio.current_time()
+        metrics = core.metrics
+        for entry in confirmed:
+            if entry.receipt == receipt and entry.sent_at:
+                metrics.receipt_roundtrip(now - entry.sent_at)
+            if entry.frame.command is Command.COMMIT:
+                metrics.transaction(TransactionOutcome.COMMITTED)
+            if entry.app_receipt is not None and not entry.answered:
+                entry.answered = True
+                metrics.frame_to_app(Command.RECEIPT, 0)
+                await self.out.send(
+                    Frame(Command.RECEIPT, (("receipt-id", entry.app_receipt),)), flush=False
+                )
+            if entry is core.disconnect_entry:
+                # The app's RECEIPT must be written before the session ends: once
+                # `disconnected` is set the app side ends the session and cancels this relay.
+                await self.out.flush()
+                core.disconnected.set()
+
+    async def confirm_by_error(self, error: Frame, receipt: str) -> Frame:
+        """A broker ERROR that answers the frame carrying sidecar receipt ``receipt``: the
+        entries before it are confirmed (answered locally), the one it answers is settled.
+        Returns the ERROR as the app gets it: with the app's receipt id, or without one."""
+        core = self.core
+        confirmed = core.window.confirm(receipt) or []
+        core.window_changed()
+        answered = next((e for e in confirmed if e.receipt == receipt), None)
+        for entry in confirmed:
+            if entry is not answered and entry.app_receipt and not entry.answered:
+                entry.answered = True
+                await self.out.answer_locally(entry.app_receipt)
+        if answered is not None and answered.app_receipt and not answered.answered:
+            answered.answered = True
+            return error.with_header("receipt-id", answered.app_receipt)
+        return error.without("receipt-id")
+
+    async def watch_call_timeouts(self) -> None:
+        """ERROR for every app receipt unconfirmed after ``call_timeout`` (Artemis
+        "unblocking calls"; JEUS request-blocking-time): the app is never left waiting
+        forever, and a frame that was never sent is dropped. Runs until cancelled."""
+        core = self.core
+        timeout = core.durations.call_timeout
+        while True:
+            entry = core.window.first_unanswered()
+            if entry is None:
+                await core.window_change()
+                continue
+            deadline = entry.enqueued_at + timeout
+            if trio.current_time() < deadline:
+                # Entries are in the order the app handed them over, so no later one is due
+                # sooner: sleep to this deadline and look again (the entry may be answered by
+                # then), rather than waking on every window change (every relayed frame).
+                await trio.sleep_until(deadline)
+                continue
+            entry.answered = True
+            state = "while reconnecting" if core.phase is Phase.RECONNECTING else "by the broker"
+            if entry.sent:
+                detail = "it may still be"
+            elif entry.sent_before:
+                # Sent to a broker that was lost before confirming it: stored there or not,
+                # nobody knows; it is not replayed after this ERROR.
+                detail = (
+                    "it reached a broker that was lost before confirming it, so it may have "
+                    "taken effect; it is dropped and not replayed"
+                )
+                if entry.frame.command is Command.COMMIT:
+                    detail += " (the transaction's outcome is in doubt)"
+            else:
+                detail = "it was never sent and is dropped"
+            await self.out.send(
+                error_frame(
+                    f"{entry.frame.command} not confirmed {state} within "
+                    f"{core.config.call_timeout} ms",
+                    receipt_id=entry.app_receipt,
+                    detail=f"{entry.frame.command} {entry.label} not confirmed; {detail}",
+                )
+            )
+            if not entry.sent:
+                async with core.send_lock:
+                    if not entry.sent and not entry.confirmed:
+                        core.window.drop(entry)
+                        core.window_changed()

@@ -1,0 +1,68 @@
+"""The control channel of one session: RECONNECTING/FAILOVER/DISCONNECT events published on
+the sidecar's bus (``GET /events``, other sessions) and delivered in band to the app's
+subscriptions of the reserved events destination, which never go upstream."""
+
+from __future__ import annotations
+
+import trio
+
+from protocol import Command, Frame
+from proxy.events import SessionEvent
+from proxy.session.core import SessionCore
+from proxy.session.to_app import AppOutput
+
+__all__ = ["SCOPE_HEADER", "ControlChannel"]
+
+#: SUBSCRIBE header with which an app asks for every session's events (``all``), not only its
+#: own session's.
+SCOPE_HEADER = "mq-sidecar-scope"
+
+
+class ControlChannel:
+    """Events of one session, and other sessions' events for subscriptions that asked."""
+
+    def __init__(self, core: SessionCore, out: AppOutput) -> None:
+        self.core = core
+        self.out = out
+        self.pumping = False  # other sessions' events are relayed (pump runs)
+        self._seq = 0
+
+    async def publish(self, event: SessionEvent) -> None:
+        """Publish an event of this session: on the bus (SSE, other sessions) and, written
+        before anything else happens on the session, to its own control subscriptions, so
+        the app learns of a failover before it sees a message of the new leg."""
+        self.core.bus.publish(event)
+        await self.deliver(event)
+
+    async def deliver(self, event: SessionEvent) -> None:
+        """Write ``event`` to every control subscription of the app that wants it."""
+        core = self.core
+        state = core.state
+        if state is None:
+            return
+        for sub in state.local_subscriptions():
+            if event.session_id != core.id and sub.frame.get(SCOPE_HEADER) != "all":
+                continue
+            self._seq += 1
+            message = Frame(
+                Command.MESSAGE,
+                (
+                    ("destination", sub.destination),
+                    ("message-id", f"{core.id}-e{self._seq}"),
+                    ("event", str(event.kind)),
+                    ("content-type", "application/json"),
+                ),
+                event.to_json().encode(),
+            )
+            await self.out.send(state.local_delivery(sub, message))
+
+    async def pump(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Deliver other sessions' events to control subscriptions that asked for them with
+        ``mq-sidecar-scope:all``; this session's own are written by :meth:`publish`. Started
+        by the first such subscription (a session without one costs the bus nothing),
+        subscribed to the bus before that SUBSCRIBE's receipt is answered."""
+        with self.core.bus.subscribe() as events:
+            task_status.started()
+            async for event in events:
+                if event.session_id != self.core.id:
+                    await self.deliver(event)

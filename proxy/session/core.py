@@ -1,0 +1,149 @@
+"""What the parts of one session share: its configuration, the app's leg, the session state
+that outlives upstream legs, the confirmation window, the current leg, the phase, and the one
+way a session ends (:meth:`SessionCore.end`).
+
+The parts (:mod:`~proxy.session.app_side`, :mod:`~proxy.session.link`,
+:mod:`~proxy.session.broker_side`, ...) each hold this object and the parts below them; none
+holds the :class:`~proxy.session.Session` itself, so the package has no import cycle.
+"""
+
+from __future__ import annotations
+
+import random
+
+import trio
+
+import protocol
+from config import Config, Durations
+from protocol import Frame
+from proxy.events import EventBus
+from proxy.failover import Attempt
+from proxy.metrics import Metrics
+from proxy.policy import ReconnectPolicy
+from proxy.session.ending import Ending, Loss
+from proxy.session.phase import Phase, PhaseMachine
+from proxy.tracking import SessionState
+from proxy.upstream import Upstream
+from proxy.window import ConfirmationWindow, Entry
+from proxy.wire import FrameStream
+
+__all__ = ["SessionCore"]
+
+
+class SessionCore:
+    """The shared state of one session (see the module docstring).
+
+    Args:
+        config: the sidecar's configuration.
+        stream: the accepted app connection.
+        session_id: the sidecar's id for the session (logs, ``session`` header, id prefix).
+        bus: where session events go.
+        metrics: where counters go.
+        rng: randomness for backoff jitter and ``randomize``.
+
+    Attributes:
+        durations: ``config``'s durations in seconds (:class:`config.Durations`).
+        app: the app's leg (:class:`proxy.wire.FrameStream`, server role).
+        state: what must outlive an upstream leg (None until the app's CONNECT is accepted).
+        window: frames sent (or to be sent) upstream and not yet confirmed.
+        upstream: the live leg, or None while connecting or reconnecting.
+        link_ready: frames may be queued on ``upstream`` as the app sends them (False while a
+            restore writes the window, :attr:`send_lock` held).
+        ending: the :class:`Ending` decided, once one is.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        stream: trio.abc.Stream,
+        session_id: str,
+        *,
+        bus: EventBus,
+        metrics: Metrics,
+        rng: random.Random,
+    ) -> None:
+        self.config = config
+        self.durations: Durations = config.durations
+        self.id = session_id
+        self.bus = bus
+        self.metrics = metrics
+        self.rng = rng
+        self.policy = ReconnectPolicy.from_config(config)
+        self.limits = protocol.Limits(
+            max_frame_bytes=config.max_frame_bytes,
+            max_headers=config.max_headers,
+            max_header_line_bytes=config.max_header_line_bytes,
+        )
+        self.app = FrameStream(
+            stream,
+            protocol.Connection(protocol.Role.SERVER, self.limits),
+            grace=config.heartbeat_grace,
+        )
+        self.state: SessionState | None = None
+        self.window = ConfirmationWindow(
+            config.confirmation_window_size, receipt_prefix=f"{session_id}-r"
+        )
+        self.phases = PhaseMachine()
+        self.connect: Frame | None = None  # the app's CONNECT, once accepted
+        self.upstream: Upstream | None = None
+        self.broker_index: int | None = None
+        self.link_ready = False
+        self.failovers = 0
+        self.ending: Ending | None = None
+        self.app_scope = trio.CancelScope()
+        self.link_scope = trio.CancelScope()
+        self.app_nursery: trio.Nursery | None = None  # while the app side runs
+        self.drain_requested = False
+        #: Appending to the window and sending happen under this lock, which a restore also
+        #: holds while it replays: frames reach the broker in window order.
+        self.send_lock = trio.Lock()
+        self._window_event = trio.Event()
+        self._window_waiters = 0
+        #: Set when the app settles messages or unsubscribes (the broker relay may wait for
+        #: it when ``max_unacked`` messages are outstanding).
+        self.acks_freed = trio.Event()
+        self.disconnect_entry: Entry | None = None  # the app's DISCONNECT, once submitted
+        self.disconnected = trio.Event()  # its receipt arrived
+        self.reconnect_attempts: list[Attempt] = []  # of the reconnect in progress
+        self.loss: Loss | None = None  # the current outage, while reconnecting
+        #: What the app's leg failed on in a frame read ahead, not yet reported to it.
+        self.app_broke: protocol.RemoteProtocolError | None = None
+        #: One RECEIPT confirms every earlier frame (False on a RabbitMQ leg,
+        #: :attr:`proxy.upstream.Upstream.confirms_in_order`).
+        self.cumulative_receipts = True
+        #: SENDs carry ``_AMQ_DUPL_ID`` (:attr:`proxy.upstream.Upstream.artemis_duplicate_ids`).
+        self.artemis_ids = True
+
+    @property
+    def phase(self) -> Phase:
+        """The session's :class:`~proxy.session.phase.Phase`."""
+        return self.phases.phase
+
+    def advance(self, to: Phase) -> None:
+        """Change phase (:meth:`PhaseMachine.advance`; raises PhaseError on a bad one)."""
+        self.phases.advance(to)
+
+    def end(self, ending: Ending) -> None:
+        """End the session (the first call's ``ending`` wins): stop the app side and the link
+        task. Never blocks; the tasks unwind at their next checkpoint."""
+        if self.ending is None:
+            self.ending = ending
+            if self.phase is not Phase.CLOSED:
+                self.advance(Phase.CLOSING)
+        self.app_scope.cancel()
+        self.link_scope.cancel()
+
+    def window_changed(self) -> None:
+        """Wake the tasks waiting for the window to change (room, a new app receipt to
+        watch). Called on every relayed frame, so it costs nothing when nobody waits."""
+        if self._window_waiters:
+            self._window_event.set()
+            self._window_event = trio.Event()
+
+    async def window_change(self) -> None:
+        """Wait for the next :meth:`window_changed`."""
+        self._window_waiters += 1
+        try:
+            await self._window_event.wait()
+        finally:
+            self._window_waiters -= 1

@@ -1,0 +1,60 @@
+"""Session bookkeeping, pure: subscriptions, deliveries and ack ids, transactions, identities.
+
+No I/O and no trio here (like ``protocol/``): the session feeds frames in and gets decisions
+out, and the tests drive it directly. Everything a reconnect needs to restore a session lives
+in :class:`SessionState` (DESIGN §3.5): every live subscription with the headers it was made
+with, every open transaction with its frames, every message delivered to the app and not yet
+acknowledged, and the identities of messages already seen, to recognise redeliveries.
+
+Identifiers the app sees are the sidecar's own (DESIGN §3.3, §3.5):
+
+- **ack ids** (STOMP 1.2 ``ack`` header of MESSAGE) are numbers the sidecar allocates per
+  session and maps to the current upstream delivery; after a failover, a redelivery of the
+  same message is mapped to the same ack id (``transparent`` mode). STOMP 1.0/1.1 apps
+  acknowledge by ``message-id`` (+ ``subscription`` in 1.1); those keys are mapped the same way.
+- **subscription ids** upstream are the app's own (RabbitMQ names durable subscription queues
+  after them, so they must survive a reconnect unchanged); a STOMP 1.0 SUBSCRIBE without an id
+  gets ``<session id>-s<n>``.
+
+The **identity** of a message is its ``mq-sidecar-id`` header (the duplicate-detection id every
+SEND through a sidecar carries), else its ``message-id`` when the broker keeps message ids
+stable across redelivery and failover (ActiveMQ does, RabbitMQ does not: BROKERS.md §3, §8.9).
+Each link (upstream connection) has a *generation*; a message seen again on a later generation
+is a redelivery, one seen again on the same generation is a duplicate (a producer's replay).
+"""
+
+from __future__ import annotations
+
+from proxy.tracking.records import (
+    ACK_MODES,
+    DUPLICATE_ID_HEADER,
+    PASS_THROUGH,
+    AckMode,
+    Delivered,
+    Delivery,
+    DurableRemoval,
+    FrameRejected,
+    PassThrough,
+    SessionError,
+    Settled,
+    Subscription,
+    Transaction,
+)
+from proxy.tracking.state import SessionState
+
+__all__ = [
+    "ACK_MODES",
+    "DUPLICATE_ID_HEADER",
+    "PASS_THROUGH",
+    "AckMode",
+    "Delivered",
+    "Delivery",
+    "DurableRemoval",
+    "FrameRejected",
+    "PassThrough",
+    "SessionError",
+    "SessionState",
+    "Settled",
+    "Subscription",
+    "Transaction",
+]

@@ -1,0 +1,215 @@
+"""The records of a session's bookkeeping (:mod:`proxy.tracking`): subscriptions, deliveries,
+transactions, what one upstream MESSAGE or app ACK resolves to, and the errors for frames the
+session cannot accept. Pure data, no I/O."""
+
+from __future__ import annotations
+
+import enum
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from protocol import Frame
+from proxy.window import Entry, EntryContext
+
+__all__ = [
+    "ACK_MODES",
+    "DUPLICATE_ID_HEADER",
+    "PASS_THROUGH",
+    "SEEN_MAX",
+    "SEEN_SECONDS",
+    "AckMode",
+    "Delivered",
+    "Delivery",
+    "DurableRemoval",
+    "FrameRejected",
+    "PassThrough",
+    "SessionError",
+    "Settled",
+    "Subscription",
+    "Transaction",
+    "ack_ident",
+]
+
+
+class AckMode(enum.StrEnum):
+    """A subscription's ack mode (STOMP 1.2 "SUBSCRIBE ack Header")."""
+
+    #: The broker counts a message as acknowledged when it sends it.
+    AUTO = "auto"
+    #: An ACK settles the message and every earlier one of the subscription (cumulative).
+    CLIENT = "client"
+    #: An ACK settles one message.
+    CLIENT_INDIVIDUAL = "client-individual"
+
+
+#: The ack modes' header values, in the order STOMP 1.2 lists them.
+ACK_MODES = tuple(m.value for m in AckMode)
+#: The duplicate-detection id on every SEND through the sidecar (DESIGN §3.5).
+DUPLICATE_ID_HEADER = "mq-sidecar-id"
+#: Identities remembered per subscription to recognise duplicates and redeliveries
+#: (DESIGN §3.5 "bounded window of ids and time"): at most this many...
+SEEN_MAX = 20_000
+#: ...and none older than this many seconds.
+SEEN_SECONDS = 600.0
+
+
+def ack_ident(
+    version: str, message_id: str, upstream_ack: str | None, upstream_sub: str
+) -> list[tuple[str, str]]:
+    """The headers by which an ACK/NACK names a message in STOMP ``version``: ``id`` (the
+    MESSAGE's ``ack`` header, else its ``message-id``) in 1.2, ``message-id`` +
+    ``subscription`` in 1.1, ``message-id`` in 1.0 (STOMP 1.0/1.1/1.2 "ACK")."""
+    if version == "1.2":
+        return [("id", upstream_ack or message_id)]
+    if version == "1.1":
+        return [("message-id", message_id), ("subscription", upstream_sub)]
+    return [("message-id", message_id)]
+
+
+class SessionError(Exception):
+    """The app sent a frame that is valid STOMP but wrong for this session; fatal.
+
+    The message is one line, fit for the ``message`` header of the ERROR frame the app gets
+    (e.g. ``unknown ack id '17'``, ``transaction 'tx1' is not open``); the session then closes.
+    """
+
+
+class FrameRejected(SessionError):
+    """One frame is refused, the session goes on (JEUS per-message exceptions; a stale ack
+    id in ``strict`` mode; the COMMIT of a transaction rolled back by a failover)."""
+
+
+@dataclass(eq=False)
+class Subscription:
+    """One live subscription of the app.
+
+    ``frame`` is the SUBSCRIBE as sent upstream (upstream id, destination, ack mode, selector,
+    durable-subscription headers...): replaying it restores the subscription. ``local`` marks
+    the control-channel subscription, which never goes upstream (DESIGN §3.6).
+
+    ``ack`` is the app's ack mode. An app's ``client`` subscription is ``client-individual``
+    upstream too, and its cumulative ACK becomes one ACK per message it covers: after a
+    failover the redeliveries the sidecar hides and remaps reorder the app's deliveries against
+    the broker's, so a cumulative ACK upstream could cover a message the app still holds (and
+    RabbitMQ closes the connection on the "unknown delivery tag" of its later ACK; found by the
+    chaos soak). An app's ``auto`` subscription is made ``client-individual``
+    upstream and the sidecar acknowledges each message itself once it is written to the app:
+    with ``ack:auto`` a broker counts a message as acknowledged when it sends it, so the
+    messages in flight when a connection breaks would be lost (issue 3, "AUTO ack's last
+    message"); this way they are redelivered, and those the app already got are hidden.
+    Where a ``client`` ACK covers only its own subscription (ActiveMQ, Artemis; not RabbitMQ,
+    whose ``client`` ACK is an AMQP ``basic.ack multiple`` over the whole connection,
+    measured), an auto subscription is ``client`` upstream instead, and one ACK of the last
+    message of a burst settles the burst (:attr:`Delivered.coalesce`).
+    """
+
+    app_id: str | None
+    upstream_id: str
+    destination: str
+    ack: AckMode
+    frame: Frame
+    local: bool = False
+    deliveries: dict[str, Delivery] = field(default_factory=dict)  # app key -> delivery, in order
+    pending_by_identity: dict[str, Delivery] = field(default_factory=dict)
+    arrivals: int = 0  # upstream MESSAGEs seen on this subscription (orders cumulative acks)
+    # identity -> (generation, "acked" | "nacked" | "delivered", seen at)
+    seen: OrderedDict[str, tuple[int, str, float]] = field(default_factory=OrderedDict)
+    sweep_at: float = float("-inf")  # when ``seen`` is next checked for expired identities
+
+
+@dataclass(eq=False)
+class Delivery:
+    """A MESSAGE delivered to the app that still needs its ACK/NACK.
+
+    ``upstream_ack`` is the broker's ``ack`` header (STOMP 1.2) on the current delivery;
+    otherwise the upstream acknowledgement is built from ``message_id`` (and the subscription
+    id in 1.1). ``generation`` is the link that delivered it: an ACK is only valid upstream on
+    that link.
+    """
+
+    app_key: str
+    subscription: Subscription
+    message_id: str
+    upstream_ack: str | None
+    identity: str | None
+    generation: int
+    arrival: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DurableRemoval(EntryContext):
+    """Window-entry context of an UNSUBSCRIBE that also removes a durable subscription
+    (RabbitMQ ``durable:true``): replaying it on a new leg needs the subscription re-made
+    first, or the broker would keep the durable queue the app asked to delete."""
+
+    subscribe: Frame
+
+
+class PassThrough(EntryContext):
+    """Window-entry context of an UNSUBSCRIBE that names no live subscription (ActiveMQ's
+    removal of a durable subscription by name after its consumer closed): the broker decides,
+    so it is replayed as it is (:data:`PASS_THROUGH`)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "PASS_THROUGH"
+
+
+#: The one :class:`PassThrough` context.
+PASS_THROUGH = PassThrough()
+
+
+@dataclass(eq=False)
+class Transaction(EntryContext):
+    """A transaction and its window entries: the BEGIN, the SEND/ACK/NACK frames sent in it
+    and the COMMIT/ABORT that ends it (each knows whether the broker confirmed it).
+
+    ``acked`` are the deliveries its ACKs settled: held again after an ABORT, shown again
+    after a failover rolls the transaction back.
+    ``rolled_back``: a failover rolled it back (``rollback`` mode); its COMMIT answers an ERROR.
+    """
+
+    id: str
+    begin: Entry | None = None
+    entries: list[Entry] = field(default_factory=list)
+    end: Entry | None = None
+    acked: list[Delivery] = field(default_factory=list)
+    rolled_back: bool = False
+
+    @property
+    def dirty(self) -> bool:
+        """Work was done in it (Qpid draft: a "dirty" session cannot fail over silently)."""
+        return bool(self.entries)
+
+
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    """What to do with one upstream MESSAGE.
+
+    ``to_app``: the MESSAGE for the app (None: hidden). ``to_broker``: an ACK/NACK to send for
+    a hidden message. ``hidden``: why it was hidden ("duplicate", "redelivery") or None.
+    ``coalesce``: set (the upstream subscription id) when ``to_broker`` is a cumulative
+    ``client`` ACK of an auto subscription: a later one of the same subscription replaces it.
+    """
+
+    to_app: Frame | None
+    to_broker: Frame | None = None
+    hidden: str | None = None
+    coalesce: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """What an app ACK/NACK resolved to.
+
+    ``to_broker``: the ACK/NACK to send upstream, or None when the delivery belongs to an older
+    link and the redelivery will be settled on arrival (``transparent`` mode); ``local``: the
+    delivery was the sidecar's own (control channel), nothing goes upstream. ``more``: in
+    ``client`` mode, the ACKs/NACKs of the other messages a cumulative ACK settles, to send
+    before ``to_broker`` (which carries the app's receipt).
+    """
+
+    to_broker: Frame | None
+    local: bool = False
+    more: tuple[Frame, ...] = ()
