@@ -1,9 +1,9 @@
 """The load generator: a raw-socket STOMP 1.2 client written for benchmarking, and its workers.
 
 Why not stomp.py: it parses every frame in Python on a receiver thread and hands it to a
-listener, and uses a whole core at about 35,000 1 KiB messages/s (BROKERS.md §5, "the client
-is often the bottleneck"), so a direct-vs-sidecar ratio measured with it would compare two
-runs of stomp.py. :func:`measure_capacity` reports both clients' limits against a null broker
+listener, and uses a whole core at fewer 1 KiB messages/s than a broker delivers directly
+(docs/testing.md, "Benchmarks"), so a direct-vs-sidecar ratio measured with it would compare
+two runs of stomp.py. :func:`measure_capacity` reports both clients' limits against a null broker
 (``bench/results/latest-meta.json``, key ``loadgen``).
 
 How :class:`RawStomp` stays cheap:
@@ -101,7 +101,8 @@ def command_of(frame: bytes) -> bytes:
 
 def send_frame(destination: str, *, persistent: bool, receipt: str | None = None) -> bytes:
     """One serialized 1 KiB SEND. Non-persistent means no ``persistent`` header at all
-    (BROKERS.md gotcha 8.6: RabbitMQ makes a queue exclusive on ``persistent:false``)."""
+    (RabbitMQ makes a queue exclusive on ``persistent:false``: docs/brokers.md, "Other
+    traps")."""
     headers = [("destination", destination)]
     if persistent:
         headers.append(("persistent", "true"))
@@ -377,7 +378,8 @@ def fill(port: int, vhost: str, dest: str, n: int, *, persistent: bool) -> None:
 def drain(port: int, vhost: str, dest: str, n: int, *, idle: float = 5.0) -> int:
     """Consume (ack auto) up to ``n`` messages of ``dest``; stop early after ``idle`` seconds
     without a message. Returns the number received. Keeps queues from piling up between
-    runs (ActiveMQ's producer flow control would stall the next run, BROKERS.md 8.4)."""
+    runs (ActiveMQ's producer flow control would stall the next run: docs/brokers.md, "Other
+    traps")."""
     c = RawStomp(port, vhost, timeout=idle)
     got = 0
     try:

@@ -389,8 +389,8 @@ def run_blackhole(ctx: BrokerCtx) -> list[Row]:
         notes = []
         if ctx.flavor == "rabbitmq" and interval < 1000:
             notes.append(
-                "RabbitMQ rounds heart-beats up to whole seconds (BROKERS.md section 3): its "
-                "CONNECTED insists on 1000 ms, so the sidecar's bound becomes "
+                "RabbitMQ rounds heart-beats up to whole seconds (docs/brokers.md, Heart-beats): "
+                "its CONNECTED insists on 1000 ms, so the sidecar's bound becomes "
                 f"1000 x {grace} = {1000 * grace:.0f} ms"
             )
         row = Row(

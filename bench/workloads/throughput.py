@@ -141,7 +141,7 @@ def _notes(ctx: BrokerCtx, spec: _Spec, persistent: bool) -> list[str]:
     if not rabbit and persistent and spec.name in ("send-sync", "send-pipelined"):
         notes.append(
             "ActiveMQ stores each receipted persistent SEND synchronously, so pipelining "
-            "helps little (BROKERS.md section 5)"
+            "helps little (docs/brokers.md, Receipts)"
         )
     return notes
 
