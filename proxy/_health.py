@@ -110,7 +110,7 @@ def evaluate_readiness(
     Args:
         brokers: the prober's view (states already account for staleness).
         sessions: the live sessions' statistics.
-        call_timeout: seconds (``Config.call_timeout`` / 1000) a session may be stuck.
+        call_timeout: seconds (``Config.durations.call_timeout``) a session may be stuck.
         shutting_down: a graceful shutdown has begun.
     """
     reasons: list[str] = []
@@ -149,7 +149,7 @@ async def probe_broker(broker: Broker, config: Config) -> tuple[ProbeOutcome, st
     never contains a credential (only the broker's label and its own words).
     """
     connect, own_credentials = _connect_frame(broker, config)
-    timeout = config.connect_timeout / 1000
+    timeout = config.durations.connect_timeout
     try:
         async with open_upstream(
             broker,
@@ -218,8 +218,9 @@ class BrokerProber:
         probe: ProbeFunction | None = None,
     ) -> None:
         self.config = config
-        self.interval = config.broker_probe_interval / 1000
-        self.stale_after = 2 * self.interval + config.connect_timeout / 1000
+        seconds = config.durations
+        self.interval = seconds.broker_probe_interval
+        self.stale_after = 2 * self.interval + seconds.connect_timeout
         self._sessions = sessions
         self._metrics = metrics
         self._probe: ProbeFunction = probe or (lambda b: probe_broker(b, config))

@@ -286,7 +286,7 @@ class AdminServer:
         return evaluate_readiness(
             brokers=self.prober.statistics(),
             sessions=self.sidecar.statistics().sessions,
-            call_timeout=self.config.call_timeout / 1000,
+            call_timeout=self.config.durations.call_timeout,
             shutting_down=self.sidecar.shutdown_requested.is_set(),
         )
 

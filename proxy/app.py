@@ -122,7 +122,7 @@ class Sidecar:
                 # Also when cancelled (e.g. the admin plane failed to bind): never leak a socket.
                 for listener in listeners:
                     await trio.aclose_forcefully(listener)
-            drain = self.config.drain_timeout / 1000
+            drain = self.config.durations.drain_timeout
             log.info("shutting down: draining %d session(s) within %g s", len(self.sessions), drain)
             for session in list(self.sessions):
                 session.request_drain()

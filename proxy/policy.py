@@ -54,14 +54,16 @@ class ReconnectPolicy:
 
     @classmethod
     def from_config(cls, config: Config) -> ReconnectPolicy:
-        """The policy a :class:`config.Config` describes (its durations are milliseconds)."""
+        """The policy a :class:`config.Config` describes (its durations in seconds from
+        :attr:`config.Config.durations`)."""
+        seconds = config.durations
         return cls(
-            retry_interval=config.retry_interval / 1000,
+            retry_interval=seconds.retry_interval,
             retry_interval_multiplier=config.retry_interval_multiplier,
-            max_retry_interval=config.max_retry_interval / 1000,
+            max_retry_interval=seconds.max_retry_interval,
             reconnect_attempts=config.reconnect_attempts,
             initial_connect_attempts=config.initial_connect_attempts,
-            reconnect_period=config.reconnect_period / 1000 if config.reconnect_period else None,
+            reconnect_period=seconds.reconnect_period,
             jitter=config.jitter,
             randomize=config.randomize,
             priority_backup=config.priority_backup,
