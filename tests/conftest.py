@@ -1,4 +1,5 @@
-"""Real-broker fixtures for the whole suite (see testbed/ and BROKERS.md).
+"""Real-broker fixtures for the whole suite (see harness/testbed/ and docs/brokers.md, "Running
+them for tests").
 
 * ``activemq`` (session): one ActiveMQ Classic broker, ready (~0.7 s to start).
 * ``rabbitmq`` (session): one RabbitMQ node with rabbitmq_stomp, ready (~5 s to start).

@@ -1,8 +1,8 @@
 """A TCP fault proxy for tests: sits between the sidecar and a broker and misbehaves on demand.
 
-Userspace and loopback-only (BROKERS.md §6: ``tc netem`` is not available here, and a proxy needs
-no root). It runs its own trio loop in a background thread so synchronous tests (stomp.py) can
-switch modes at any moment:
+Userspace and loopback-only (``tc netem`` is not available on the project's machines, and a
+proxy needs no root: docs/testing.md, "Faults"). It runs its own trio loop in a background
+thread so synchronous tests (stomp.py) can switch modes at any moment:
 
 - ``pass_through()``: forward both ways (the default);
 - ``blackhole()``: stop forwarding in both directions but keep every socket open (a broker or

@@ -1,5 +1,5 @@
 """Logs: one line per event with session id and broker, JSON with ``--log-format json``, and
-credentials never in a log line, ``/status`` or ``/metrics`` (DESIGN §3.8).
+credentials never in a log line, ``/status`` or ``/metrics`` (docs/operations.md, "Logs").
 
 Every kind of credential is configured with a distinctive value (broker URL userinfo, the
 sidecar's own upstream login, the apps' login, and a wrong passcode an app tries), the sidecar

@@ -744,9 +744,10 @@ def test_an_app_holding_max_unacked_past_the_heartbeat_tolerance_causes_no_failo
     activemq: ActiveMQ,
 ) -> None:
     """While the app holds ``max_unacked`` messages the session stops reading the broker
-    (DESIGN §3.8), and the broker's heart-beats wait in the kernel. Coming back to read after
-    longer than the heart-beat tolerance, the session must take them, not judge the broker
-    silent by a deadline that passed while it was not reading (it failed over for nothing)."""
+    (docs/behaviour.md, "Limits and bad input"), and the broker's heart-beats wait in the
+    kernel. Coming back to read after longer than the heart-beat tolerance, the session must take
+    them, not judge the broker silent by a deadline that passed while it was not reading (it
+    failed over for nothing)."""
     config = sidecar_config(
         activemq.stomp_url, upstream_heartbeat="250,250", heartbeat_grace="2.0", max_unacked="2"
     )

@@ -1,7 +1,7 @@
 """The relay against real brokers: stomp.py apps through the sidecar do what real apps do.
 
 Every test runs against ActiveMQ Classic and RabbitMQ (the ``relay`` fixture) unless the
-feature exists on one broker only (selectors: ActiveMQ; see BROKERS.md §3 for the differences).
+feature exists on one broker only (selectors: ActiveMQ; see docs/brokers.md for the differences).
 """
 
 from __future__ import annotations
@@ -203,7 +203,7 @@ def test_ack_in_aborted_transaction_is_not_an_ack(relay: Relay) -> None:
 def test_receipt_ids_are_mapped_per_session(relay: Relay) -> None:
     """Two sessions use the same receipt id; each gets its own RECEIPT, and the broker only
     ever sees the sidecar's ids (RabbitMQ copies a SEND's receipt header into the MESSAGE,
-    BROKERS.md §8.8, which makes that visible)."""
+    docs/brokers.md, "Receipts", which makes that visible)."""
     dest = unique()
     with client(relay.address) as a, client(relay.address) as b, client(relay.address) as consumer:
         subscribe(consumer, dest)

@@ -44,7 +44,8 @@ def _loaded_after(statement: str) -> set[str]:
 
 
 def test_import_pulls_in_no_io_modules() -> None:
-    """STYLE §2.1: importing protocol loads none of the banned modules (beyond a bare start)."""
+    """Importing protocol loads none of the banned modules beyond a bare start
+    (docs/architecture.md, "The protocol layer does no I/O")."""
     added = _loaded_after("import protocol") - _loaded_after("pass")
     assert "protocol" in added
     assert not added & BANNED

@@ -1,7 +1,7 @@
 """Readiness: the pure verdict (evaluate_readiness) and the background BrokerProber.
 
 No real I/O here: the prober gets a scripted probe function and runs on the autojump clock,
-so "every 5 s" takes no wall time (STYLE §2 rule 19).
+so "every 5 s" takes no wall time (docs/architecture.md, "Tests never sleep on the real clock").
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""ReconnectPolicy: pure backoff arithmetic, limits and broker order (STYLE §2 rule 15).
+"""ReconnectPolicy: pure backoff arithmetic, limits and broker order (docs/architecture.md, "Pure
+reconnect policy").
 
 Every random draw comes from a seeded :class:`random.Random`, so delays are exact values.
 """
