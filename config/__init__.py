@@ -15,7 +15,7 @@ Public API (everything else is private)::
   building the CLI and ``--help``; :data:`ENV_PREFIX` = ``"MQ_SIDECAR_"``.
 
 Credentials never appear in a repr, str, :meth:`Config.redacted` view or error message
-(DESIGN §3.8).
+(docs/configuration.md, "Credentials").
 """
 
 from __future__ import annotations

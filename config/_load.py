@@ -311,7 +311,8 @@ def _validate(cfg: Config, settings: Mapping[str, _Setting], skip: set[str]) -> 
             value = getattr(cfg, name)
             problems.append(f"{name}: {rule}, got {_show(value)} {where(name)}")
 
-    # brokers (DESIGN 3.1): at least one, real ports, no duplicates, paired credentials
+    # brokers (docs/configuration.md, "Brokers"): at least one, real ports, no duplicates,
+    # paired credentials
     if "brokers" not in skip:
         if not cfg.brokers:
             problems.append(_NO_BROKERS)
@@ -338,7 +339,8 @@ def _validate(cfg: Config, settings: Mapping[str, _Setting], skip: set[str]) -> 
                     f"{where('brokers')}"
                 )
 
-    # reconnect policy (Artemis client reconnection attributes, DESIGN 3.1)
+    # reconnect policy (Artemis client reconnection attributes; docs/configuration.md,
+    # "Reconnect policy")
     check("retry_interval", cfg.retry_interval > 0, "must be > 0")
     check("retry_interval_multiplier", cfg.retry_interval_multiplier >= 1.0, "must be >= 1.0")
     if (

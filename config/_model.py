@@ -6,7 +6,8 @@ only the loader knows that. A ``Config`` built by hand (tests, embedding) is tru
 
 Credentials (``login`` and ``passcode`` fields) never appear in a ``repr``, ``str`` or
 :meth:`Config.redacted` view: passcodes are wrapped in :class:`Secret`, and logins are
-shown as ``'***'`` (DESIGN §3.8: "Credentials never appear in logs, events or metrics").
+shown as ``'***'``: credentials never appear in logs, events or metrics
+(docs/configuration.md, "Credentials").
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class TransactionFailover(enum.StrEnum):
     REPLAY = "replay"
     #: JMS semantics: rolled back; its COMMIT answers an ERROR, its messages are redelivered.
     ROLLBACK = "rollback"
+
 
 #: What every credential is replaced by in reprs, messages and :meth:`Config.redacted`.
 REDACTED = "***"
@@ -109,7 +111,7 @@ class Broker:
     Attributes:
         host: Host name or IP literal (IPv6 without brackets). Resolved on every connect
             attempt, never at load time, because a Kubernetes Service may move
-            (DESIGN §3.1).
+            (docs/behaviour.md, "Broker list and reconnect policy").
         port: TCP port, 1..65535. URL default 61613 (STOMP), 61614 for TLS, the ports
             ActiveMQ and Artemis ship with.
         tls: Connect with TLS (schemes ``stomp+ssl``, ``stomp+tls``, ``ssl``, ``tls``).
@@ -154,9 +156,10 @@ class Config:
 
     Attributes:
         listen: ``(host, port)`` of the STOMP listener for apps. Loopback by default
-            (DESIGN §3.7); port 0 = ephemeral (tests).
+            (docs/configuration.md, "Listeners"); port 0 = ephemeral (tests).
         admin_listen: ``(host, port)`` of the HTTP admin plane (metrics, health,
-            status); on all interfaces so Prometheus can scrape it (DESIGN §3.7).
+            status); on all interfaces so Prometheus can scrape it
+            (docs/configuration.md, "Listeners").
         broker_probe_interval: ms between readiness checks of each broker, > 0: the
             admin plane's ``/readyz`` needs "a STOMP CONNECT answered recently", so every
             interval it opens one (unless a live session leg already proves the broker
@@ -183,20 +186,25 @@ class Config:
         initial_connect_attempts: Attempts for the first connection of a session,
             -1 = unlimited, otherwise >= 1. Artemis ``initialConnectAttempts``.
         reconnect_period: ms after which a reconnect gives up whatever the attempt
-            count, >= 0; 0 = no time bound (DESIGN §3.1).
+            count, >= 0; 0 = no time bound (docs/behaviour.md, "Broker list and
+            reconnect policy").
         jitter: Fraction of each delay that is drawn at random, 0..1; 1.0 = "full
             jitter" (AWS Architecture Blog, "Exponential Backoff And Jitter"), so a
-            fleet of sidecars does not reconnect in lockstep (DESIGN §3.1).
+            fleet of sidecars does not reconnect in lockstep (docs/behaviour.md,
+            "Broker list and reconnect policy").
         randomize: Walk the broker list in random order. ActiveMQ ``randomize``
             (ActiveMQ default true; ours false, so list order = priority).
         priority_backup: Return to the first broker when it is back, at a quiet
-            point. ActiveMQ ``priorityBackup`` (DESIGN §3.1).
+            point. ActiveMQ ``priorityBackup`` (docs/behaviour.md, "Broker list and
+            reconnect policy").
         call_timeout: ms a frame whose receipt the app waits for may stay
             unconfirmed during failover before the app gets an ``ERROR``, > 0.
-            Artemis ``callTimeout`` (default 30000 ms); DESIGN §3.4.
+            Artemis ``callTimeout`` (default 30000 ms); docs/behaviour.md, "During
+            failover: stop the world".
         confirmation_window_size: Bytes of unconfirmed upstream frames kept for
             replay, > 0; when full the sidecar stops reading from that app.
-            Artemis ``confirmationWindowSize`` (DESIGN §3.3).
+            Artemis ``confirmationWindowSize`` (docs/behaviour.md, "Confirmation
+            window").
         connect_timeout: ms for TCP connect plus STOMP ``CONNECT``/``CONNECTED`` to
             one broker, > 0.
         upstream_heartbeat: ``(cx, cy)`` ms the sidecar offers the broker in its
@@ -205,8 +213,9 @@ class Config:
             each >= 0.
         heartbeat_grace: A peer silent for the negotiated interval times this is
             dead, > 1.0 (STOMP 1.2: "use some tolerance to account for timing
-            inaccuracies"; DESIGN §3.2).
-        handshake_timeout: ms an app has to complete ``CONNECT``, > 0 (DESIGN §3.8).
+            inaccuracies"; docs/behaviour.md, "Failure detection").
+        handshake_timeout: ms an app has to complete ``CONNECT``, > 0 (docs/behaviour.md,
+            "Limits and bad input").
         drain_timeout: ms of graceful shutdown before sessions are cut, > 0.
         max_frame_bytes: Largest frame accepted from an app, bytes, > 0.
         max_headers: Most headers in one frame, > 0.
@@ -214,9 +223,10 @@ class Config:
         max_subscriptions: Most live subscriptions per app session, > 0.
         max_unacked: Most delivered-but-unacked messages per app session, > 0.
         events_destination: Reserved destination of the in-band control channel
-            (DESIGN §3.6); never sent upstream.
-        failover_mode: :class:`FailoverMode` (DESIGN §3.5).
-        transaction_failover: :class:`TransactionFailover` (DESIGN §3.5).
+            (docs/behaviour.md, "Control channel"); never sent upstream.
+        failover_mode: :class:`FailoverMode` (docs/behaviour.md, "Duplicate detection").
+        transaction_failover: :class:`TransactionFailover` (docs/behaviour.md,
+            "Transactions").
         log_level: ``"debug"``, ``"info"``, ``"warning"`` or ``"error"``.
         log_format: ``"text"`` or ``"json"``.
     """

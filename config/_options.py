@@ -126,13 +126,13 @@ _ROWS = (
     Option(
         "reconnect_period",
         "int",
-        "give up a reconnect after this long, ms, 0 = no time bound (DESIGN 3.1)",
+        "give up a reconnect after this long, ms, 0 = no time bound",
         "ms",
     ),
     Option(
         "jitter",
         "float",
-        "randomized fraction of each delay, 0..1, 1.0 = full jitter (DESIGN 3.1)",
+        "randomized fraction of each delay, 0..1, 1.0 = full jitter",
     ),
     Option("randomize", "bool", "walk the broker list in random order (ActiveMQ randomize)"),
     Option(
@@ -186,18 +186,18 @@ _ROWS = (
     Option(
         "events_destination",
         "str",
-        "reserved destination of the in-band event channel (DESIGN 3.6)",
+        "reserved destination of the in-band event channel (control channel)",
     ),
     Option(
         "failover_mode",
         "enum",
-        "transparent or strict (DESIGN 3.5)",
+        "transparent, or strict (JMS semantics): what an app sees of redeliveries after failover",
         choices=("transparent", "strict"),
     ),
     Option(
         "transaction_failover",
         "enum",
-        "replay or rollback open transactions on failover (DESIGN 3.5)",
+        "replay or rollback open transactions on failover",
         choices=("replay", "rollback"),
     ),
     Option(

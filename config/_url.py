@@ -1,7 +1,7 @@
 """Broker URLs in the ActiveMQ / Artemis failover syntax, and ``host:port`` addresses.
 
-Pure functions, no I/O, no name resolution (names resolve on every connect attempt,
-DESIGN §3.1).
+Pure functions, no I/O, no name resolution (names resolve on every connect attempt:
+docs/behaviour.md, "Broker list and reconnect policy").
 
 Accepted forms (ActiveMQ Classic "Failover Transport Reference", Artemis "Client
 Failover")::
