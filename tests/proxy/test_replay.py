@@ -1,5 +1,6 @@
-"""plan_replay: what restores a session on a new leg (DESIGN §3.5), planned from a
-SessionState and a ConfirmationWindow built by hand, the way proxy/session.py fills them."""
+"""plan_replay: what restores a session on a new leg (docs/behaviour.md, "Restoring the
+session"), planned from a SessionState and a ConfirmationWindow built by hand, the way the
+session (proxy/session/) fills them."""
 
 from __future__ import annotations
 

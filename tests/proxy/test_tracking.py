@@ -1,5 +1,6 @@
 """SessionState: pure bookkeeping of subscriptions, deliveries, ack ids, transactions and the
-identities that recognise redeliveries and duplicates across failover (DESIGN §3.5)."""
+identities that recognise redeliveries and duplicates across failover (docs/behaviour.md,
+"Duplicate detection")."""
 
 from __future__ import annotations
 
