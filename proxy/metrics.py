@@ -25,7 +25,8 @@ The rare events use ordinary pre-bound ``prometheus_client`` children.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
@@ -85,46 +86,35 @@ class Metrics:
         self._to_broker = {c: self.relayed[Direction.APP_TO_BROKER, c] for c in Command}
         self._to_app = {c: self.relayed[Direction.BROKER_TO_APP, c] for c in Command}
 
+        def counter(name: str, documentation: str, labels: Sequence[str] = ()) -> Counter:
+            return Counter(f"{PREFIX}_{name}", documentation, labels, registry=r)
+
         # -- upstream legs --------------------------------------------------------------------
-        self._connect_attempts = Counter(
-            f"{p}_upstream_connect_attempts",
+        self._connect_attempts = counter(
+            "upstream_connect_attempts",
             "Attempts to open an upstream STOMP leg, by broker and outcome.",
             ["broker", "outcome"],
-            registry=r,
         )
-        self._connect = {
-            (b, o): self._connect_attempts.labels(b, o)
-            for b in self.brokers
-            for o in ConnectOutcome
-        }
-        self._probes = Counter(
-            f"{p}_broker_probes",
+        self._connect = _children(self._connect_attempts, self.brokers, ConnectOutcome)
+        self._probes = counter(
+            "broker_probes",
             "Readiness probes of a broker (a STOMP CONNECT by the admin plane), by outcome.",
             ["broker", "outcome"],
-            registry=r,
         )
-        self._probe = {
-            (b, o): self._probes.labels(b, o) for b in self.brokers for o in ProbeOutcome
-        }
+        self._probe = _children(self._probes, self.brokers, ProbeOutcome)
 
         # -- failover -------------------------------------------------------------------------
-        self._failovers = Counter(
-            f"{p}_failovers",
+        self._failovers = counter(
+            "failovers",
             "Sessions moved to another broker, by old broker, new broker and reason.",
             ["from_broker", "to_broker", "reason"],
-            registry=r,
         )
-        self._reattaches = Counter(
-            f"{p}_reattaches",
+        self._reattaches = counter(
+            "reattaches",
             "Sessions restored on the same broker after losing their leg, by reason.",
             ["broker", "reason"],
-            registry=r,
         )
-        self._reattach = {
-            (b, reason): self._reattaches.labels(b, reason)
-            for b in self.brokers
-            for reason in FailoverReason
-        }
+        self._reattach = _children(self._reattaches, self.brokers, FailoverReason)
         self._outage = Histogram(
             f"{p}_outage",
             "Seconds from losing an upstream leg to the restored session (or to giving up).",
@@ -134,10 +124,9 @@ class Metrics:
             registry=r,
         )
         self._outages = {o: self._outage.labels(o) for o in OutageOutcome}
-        self._window_full = Counter(
-            f"{p}_window_full",
+        self._window_full = counter(
+            "window_full",
             "Times a confirmation window filled up and the session stopped reading its app.",
-            registry=r,
         )
         self._receipt_rtt = Histogram(
             f"{p}_receipt_roundtrip",
@@ -146,48 +135,41 @@ class Metrics:
             buckets=RECEIPT_BUCKETS,
             registry=r,
         )
-        self._replayed = Counter(
-            f"{p}_replayed_frames",
+        self._replayed = counter(
+            "replayed_frames",
             "Unconfirmed frames sent again to a new upstream leg after a reconnect.",
-            registry=r,
         )
-        self._duplicates = Counter(
-            f"{p}_duplicates_suppressed",
+        self._duplicates = counter(
+            "duplicates_suppressed",
             "Messages recognised as redeliveries or duplicates and not shown to the app again.",
-            registry=r,
         )
-        self._transactions = Counter(
-            f"{p}_transactions",
+        self._transactions = counter(
+            "transactions",
             "App transactions by outcome (committed, replayed, rolled_back, in_doubt).",
             ["outcome"],
-            registry=r,
         )
         self._transaction = {o: self._transactions.labels(o) for o in TransactionOutcome}
-        self._lost = Counter(
-            f"{p}_lost_frames",
+        self._lost = counter(
+            "lost_frames",
             "Frames the broker never confirmed and the sidecar could not replay "
             "(reported to the app in its DISCONNECT event).",
-            registry=r,
         )
-        self._client_errors = Counter(
-            f"{p}_client_protocol_errors",
+        self._client_errors = counter(
+            "client_protocol_errors",
             "App frames or sessions refused for the app's own fault, by reason.",
             ["reason"],
-            registry=r,
         )
         self._client_error = {e: self._client_errors.labels(e) for e in ClientErrorReason}
 
         # -- admin plane ----------------------------------------------------------------------
-        self._sse_dropped = Counter(
-            f"{p}_sse_clients_dropped",
+        self._sse_dropped = counter(
+            "sse_clients_dropped",
             "GET /events readers disconnected for being too slow.",
-            registry=r,
         )
-        self._http = Counter(
-            f"{p}_admin_http_requests",
+        self._http = counter(
+            "admin_http_requests",
             "Requests answered by the admin plane, by endpoint and status code.",
             ["endpoint", "code"],
-            registry=r,
         )
 
     # -- hot path -------------------------------------------------------------------------
@@ -278,6 +260,13 @@ class Metrics:
     def http_request(self, endpoint: str, code: int) -> None:
         """The admin plane answered a request (``endpoint`` from a fixed set, see admin.py)."""
         self._http.labels(endpoint, str(code)).inc()
+
+
+def _children(metric: Counter, *label_values: Iterable[str]) -> dict[tuple[str, ...], Counter]:
+    """The children of ``metric`` for every combination of ``label_values`` (one iterable
+    per label, in label order), created up front so every series shows zeros before its
+    first event and recording needs no ``labels()`` call."""
+    return {key: metric.labels(*key) for key in itertools.product(*label_values)}
 
 
 def iter_metric_names(registry: CollectorRegistry) -> Iterator[str]:

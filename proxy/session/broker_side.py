@@ -5,7 +5,7 @@ was lost, and decides whether that loss ends the session instead of failing over
 
 from __future__ import annotations
 
-import logging
+from dataclasses import dataclass, field
 
 import trio
 
@@ -13,37 +13,26 @@ import protocol
 from protocol import Command, ConnectionClosed, Frame, HeartBeat
 from proxy.session.acks import SidecarAcks
 from proxy.session.confirmations import Confirmations
-from proxy.session.core import SessionCore
+from proxy.session.core import ERROR_CLOSE_WINDOW, SessionCore, log
 from proxy.session.ending import Ending
 from proxy.session.to_app import AppOutput
 from proxy.upstream import Upstream
 from proxy.vocabulary import FailoverReason
 from proxy.wire import HeartBeatTimeout, TransportLost
 
-__all__ = ["ERROR_CLOSE_WINDOW", "BrokerSide"]
-
-log = logging.getLogger("mq_sidecar.session")
-
-#: Seconds after a broker's ERROR within which its closing the connection is taken as the
-#: end of the session (STOMP 1.2 "ERROR": the server closes just after it), not a failure.
-ERROR_CLOSE_WINDOW = 2.0
+__all__ = ["BrokerSide"]
 
 
+@dataclass(eq=False)
 class BrokerSide:
     """Relays one leg at a time (:meth:`relay`), for the link task."""
 
-    def __init__(
-        self,
-        core: SessionCore,
-        acks: SidecarAcks,
-        out: AppOutput,
-        confirmations: Confirmations,
-    ) -> None:
-        self.core = core
-        self.acks = acks
-        self.out = out
-        self.confirmations = confirmations
-        self._error_at: float | None = None  # when this leg last sent an ERROR
+    core: SessionCore
+    acks: SidecarAcks
+    out: AppOutput
+    confirmations: Confirmations
+    #: When the current leg last sent an ERROR (trio seconds).
+    _error_at: float | None = field(default=None, init=False)
 
     async def relay(self, upstream: Upstream) -> tuple[str, FailoverReason]:
         """Relay broker → app until the leg is lost; returns why it was lost. Ends the

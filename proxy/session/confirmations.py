@@ -9,12 +9,11 @@ adds the I/O and the waiting (backpressure: while the window is full the app is 
 from __future__ import annotations
 
 import contextlib
-import logging
 
 import trio
 
 from protocol import Command, Frame
-from proxy.session.core import SessionCore
+from proxy.session.core import SessionCore, log
 from proxy.session.ending import error_frame
 from proxy.session.phase import Phase
 from proxy.session.to_app import AppOutput
@@ -23,8 +22,6 @@ from proxy.window import Entry, EntryContext, frame_size
 from proxy.wire import TransportLost
 
 __all__ = ["ALWAYS_RECEIPTED", "Confirmations"]
-
-log = logging.getLogger("mq_sidecar.session")
 
 #: Commands that always carry a sidecar receipt: each changes session state a restore must
 #: know the outcome of (docs/behaviour.md, "Confirmation window").

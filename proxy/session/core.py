@@ -9,6 +9,7 @@ holds the :class:`~proxy.session.Session` itself, so the package has no import c
 
 from __future__ import annotations
 
+import logging
 import random
 
 import trio
@@ -27,7 +28,15 @@ from proxy.upstream import Upstream
 from proxy.window import ConfirmationWindow, Entry
 from proxy.wire import FrameStream
 
-__all__ = ["SessionCore"]
+__all__ = ["ERROR_CLOSE_WINDOW", "GOODBYE_TIMEOUT", "SessionCore", "log"]
+
+#: The logger of every part of a session.
+log = logging.getLogger("mq_sidecar.session")
+#: Seconds allowed for a goodbye (DISCONNECT receipt, final ERROR) when a session ends.
+GOODBYE_TIMEOUT = 2.0
+#: Seconds after a broker's ERROR within which its closing the connection is taken as the
+#: end of the session (STOMP 1.2 "ERROR": the server closes just after it), not a failure.
+ERROR_CLOSE_WINDOW = 2.0
 
 
 class SessionCore:

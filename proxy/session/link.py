@@ -9,8 +9,6 @@ that nursery is.
 
 from __future__ import annotations
 
-import logging
-
 import trio
 
 import protocol
@@ -21,7 +19,7 @@ from proxy.failover import Attempt, ReconnectExhausted, connect_by_policy
 from proxy.session.acks import SidecarAcks
 from proxy.session.broker_side import BrokerSide
 from proxy.session.control import ControlChannel
-from proxy.session.core import SessionCore
+from proxy.session.core import GOODBYE_TIMEOUT, SessionCore, log
 from proxy.session.ending import Loss
 from proxy.session.phase import Phase
 from proxy.session.restore import Restorer
@@ -35,12 +33,7 @@ from proxy.upstream import (
 from proxy.vocabulary import ConnectOutcome, FailoverReason
 from proxy.wire import TransportLost
 
-__all__ = ["GOODBYE_TIMEOUT", "Link"]
-
-log = logging.getLogger("mq_sidecar.session")
-
-#: Seconds allowed for a goodbye (DISCONNECT receipt, final ERROR) when a session ends.
-GOODBYE_TIMEOUT = 2.0
+__all__ = ["Link"]
 
 
 class Link:

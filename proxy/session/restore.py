@@ -18,7 +18,7 @@ from proxy.events import EventKind, SessionEvent
 from proxy.failover import Attempt, ReconnectExhausted
 from proxy.replay import ReplayPlan, plan_replay
 from proxy.session.control import ControlChannel
-from proxy.session.core import SessionCore
+from proxy.session.core import SessionCore, log
 from proxy.session.ending import Ending, Loss, error_frame
 from proxy.session.phase import Phase
 from proxy.session.to_app import AppOutput
@@ -27,8 +27,6 @@ from proxy.vocabulary import OutageOutcome, TransactionOutcome
 from proxy.wire import TransportLost
 
 __all__ = ["Restorer"]
-
-log = logging.getLogger("mq_sidecar.session")
 
 
 class Restorer:

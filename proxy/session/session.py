@@ -49,7 +49,7 @@ from proxy.session.app_side import AppSide
 from proxy.session.broker_side import BrokerSide
 from proxy.session.confirmations import Confirmations
 from proxy.session.control import ControlChannel
-from proxy.session.core import SessionCore
+from proxy.session.core import GOODBYE_TIMEOUT, SessionCore, log
 from proxy.session.ending import (
     Ending,
     draining,
@@ -58,7 +58,7 @@ from proxy.session.ending import (
     no_broker,
 )
 from proxy.session.handshake import accept_connect, connected_frame
-from proxy.session.link import GOODBYE_TIMEOUT, Link
+from proxy.session.link import Link
 from proxy.session.phase import Phase
 from proxy.session.restore import Restorer
 from proxy.session.to_app import AppOutput
@@ -67,8 +67,6 @@ from proxy.upstream import StreamOpener, UpstreamUnavailable, open_broker_stream
 from proxy.wire import TransportLost, send_heartbeats
 
 __all__ = ["Session"]
-
-log = logging.getLogger("mq_sidecar.session")
 
 #: Jitter and ``randomize`` draws of every session without an rng of its own: one generator
 #: for the process (2.5 KiB of Mersenne Twister state per session otherwise).

@@ -13,14 +13,12 @@ import trio
 import protocol
 from protocol import Command, Frame
 from proxy.session.acks import SidecarAcks
-from proxy.session.core import SessionCore
+from proxy.session.core import SessionCore, log
 from proxy.session.ending import Ending
 from proxy.vocabulary import ClientErrorReason
 from proxy.wire import TransportLost
 
 __all__ = ["AppOutput", "representable"]
-
-log = logging.getLogger("mq_sidecar.session")
 
 
 class AppOutput:
