@@ -1,7 +1,8 @@
 """Prometheus metrics of one sidecar: what the session and failover code record (the gauges
 read from the live objects at scrape time are in :mod:`proxy.gauges`).
 
-Two kinds of metrics, kept apart on purpose (STYLE §2 rule 16, DESIGN §3.7):
+Two kinds of metrics, kept apart on purpose (docs/architecture.md, "Metrics read state at
+scrape time"):
 
 * **Things that happen** (a connect attempt, a failover, a receipt round trip...) are recorded
   by the code where they happen, through one method of :class:`Metrics` each. The instruments
@@ -13,7 +14,7 @@ Two kinds of metrics, kept apart on purpose (STYLE §2 rule 16, DESIGN §3.7):
 
 Labels are bounded: broker labels come from the configuration (``host:port``), every other
 label value from a closed enum below. Session ids, destinations and credentials are never
-labels (DESIGN §3.8).
+labels (docs/operations.md, "Metrics").
 
 Hot path. The relay records every frame, and the relay's budget is ≥ 0.95x the throughput of a
 direct connection. A ``prometheus_client`` child ``inc()`` takes a lock (~0.35 µs); the
@@ -49,7 +50,8 @@ __all__ = [
 PREFIX = "mq_sidecar"
 
 #: Outage buckets, seconds: a reattach on loopback takes tens of ms, a failover to a backup
-#: that must first take the store lock 1-10 s (BROKERS.md), ``reconnect_period`` is 300 s.
+#: that must first take the store lock 1-10 s (docs/brokers.md, "Takeover and hung brokers"),
+#: ``reconnect_period`` is 300 s.
 OUTAGE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 #: Receipt round-trip buckets, seconds: sub-millisecond on loopback up to seconds for a
 #: persistent SEND on a busy broker.
@@ -270,6 +272,6 @@ def _children(metric: Counter, *label_values: Iterable[str]) -> dict[tuple[str, 
 
 
 def iter_metric_names(registry: CollectorRegistry) -> Iterator[str]:
-    """Names of every family in ``registry`` (for tests and the README check)."""
+    """Names of every family in ``registry`` (for tests and the docs check)."""
     for family in registry.collect():
         yield family.name

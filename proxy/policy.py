@@ -1,4 +1,5 @@
-"""The reconnect policy: an immutable value with pure arithmetic (STYLE §2 rule 15).
+"""The reconnect policy: an immutable value with pure arithmetic (docs/architecture.md, "Pure
+reconnect policy").
 
 Terms follow Artemis (``retryInterval``, ``retryIntervalMultiplier``, ``maxRetryInterval``,
 ``reconnectAttempts``, ``initialConnectAttempts``; Artemis "Client Reconnection and Session
@@ -110,9 +111,10 @@ class ReconnectPolicy:
         """Indexes of the brokers to try in one round.
 
         The current broker first (reattach: "stay on the current broker while it answers",
-        DESIGN §3.1), then the others in list order starting after it (round robin), or
-        shuffled when ``randomize``. With no current broker (first connection) the list
-        starts at its first broker (or in random order when ``randomize``).
+        docs/behaviour.md, "Broker list and reconnect policy"), then the others in list order
+        starting after it (round robin), or shuffled when ``randomize``. With no current broker
+        (first connection) the list starts at its first broker (or in random order when
+        ``randomize``).
         """
         if brokers < 1:
             raise ValueError("no brokers")

@@ -1,8 +1,8 @@
 """Restoring a session on a new upstream leg: what to re-send, in which order (pure).
 
-DESIGN §3.5 and the seeds: after a reconnect the new broker knows nothing of the session
-(AMQ Broker 7.1 "Client Failover": "When a session is re-created on the slave, it does not have
-any knowledge of messages already sent or acknowledged"), so the sidecar re-creates it:
+docs/behaviour.md, "Restoring the session": after a reconnect the new broker knows nothing of the
+session (AMQ Broker 7.1 "Client Failover": "When a session is re-created on the slave, it does not
+have any knowledge of messages already sent or acknowledged"), so the sidecar re-creates it:
 
 1. every live subscription whose SUBSCRIBE the old broker had confirmed is sent again with the
    same id and headers (an unconfirmed SUBSCRIBE is replayed from the window, in order);

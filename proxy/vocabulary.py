@@ -58,9 +58,9 @@ class ProbeOutcome(enum.StrEnum):
 class FailoverReason(enum.StrEnum):
     """Why a session left its upstream leg (label ``reason`` of failovers and reattaches)."""
 
-    #: TCP EOF, reset, or a write that failed (DESIGN §3.2 "immediate").
+    #: TCP EOF, reset, or a write that failed (docs/behaviour.md, "Failure detection").
     CONNECTION_LOST = "connection_lost"
-    #: The broker was silent past the heart-beat tolerance (DESIGN §3.2 "silent death").
+    #: The broker was silent past the heart-beat tolerance (docs/behaviour.md, "Failure detection").
     HEARTBEAT_TIMEOUT = "heartbeat_timeout"
     #: The broker sent bytes that are not STOMP.
     PROTOCOL_ERROR = "protocol_error"
@@ -82,7 +82,7 @@ class OutageOutcome(enum.StrEnum):
 
 
 class TransactionOutcome(enum.StrEnum):
-    """What became of an app transaction (label ``outcome``; DESIGN §3.5)."""
+    """What became of an app transaction (label ``outcome``; docs/behaviour.md, "Transactions")."""
 
     #: COMMIT confirmed by the broker.
     COMMITTED = "committed"
@@ -96,7 +96,7 @@ class TransactionOutcome(enum.StrEnum):
 
 class ClientErrorReason(enum.StrEnum):
     """Why an app's frame or session was refused for the app's own fault (label ``reason``;
-    DESIGN §3.8)."""
+    docs/behaviour.md, "Limits and bad input")."""
 
     #: Not STOMP, or over a limit (frame size, header count or length), unknown command, a
     #: frame before CONNECT: a ``protocol.RemoteProtocolError`` from the app's leg.

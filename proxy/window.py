@@ -1,9 +1,9 @@
 """The confirmation window: every frame sent upstream, kept until the broker confirms it.
 
-DESIGN §3.3, after Artemis' ``confirmationWindowSize`` ("Client Reconnection and Session
-Reattachment"): each frame bound for the broker gets a sequence number and stays here until a
-RECEIPT covers it, so that after a reconnect whatever the old broker never confirmed can be
-replayed, and whatever cannot be replayed can be reported by id.
+docs/behaviour.md, "Confirmation window", after Artemis' ``confirmationWindowSize`` ("Client
+Reconnection and Session Reattachment"): each frame bound for the broker gets a sequence number and
+stays here until a RECEIPT covers it, so that after a reconnect whatever the old broker never
+confirmed can be replayed, and whatever cannot be replayed can be reported by id.
 
 Confirmation is cumulative, because a broker processes one connection's frames in order: the
 RECEIPT for entry *k* confirms *k* and every earlier entry. One caution: RabbitMQ sends a SEND's
@@ -108,8 +108,8 @@ class ConfirmationWindow:
             window is admitted when the window is empty, so it can never deadlock.
         receipt_prefix: prefix of the receipt ids the window requests (``<session>-r``).
         receipt_fraction: request a receipt once this fraction of ``max_bytes`` was appended
-            since the last receipted entry (DESIGN §3.3: "when unconfirmed bytes pass a
-            fraction of the window").
+            since the last receipted entry (docs/behaviour.md, "Confirmation window": "when
+            unconfirmed bytes pass a fraction of the window").
     """
 
     def __init__(

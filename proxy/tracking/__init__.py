@@ -1,12 +1,13 @@
 """Session bookkeeping, pure: subscriptions, deliveries and ack ids, transactions, identities.
 
-No I/O and no trio here (like ``protocol/``): the session feeds frames in and gets decisions
-out, and the tests drive it directly. Everything a reconnect needs to restore a session lives
-in :class:`SessionState` (DESIGN §3.5): every live subscription with the headers it was made
-with, every open transaction with its frames, every message delivered to the app and not yet
-acknowledged, and the identities of messages already seen, to recognise redeliveries.
+No I/O and no trio here (like ``protocol/``): the session feeds frames in and gets decisions out,
+and the tests drive it directly. Everything a reconnect needs to restore a session lives in
+:class:`SessionState` (docs/behaviour.md, "Restoring the session"): every live subscription with the
+headers it was made with, every open transaction with its frames, every message delivered to the app
+and not yet acknowledged, and the identities of messages already seen, to recognise redeliveries.
 
-Identifiers the app sees are the sidecar's own (DESIGN §3.3, §3.5):
+Identifiers the app sees are the sidecar's own (docs/behaviour.md, "Confirmation window" and
+"Duplicate detection"):
 
 - **ack ids** (STOMP 1.2 ``ack`` header of MESSAGE) are numbers the sidecar allocates per
   session and maps to the current upstream delivery; after a failover, a redelivery of the
@@ -18,7 +19,8 @@ Identifiers the app sees are the sidecar's own (DESIGN §3.3, §3.5):
 
 The **identity** of a message is its ``mq-sidecar-id`` header (the duplicate-detection id every
 SEND through a sidecar carries), else its ``message-id`` when the broker keeps message ids
-stable across redelivery and failover (ActiveMQ does, RabbitMQ does not: BROKERS.md §3, §8.9).
+stable across redelivery and failover (ActiveMQ does, RabbitMQ does not: docs/brokers.md,
+"Message ids").
 Each link (upstream connection) has a *generation*; a message seen again on a later generation
 is a redelivery, one seen again on the same generation is a duplicate (a producer's replay).
 """

@@ -44,10 +44,12 @@ class AckMode(enum.StrEnum):
 
 #: The ack modes' header values, in the order STOMP 1.2 lists them.
 ACK_MODES = tuple(m.value for m in AckMode)
-#: The duplicate-detection id on every SEND through the sidecar (DESIGN §3.5).
+#: The duplicate-detection id on every SEND through the sidecar (docs/behaviour.md, "Duplicate
+#: detection").
 DUPLICATE_ID_HEADER = "mq-sidecar-id"
 #: Identities remembered per subscription to recognise duplicates and redeliveries
-#: (DESIGN §3.5 "bounded window of ids and time"): at most this many...
+#: (docs/behaviour.md, "Duplicate detection": a bounded window of ids and time): at most this
+#: many...
 SEEN_MAX = 20_000
 #: ...and none older than this many seconds.
 SEEN_SECONDS = 600.0
@@ -85,7 +87,8 @@ class Subscription:
 
     ``frame`` is the SUBSCRIBE as sent upstream (upstream id, destination, ack mode, selector,
     durable-subscription headers...): replaying it restores the subscription. ``local`` marks
-    the control-channel subscription, which never goes upstream (DESIGN §3.6).
+    the control-channel subscription, which never goes upstream (docs/behaviour.md, "Control
+    channel").
 
     ``ack`` is the app's ack mode. An app's ``client`` subscription is ``client-individual``
     upstream too, and its cumulative ACK becomes one ACK per message it covers: after a

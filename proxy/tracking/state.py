@@ -35,8 +35,9 @@ class SessionState:
     Args:
         session_id: the sidecar's id for this session (prefix of generated ids).
         app_version: the STOMP version negotiated with the app ("1.0", "1.1", "1.2").
-        max_subscriptions: live subscriptions allowed per session (DESIGN §3.8).
-        max_unacked: delivered-but-unacknowledged messages allowed (DESIGN §3.8).
+        max_subscriptions: live subscriptions allowed per session (docs/behaviour.md, "Limits
+            and bad input").
+        max_unacked: delivered-but-unacknowledged messages allowed (same page).
         transparent: ``failover_mode`` is "transparent" (else "strict", JMS semantics).
 
     Methods raise :class:`SessionError` (fatal) or :class:`FrameRejected` (that frame only).
@@ -253,7 +254,7 @@ class SessionState:
         app's id. A MESSAGE for a subscription the app never made (RabbitMQ delivers
         temp-queue replies with ``subscription:/temp-queue/...``) passes through unchanged.
 
-        Recognised by identity (DESIGN §3.5):
+        Recognised by identity (docs/behaviour.md, "Duplicate detection"):
 
         - a redelivery (after a failover) of a message the app holds unacknowledged: in
           ``transparent`` mode hidden, and its ack id now maps to this delivery; in ``strict``
