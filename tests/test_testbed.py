@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 import stomp
@@ -33,6 +33,7 @@ from testbed import (
 )
 from testbed.broker import process_alive
 from testbed.probe import stomp_handshake
+from testbed.sidecar import SidecarError, SidecarProcess, metric_total
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -300,3 +301,109 @@ def test_no_broker_outlives_its_owner(how: str, tmp_path: Path) -> None:
         finally:
             if owner.poll() is None:
                 owner.kill()
+
+
+# --- the sidecar as a child process (testbed.sidecar) -------------------------------------
+
+
+@pytest.mark.activemq
+@pytest.mark.parametrize("readiness", ["stomp", "readyz"])
+def test_sidecar_process_round(
+    readiness: Literal["stomp", "readyz"],
+    activemq: ActiveMQ,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Config file from options (the caller's MQ_SIDECAR_* ignored), readiness, the admin
+    plane, /proc readers, the log, and an orderly stop with the exit status."""
+    monkeypatch.setenv("MQ_SIDECAR_LISTEN", "nowhere")  # would be a configuration error
+    sidecar = SidecarProcess(
+        "sc",
+        tmp_path,
+        brokers=activemq.stomp_url,
+        options={"log_level": "info", "retry_interval": 50},
+        readiness=readiness,
+    )
+    with sidecar:
+        assert sidecar.config_path == tmp_path / "sc" / "mq-sidecar.toml"
+        assert "retry_interval = 50" in sidecar.config_path.read_text()
+        assert sidecar.get("/healthz") == (200, b"ok\n")
+        assert sidecar.broker_ports == {activemq.stomp_port}
+        assert "sessions_open" in sidecar.status()
+        assert "mq_sidecar_upstream_connected" in sidecar.metrics()
+        assert sidecar.cpu_seconds() > 0
+        assert sidecar.peak_rss_kib() >= sidecar.rss_kib() > 0
+        assert sidecar.fd_count() > 3
+        with stomp_client(sidecar) as (conn, frames):
+            counts = sidecar.sockets()
+            assert counts.app == 1
+            assert counts.upstream >= 1
+            dest = f"/queue/testbed-sidecar-{uuid.uuid4().hex[:8]}"
+            conn.subscribe(dest, id="s", ack="auto")
+            conn.send(dest, "through", headers={"receipt": "r"})
+            assert frames.receipt() == "r"
+            assert frames.message().body == "through"
+            connected = metric_total(sidecar.metrics(), "mq_sidecar_upstream_connected")
+            assert connected >= 1
+        running_code = sidecar.returncode
+    assert running_code is None
+    assert not sidecar.running()
+    assert sidecar.returncode == 0
+    assert "shutdown complete" in sidecar.log_text()
+    assert sidecar.error_log_lines() == []
+    with pytest.raises(SidecarError, match="not running"):
+        sidecar.rss_kib()
+
+
+def test_sidecar_process_that_cannot_start_says_why(tmp_path: Path) -> None:
+    sidecar = SidecarProcess("bad", tmp_path, brokers="not a url", readiness="readyz")
+    with pytest.raises(SidecarError, match=r"exited (at once )?with code 2") as info:
+        start_and_wait(sidecar)
+    assert "brokers" in str(info.value)  # the log's tail names the problem
+    assert sidecar.returncode == 2
+
+
+_SIDECAR_ORPHAN_SCRIPT = textwrap.dedent(
+    """
+    import signal, sys, time
+    from pathlib import Path
+    from testbed.sidecar import SidecarProcess
+    sidecar = SidecarProcess(
+        "orphan", Path(sys.argv[1]), brokers=sys.argv[2],
+        parent_death=signal.Signals[sys.argv[3]],
+    )
+    sidecar.start()
+    sidecar.wait_ready()
+    print(sidecar.pid, flush=True)
+    time.sleep(600)
+    """
+)
+
+
+@pytest.mark.activemq
+@pytest.mark.parametrize("parent_death", ["SIGKILL", "SIGTERM"])
+def test_no_sidecar_outlives_its_owner(
+    parent_death: str, activemq: ActiveMQ, tmp_path: Path
+) -> None:
+    """SIGKILL of the harness: the sidecar is killed (SIGKILL) or drains and exits (SIGTERM)."""
+    with subprocess.Popen(
+        [sys.executable, "-c", _SIDECAR_ORPHAN_SCRIPT, str(tmp_path), activemq.stomp_url,
+         parent_death],
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as owner:  # fmt: skip
+        try:
+            assert owner.stdout is not None
+            pid = int(owner.stdout.readline())
+            assert process_alive(pid)
+            os.kill(owner.pid, signal.SIGKILL)
+            owner.wait(timeout=30)
+            deadline = time.monotonic() + 20.0
+            while process_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert not process_alive(pid)
+        finally:
+            if owner.poll() is None:
+                owner.kill()
+    log = (tmp_path / "orphan.log").read_text()
+    assert ("shutdown complete" in log) == (parent_death == "SIGTERM"), log[-2000:]

@@ -63,9 +63,9 @@ from pipeline.report import (
     throughput,
     write_png,
 )
-from pipeline.sidecar import SidecarError, SidecarProcess, metric_total
 from pipeline.verify import Reader, Received, expected, reconcile
 from testbed import ActiveMQ, BrokerError, activemq_installed, start_activemq_pair
+from testbed.sidecar import SidecarError, SidecarProcess, metric_total
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -269,8 +269,19 @@ class Drill:
         return f"failover:({primary.stomp_url},{backup.stomp_url})"
 
     def _start_sidecars(self, brokers: str) -> tuple[SidecarProcess, SidecarProcess]:
-        producer = SidecarProcess("sidecar-producer", self.workdir, brokers, SIDECAR_OPTIONS)
-        consumer = SidecarProcess("sidecar-consumer", self.workdir, brokers, SIDECAR_OPTIONS)
+        producer, consumer = (
+            SidecarProcess(
+                name,
+                self.workdir,
+                brokers=brokers,
+                options=SIDECAR_OPTIONS,
+                # Ready = /readyz, which opens no session (the report counts sessions); if
+                # the drill dies, its sidecars drain (SIGTERM) rather than vanish.
+                readiness="readyz",
+                parent_death=signal.SIGTERM,
+            )
+            for name in ("sidecar-producer", "sidecar-consumer")
+        )
         self.state.sidecars = [producer, consumer]
         try:
             for sidecar in (producer, consumer):

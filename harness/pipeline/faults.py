@@ -28,9 +28,9 @@ from typing import Any
 
 from pipeline.monitor import ObservedEvent
 from pipeline.report import FailoverIncident, FaultRecord
-from pipeline.sidecar import SidecarProcess, metric_total
 from pipeline.verify import Reader
 from testbed import ActiveMQ, BrokerError, wait_stomp
+from testbed.sidecar import SidecarProcess, metric_total
 
 __all__ = [
     "ATTRIBUTION_WINDOW",

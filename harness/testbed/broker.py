@@ -275,7 +275,8 @@ def _cleanup(children: _Children) -> None:
 
 
 class BrokerProcess:
-    """A real broker run as a child process, for tests, the demo and failover drills.
+    """A real broker (or, see ``testbed.sidecar``, the sidecar) run as a child process, for
+    tests, the demo, failover drills and benchmarks.
 
     Files: everything of the instance lives in ``workdir / name`` (created), the log is
     ``workdir / f"{name}.log"`` (appended to across restarts; each start writes a marker
@@ -296,6 +297,8 @@ class BrokerProcess:
     #: Credentials for STOMP CONNECT (``None``: send no login/passcode header).
     login: str | None = None
     passcode: str | None = None
+    #: Whether the orphan guardian SIGKILLs the children if this process dies.
+    _guarded: bool = True
 
     def __init__(self, name: str, workdir: Path, *, stomp_port: int) -> None:
         if not _NAME_RE.match(name):
@@ -352,7 +355,8 @@ class BrokerProcess:
                 )
             except OSError as exc:
                 raise BrokerError(f"{self.name}: cannot run {command[0]}: {exc}") from exc
-        _GUARDIAN.watch(popen.pid)
+        if self._guarded:
+            _GUARDIAN.watch(popen.pid)
         child = _Child(label, popen)
         self._children.items.append(child)
         return child

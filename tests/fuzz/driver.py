@@ -1,7 +1,8 @@
 """Drive hostile byte streams into a running sidecar over real sockets and judge the result.
 
-The sidecar under test is a real ``python -m proxy run`` child process (:class:`SidecarProcess`)
-in front of a real broker, not a thread of the test process, because:
+The sidecar under test is a real ``python -m proxy run`` child process
+(:class:`testbed.sidecar.SidecarProcess`, made by :func:`fuzz_sidecar`) in front of a real
+broker, not a thread of the test process, because:
 
 * its memory is its own: ``VmRSS``/``VmHWM`` in ``/proc/PID/status`` measure the sidecar alone,
   not pytest, hypothesis and the fuzz client;
@@ -28,14 +29,12 @@ from __future__ import annotations
 import collections
 import contextlib
 import http.client
-import json
 import math
 import os
 import random
 import re
 import socket
 import struct
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -45,23 +44,21 @@ from pathlib import Path
 import trio
 
 import protocol
-from testbed import BrokerProcess, free_port
+from testbed.sidecar import SidecarProcess, metric_total
 from tests.fuzz import streams
 from tests.fuzz.streams import Case
 
 __all__ = [
-    "REPO",
     "FuzzReport",
     "SidecarProcess",
     "Tally",
     "WellBehaved",
+    "fuzz_sidecar",
     "http_case_for",
     "run_http_fuzz",
     "run_stomp_fuzz",
     "stomp_case_for",
 ]
-
-REPO = Path(__file__).resolve().parents[2]
 
 #: Sidecar options of the fuzz runs (merged under the caller's): a short handshake timeout so
 #: slowloris cases end soon, a short call timeout and drain, the default header limits, and
@@ -81,9 +78,6 @@ FUZZ_OPTIONS: dict[str, object] = {
     "log_level": "info",
 }
 
-#: Log records that mean a bug: anything logged at ERROR/CRITICAL (an internal error is
-#: logged with its traceback at ERROR; the sidecar logs nothing else at that level here).
-_BAD_LOG = re.compile(r"^\S+ \S+ (?:ERROR|CRITICAL) .*$", re.MULTILINE)
 _SESSION = re.compile(r"session (\S+?)[: ]")
 #: Extra seconds every case may take beyond its pauses, sends and expected close.
 _CASE_SLACK = 30.0
@@ -94,168 +88,14 @@ _WORST_RATE = 2e6
 # -- the sidecar process ------------------------------------------------------------------------
 
 
-def _toml(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    raise TypeError(f"cannot write {value!r} as TOML")
-
-
-@dataclass(frozen=True, slots=True)
-class Sockets:
-    """The sidecar's TCP sockets by role: app connections (to the STOMP listener), upstream
-    legs (to the broker's port), admin connections, anything else (listeners excluded)."""
-
-    app: int
-    upstream: int
-    admin: int
-    other: int
-
-
-class SidecarProcess(BrokerProcess):
-    """``python -m proxy run --config FILE`` as a child process (a process group of its own,
-    stopped by SIGTERM, killed by the testbed's guardian if the test process dies).
-
-    Args:
-        name: file and log name.
-        workdir: where the config file (``workdir/name/mq-sidecar.toml``) and the log
-            (``workdir/name.log``) go.
-        brokers: the ``brokers`` option (a broker's ``stomp_url``).
-        options: more configuration options (TOML keys), over :data:`FUZZ_OPTIONS`.
-
-    ``stomp_port`` and ``admin_port`` are free loopback ports; readiness is a STOMP CONNECT
-    answered through the sidecar (so the broker is reachable too).
-    """
-
-    def __init__(
-        self, name: str, workdir: Path, *, brokers: str, options: Mapping[str, object] = {}
-    ) -> None:
-        super().__init__(name, workdir, stomp_port=free_port())
-        self.admin_port = free_port()
-        self.broker_port = int(brokers.rsplit(":", 1)[1].split("?", maxsplit=1)[0])
-        self.options: dict[str, object] = {
-            **FUZZ_OPTIONS,
-            **options,
-            "brokers": brokers,
-            "listen": f"127.0.0.1:{self.stomp_port}",
-            "admin_listen": f"127.0.0.1:{self.admin_port}",
-        }
-        self.config_path = self.base_dir / "mq-sidecar.toml"
-
-    def _prepare(self) -> None:
-        lines = [f"{key} = {_toml(value)}" for key, value in sorted(self.options.items())]
-        self.config_path.write_text("\n".join(lines) + "\n")
-
-    def _server_command(self) -> list[str]:
-        return [sys.executable, "-m", "proxy", "run", "--config", str(self.config_path)]
-
-    def _server_env(self) -> dict[str, str]:
-        return {**os.environ, "PYTHONPATH": str(REPO)}
-
-    @property
-    def address(self) -> tuple[str, int]:
-        """The STOMP listener."""
-        return (self.host, self.stomp_port)
-
-    @property
-    def admin_address(self) -> tuple[str, int]:
-        """The admin plane."""
-        return (self.host, self.admin_port)
-
-    def http_get(self, path: str, timeout: float = 15.0) -> tuple[int, bytes]:
-        """``GET path`` on the admin port: (status, body)."""
-        conn = http.client.HTTPConnection(self.host, self.admin_port, timeout=timeout)
-        try:
-            conn.request("GET", path)
-            response = conn.getresponse()
-            return response.status, response.read()
-        finally:
-            conn.close()
-
-    def status(self) -> dict[str, object]:
-        """The ``/status`` document."""
-        code, body = self.http_get("/status")
-        assert code == 200, (code, body[:200])
-        result: dict[str, object] = json.loads(body)
-        return result
-
-    def metrics(self) -> dict[str, float]:
-        """``/metrics`` as ``{"name{labels}": value}`` (text format, comments skipped)."""
-        code, body = self.http_get("/metrics")
-        assert code == 200, code
-        out: dict[str, float] = {}
-        for line in body.decode().splitlines():
-            if line and not line.startswith("#"):
-                key, _, value = line.rpartition(" ")
-                out[key] = float(value)
-        return out
-
-    def metric_sum(self, prefix: str) -> float:
-        """Sum of every sample whose name (with labels) starts with ``prefix``."""
-        return sum(v for k, v in self.metrics().items() if k.startswith(prefix))
-
-    def _proc(self, name: str) -> int:
-        pid = self.pid
-        assert pid is not None, "the sidecar is not running"
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(name + ":"):
-                return int(line.split()[1])
-        raise AssertionError(f"no {name} in /proc/{pid}/status")
-
-    def rss_kib(self) -> int:
-        """Resident memory now (``VmRSS``), KiB."""
-        return self._proc("VmRSS")
-
-    def peak_rss_kib(self) -> int:
-        """Highest resident memory so far (``VmHWM``), KiB."""
-        return self._proc("VmHWM")
-
-    def fd_count(self) -> int:
-        """Open file descriptors of the sidecar process."""
-        return len(os.listdir(f"/proc/{self.pid}/fd"))
-
-    def sockets(self) -> Sockets:
-        """Classify the process' established TCP sockets by the ports at either end."""
-        pid = self.pid
-        inodes = set()
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            with contextlib.suppress(OSError):
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if target.startswith("socket:["):
-                    inodes.add(target[8:-1])
-        counts = collections.Counter[str]()
-        for table in ("tcp", "tcp6"):
-            path = Path(f"/proc/{pid}/net/{table}")
-            if not path.exists():
-                continue
-            for row in path.read_text().splitlines()[1:]:
-                cols = row.split()
-                if len(cols) < 10 or cols[9] not in inodes or cols[3] == "0A":  # 0A: LISTEN
-                    continue
-                local = int(cols[1].rsplit(":", 1)[1], 16)
-                remote = int(cols[2].rsplit(":", 1)[1], 16)
-                if local == self.stomp_port:
-                    counts["app"] += 1
-                elif remote == self.broker_port:
-                    counts["upstream"] += 1
-                elif local == self.admin_port:
-                    counts["admin"] += 1
-                else:
-                    counts["other"] += 1
-        return Sockets(counts["app"], counts["upstream"], counts["admin"], counts["other"])
-
-    def log_text(self) -> str:
-        """The sidecar's log since this start."""
-        return self._log_since_start()
-
-    def bad_log_lines(self) -> list[str]:
-        """ERROR/CRITICAL records in the log since this start (first lines only)."""
-        return _BAD_LOG.findall(self.log_text())
+def fuzz_sidecar(
+    name: str, workdir: Path, *, brokers: str, options: Mapping[str, object] | None = None
+) -> SidecarProcess:
+    """The sidecar under test (``testbed.sidecar``): ``options`` over :data:`FUZZ_OPTIONS`;
+    ready once a STOMP CONNECT through it is answered (so the broker is reachable too)."""
+    return SidecarProcess(
+        name, workdir, brokers=brokers, options={**FUZZ_OPTIONS, **(options or {})}
+    )
 
 
 # -- the well-behaved session -------------------------------------------------------------------
@@ -757,12 +597,9 @@ def settle(
         status = sidecar.status()
         open_ = status["sessions_open"]
         if open_ != sessions:
-            states = collections.Counter(
-                str(s["state"])
-                for s in status["sessions"]  # type: ignore[attr-defined]
-            )
+            states = collections.Counter(str(s["state"]) for s in status["sessions"])
             found.append(f"/status: {open_} sessions open, expected {sessions} ({dict(states)})")
-        upstream = sidecar.metric_sum("mq_sidecar_upstream_connected{")
+        upstream = metric_total(sidecar.metrics(), "mq_sidecar_upstream_connected")
         if upstream != sessions:
             found.append(f"mq_sidecar_upstream_connected {upstream:g}, expected {sessions}")
         counts = sidecar.sockets()
@@ -846,7 +683,7 @@ def _fuzz_run(
         limit = seconds if seconds is not None else math.inf
         run(warmup, None if count is None else warmup + count, limit, report=True)
         if not sidecar.running():
-            crashed = f"exit status {sidecar._server.popen.returncode if sidecar._server else '?'}"
+            crashed = f"exit status {sidecar.returncode}"
         leaks += settle(sidecar, sessions=1)
         rss_after = _quiet_rss(sidecar) if sidecar.running() else 0
         fds_after = sidecar.fd_count() if sidecar.running() else 0
@@ -865,7 +702,7 @@ def _fuzz_run(
         seconds=time.monotonic() - started,
         tally=tally,
         crashed=crashed,
-        bad_log_lines=sidecar.bad_log_lines(),
+        bad_log_lines=sidecar.error_log_lines(),
         well_behaved_sent=well.sent,
         well_behaved_received=well.received,
         well_behaved_errors=well.errors,

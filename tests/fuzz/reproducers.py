@@ -24,7 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from testbed import ActiveMQ
-from tests.fuzz.driver import SidecarProcess
+from testbed.sidecar import SidecarProcess
+from tests.fuzz.driver import fuzz_sidecar
 
 __all__ = ["REPRODUCERS", "main"]
 
@@ -184,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         with (
             ActiveMQ("reproamq", work) as broker,
-            SidecarProcess("sidecar", work, brokers=broker.stomp_url) as sc,
+            fuzz_sidecar("sidecar", work, brokers=broker.stomp_url) as sc,
         ):
             for name in names:
                 for attempt in range(1, args.tries + 1):

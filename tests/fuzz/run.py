@@ -29,10 +29,11 @@ import tempfile
 from pathlib import Path
 
 from testbed import ActiveMQ, activemq_installed
+from testbed.sidecar import SidecarProcess
 from tests.fuzz import streams
 from tests.fuzz.driver import (
     FuzzReport,
-    SidecarProcess,
+    fuzz_sidecar,
     http_case_for,
     run_http_fuzz,
     run_stomp_fuzz,
@@ -68,7 +69,7 @@ def _replay(sidecar: SidecarProcess, case: streams.Case, *, http_mode: bool) -> 
     print(f"outcomes: {dict(tally.outcomes)}; hangs {tally.hangs}, wrong {tally.wrong}")
     for p in tally.problems:
         print(f"  problem: {p}")
-    bad = sidecar.bad_log_lines()
+    bad = sidecar.error_log_lines()
     for line in bad:
         print(f"  log: {line}")
     alive = sidecar.running()
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"ActiveMQ on {broker.stomp_url}; work directory {work}", flush=True)
 
             def sidecar(name: str) -> SidecarProcess:
-                return SidecarProcess(name, work, brokers=broker.stomp_url, options=options)
+                return fuzz_sidecar(name, work, brokers=broker.stomp_url, options=options)
 
             if args.replay is not None:
                 with sidecar("replay") as sc:

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from testbed import ActiveMQ
-from tests.fuzz.driver import SidecarProcess, run_http_fuzz
+from testbed.sidecar import SidecarProcess
+from tests.fuzz.driver import fuzz_sidecar, run_http_fuzz
 from tests.fuzz.streams import HTTP_KINDS
 
 SEED = int(os.environ.get("MQ_SIDECAR_FUZZ_SEED", "1"))
@@ -28,7 +29,7 @@ SEED = int(os.environ.get("MQ_SIDECAR_FUZZ_SEED", "1"))
 @pytest.fixture
 def sidecar(activemq: ActiveMQ, tmp_path: Path) -> Iterator[SidecarProcess]:
     """A fresh sidecar process in front of the session's ActiveMQ."""
-    with SidecarProcess("sidecar", tmp_path, brokers=activemq.stomp_url) as process:
+    with fuzz_sidecar("sidecar", tmp_path, brokers=activemq.stomp_url) as process:
         yield process
 
 
@@ -46,4 +47,4 @@ def test_hostile_http_requests_leave_the_admin_plane_intact(sidecar: SidecarProc
     assert report.leaks == [], text
     assert report.rss_growth_kib <= report.rss_margin_kib, text
     assert report.tally.cases == 80 + len(HTTP_KINDS) - 1, text  # warm-up + drawn
-    assert sidecar.http_get("/healthz") == (200, b"ok\n")
+    assert sidecar.get("/healthz") == (200, b"ok\n")

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from testbed import ActiveMQ
-from tests.fuzz.driver import SidecarProcess
+from testbed.sidecar import SidecarProcess
+from tests.fuzz.driver import fuzz_sidecar
 from tests.fuzz.reproducers import REPRODUCERS
 
 pytestmark = pytest.mark.activemq
@@ -23,7 +24,7 @@ def sidecar(
     activemq: ActiveMQ, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[SidecarProcess]:
     work: Path = tmp_path_factory.mktemp("repro")
-    with SidecarProcess("sidecar", work, brokers=activemq.stomp_url) as sc:
+    with fuzz_sidecar("sidecar", work, brokers=activemq.stomp_url) as sc:
         yield sc
 
 

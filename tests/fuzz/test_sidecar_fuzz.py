@@ -28,7 +28,8 @@ from pathlib import Path
 import pytest
 
 from testbed import ActiveMQ
-from tests.fuzz.driver import SidecarProcess, run_stomp_fuzz
+from testbed.sidecar import SidecarProcess
+from tests.fuzz.driver import fuzz_sidecar, run_stomp_fuzz
 from tests.fuzz.streams import STOMP_KINDS, Scale
 
 SEED = int(os.environ.get("MQ_SIDECAR_FUZZ_SEED", "1"))
@@ -37,7 +38,7 @@ SEED = int(os.environ.get("MQ_SIDECAR_FUZZ_SEED", "1"))
 @pytest.fixture
 def sidecar(activemq: ActiveMQ, tmp_path: Path) -> Iterator[SidecarProcess]:
     """A fresh sidecar process in front of the session's ActiveMQ."""
-    with SidecarProcess("sidecar", tmp_path, brokers=activemq.stomp_url) as process:
+    with fuzz_sidecar("sidecar", tmp_path, brokers=activemq.stomp_url) as process:
         yield process
 
 
