@@ -8,9 +8,6 @@ No sockets, no clock, no async: :class:`Connection` (or the bare :class:`FramePa
 
 from __future__ import annotations
 
-from ._codec import HEARTBEAT_BYTES as HEARTBEAT_BYTES
-from ._codec import FrameParser as FrameParser
-from ._codec import serialize as serialize
 from ._connection import Connection as Connection
 from ._errors import LocalProtocolError as LocalProtocolError
 from ._errors import ProtocolError as ProtocolError
@@ -32,6 +29,9 @@ from ._heartbeat import HeartBeatTimer as HeartBeatTimer
 from ._heartbeat import negotiate_heartbeat as negotiate_heartbeat
 from ._heartbeat import parse_heartbeat as parse_heartbeat
 from ._limits import Limits as Limits
+from ._parser import FrameParser as FrameParser
+from ._serializer import HEARTBEAT_BYTES as HEARTBEAT_BYTES
+from ._serializer import serialize as serialize
 from ._state import Role as Role
 from ._state import State as State
 from ._versions import VERSIONS as VERSIONS

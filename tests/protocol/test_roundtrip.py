@@ -132,7 +132,7 @@ def test_chunking_never_changes_the_outcome(
 
 
 def _general_outcome(frame: Frame, version: str) -> object:
-    from protocol._codec import _serialize_general
+    from protocol._serializer import _serialize_general
 
     try:
         return _serialize_general(frame, version)
@@ -158,7 +158,7 @@ def any_frames_12(draw: st.DrawFn) -> Frame:
 def test_the_whole_head_serializer_agrees_with_the_general_one(frame: Frame) -> None:
     """serialize's STOMP 1.2 fast path gives the same bytes as the header-by-header path, or
     leaves the frame to it (which then refuses or serializes it)."""
-    from protocol._codec import _serialize_12
+    from protocol._serializer import _serialize_12
 
     fast = _serialize_12(frame)
     if fast is not None:
