@@ -14,7 +14,7 @@ Endpoints (all ``GET``; ``HEAD`` too, except ``/events``):
                 ``SessionEvent.to_json()``. Slow readers are dropped and counted.
 ==============  ===========================================================================
 
-Shape (h11's ``examples/trio-server.py``): :class:`_HTTPConnection` glues one
+Shape (h11's ``examples/trio-server.py``): :class:`HTTPConnection` glues one
 ``h11.Connection`` to one stream; :meth:`AdminServer.handle` serves requests on it until the
 client leaves, a timeout fires or an error response closes it. Every task lives in the
 server's nursery, which ``proxy.app.serve`` owns.
@@ -48,6 +48,16 @@ from config import Config
 from proxy._errors import ListenError
 from proxy._health import BrokerProber, Readiness, evaluate_readiness, stuck_for
 from proxy._version import VERSION
+from proxy.admin_http import (
+    GONE,
+    RECEIVE_SIZE,
+    SERVER_HEADER,
+    HTTPConnection,
+    format_address,
+    has_body,
+    head_size,
+    header_value,
+)
 from proxy.events import SessionEvent
 from proxy.gauges import SidecarCollector
 from proxy.statistics import SidecarView
@@ -58,19 +68,8 @@ log = logging.getLogger("mq_sidecar.admin")
 
 #: accept() errors that mean "out of file descriptors/memory for now" (as trio.serve_listeners).
 _ACCEPT_CAPACITY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
-#: What a stream raises when the peer is gone (or we closed it).
-_GONE = (trio.BrokenResourceError, trio.ClosedResourceError)
-#: Bytes asked of the kernel per read.
-_RECEIVE_SIZE = 16384
-#: Seconds to wait for the peer to close after our last response (so it reads that response
-#: before a close with unread data turns into a TCP RST).
-_LINGER_SECONDS = 1.0
-#: Bytes read and thrown away while lingering.
-_LINGER_BYTES = 65536
 #: ``/status`` lists at most this many sessions (a sidecar serves one app: a handful).
 MAX_STATUS_SESSIONS = 1000
-_SERVER = f"mq-sidecar/{VERSION}".encode()
-_TEXT = b"text/plain; charset=utf-8"
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,113 +116,10 @@ class _Route:
     __slots__ = ("handler", "head")
 
     def __init__(
-        self, handler: Callable[[_HTTPConnection, h11.Request], Awaitable[int]], *, head: bool
+        self, handler: Callable[[HTTPConnection, h11.Request], Awaitable[int]], *, head: bool
     ) -> None:
         self.handler = handler
         self.head = head
-
-
-class _HTTPConnection:
-    """An ``h11.Connection`` bound to a trio stream (h11's ``TrioHTTPWrapper``)."""
-
-    def __init__(self, stream: trio.abc.Stream, max_header_bytes: int) -> None:
-        self.stream = stream
-        self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=max_header_bytes)
-        #: Bytes received since the current request/response cycle began.
-        self.cycle_bytes = 0
-        #: Close after the current response (the request had a body we do not read).
-        self.must_close = False
-        #: The current request is a HEAD: responses carry headers only.
-        self.head = False
-
-    async def send(self, event: h11.Event) -> None:
-        """Serialize and write ``event``; a failed write leaves h11 in ERROR (send_failed)."""
-        data = self.conn.send(event)
-        if not data:
-            return
-        try:
-            await self.stream.send_all(data)
-        except BaseException:
-            self.conn.send_failed()
-            raise
-
-    async def next_event(self) -> h11.Event | type[h11.PAUSED]:
-        """The next h11 event; a reset reads as EOF (``ConnectionClosed``)."""
-        while True:
-            event = self.conn.next_event()
-            if event is h11.NEED_DATA:
-                try:
-                    data = await self.stream.receive_some(_RECEIVE_SIZE)
-                except _GONE:
-                    data = b""
-                self.cycle_bytes += len(data)
-                self.conn.receive_data(bytes(data))
-                continue
-            if isinstance(event, h11.Event) or event is h11.PAUSED:
-                return event
-
-    async def respond(
-        self,
-        status: int,
-        body: bytes,
-        *,
-        content_type: bytes = _TEXT,
-        headers: tuple[tuple[bytes, bytes], ...] = (),
-        close: bool = False,
-    ) -> None:
-        """A complete response with ``Content-Length`` (no body written for a HEAD request)."""
-        all_headers = [
-            (b"server", _SERVER),
-            (b"content-type", content_type),
-            (b"content-length", str(len(body)).encode()),
-            (b"cache-control", b"no-store"),
-            *headers,
-        ]
-        if close or self.must_close:
-            all_headers.append((b"connection", b"close"))
-        reason = HTTPStatus(status).phrase.encode()
-        await self.send(h11.Response(status_code=status, headers=all_headers, reason=reason))
-        if body and not self.head:
-            await self.send(h11.Data(data=body))
-        await self.send(h11.EndOfMessage())
-
-    async def close(self) -> None:
-        """Half-close, give the peer a moment to read and close, then close for good."""
-        stream = self.stream
-        try:
-            with trio.move_on_after(_LINGER_SECONDS), contextlib.suppress(*_GONE):
-                if isinstance(stream, trio.abc.HalfCloseableStream):
-                    await stream.send_eof()
-                drained = 0
-                while drained < _LINGER_BYTES:
-                    data = await stream.receive_some(_RECEIVE_SIZE)
-                    if not data:
-                        break
-                    drained += len(data)
-        finally:  # also when cancelled (the sidecar is stopping): never leak the socket
-            await trio.aclose_forcefully(stream)
-
-
-def format_address(host: str, port: int) -> str:
-    """``host:port``, IPv6 literals in brackets."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def _has_body(request: h11.Request) -> bool:
-    for name, value in request.headers:
-        if name == b"transfer-encoding" or (name == b"content-length" and value.strip() != b"0"):
-            return True
-    return False
-
-
-def _head_size(request: h11.Request) -> int:
-    """Bytes of the request line and headers as received (give or take whitespace)."""
-    size = len(request.method) + len(request.target) + 12
-    return size + sum(len(name) + len(value) + 4 for name, value in request.headers)
-
-
-def _header(request: h11.Request, name: bytes) -> str:
-    return b", ".join(v for n, v in request.headers if n == name).decode("latin-1")
 
 
 class AdminServer:
@@ -337,17 +233,17 @@ class AdminServer:
             await self._reject(stream)
             return
         self.connections += 1
-        http = _HTTPConnection(stream, self.limits.max_header_bytes)
+        http = HTTPConnection(stream, self.limits.max_header_bytes)
         try:
             await self._serve_requests(http)
-        except _GONE:
+        except GONE:
             pass  # the client went away mid-response
         except Exception:
             log.exception("admin plane: internal error; closing the connection")
             if http.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
                 with (
                     trio.move_on_after(self.limits.send_timeout),
-                    contextlib.suppress(*_GONE, h11.ProtocolError),
+                    contextlib.suppress(*GONE, h11.ProtocolError),
                 ):
                     await http.respond(500, b"internal error; see the sidecar's log\n", close=True)
         finally:
@@ -380,12 +276,12 @@ class AdminServer:
             + body
         )
         try:
-            with trio.move_on_after(self.limits.send_timeout), contextlib.suppress(*_GONE):
+            with trio.move_on_after(self.limits.send_timeout), contextlib.suppress(*GONE):
                 await stream.send_all(data)
         finally:
             await trio.aclose_forcefully(stream)
 
-    async def _serve_requests(self, http: _HTTPConnection) -> None:
+    async def _serve_requests(self, http: HTTPConnection) -> None:
         limits = self.limits
         while True:
             http.cycle_bytes = 0
@@ -393,7 +289,7 @@ class AdminServer:
             try:
                 with trio.fail_after(limits.request_timeout):
                     event = await http.next_event()
-                    if isinstance(event, h11.Request) and not _has_body(event):
+                    if isinstance(event, h11.Request) and not has_body(event):
                         end = await http.next_event()  # bodiless: EndOfMessage at once
                         assert isinstance(end, h11.EndOfMessage)
             except trio.TooSlowError:
@@ -418,12 +314,12 @@ class AdminServer:
             # Before any answer, the 431 too: a response to a HEAD has no body (h11 refuses
             # one), whatever its status.
             http.head = event.method == b"HEAD"
-            if _head_size(event) > limits.max_header_bytes:
+            if head_size(event) > limits.max_header_bytes:
                 # h11 bounds only a head still incomplete; one that arrived whole is checked here.
                 self._count("bad_request", 431)
                 await http.respond(431, b"request header fields too large\n", close=True)
                 return
-            http.must_close = _has_body(event)  # a body we will not read: answer, then close
+            http.must_close = has_body(event)  # a body we will not read: answer, then close
             # The event stream bounds each of its writes itself; other responses get one
             # deadline for the whole answer, after which a reader that does not read is cut off.
             deadline = trio.current_time() + limits.send_timeout
@@ -437,7 +333,7 @@ class AdminServer:
     def _is_events(request: h11.Request) -> bool:
         return urlsplit(request.target.decode("latin-1")).path == "/events"
 
-    async def _dispatch(self, http: _HTTPConnection, request: h11.Request) -> None:
+    async def _dispatch(self, http: HTTPConnection, request: h11.Request) -> None:
         self.requests += 1
         path = urlsplit(request.target.decode("latin-1")).path
         route = self._routes.get(path)
@@ -466,7 +362,7 @@ class AdminServer:
 
     # -- endpoints ----------------------------------------------------------------------------
 
-    async def _index(self, http: _HTTPConnection, request: h11.Request) -> int:
+    async def _index(self, http: HTTPConnection, request: h11.Request) -> int:
         body = (
             f"mq-sidecar {VERSION} admin plane\n"
             "/metrics  Prometheus metrics (OpenMetrics with Accept: application/openmetrics-text)\n"
@@ -477,23 +373,23 @@ class AdminServer:
         await http.respond(200, body)
         return 200
 
-    async def _metrics(self, http: _HTTPConnection, request: h11.Request) -> int:
-        encoder, content_type = choose_encoder(_header(request, b"accept"))
+    async def _metrics(self, http: HTTPConnection, request: h11.Request) -> int:
+        encoder, content_type = choose_encoder(header_value(request, b"accept"))
         body = encoder(self.sidecar.registry)
         await http.respond(200, body, content_type=content_type.encode())
         return 200
 
-    async def _healthz(self, http: _HTTPConnection, request: h11.Request) -> int:
+    async def _healthz(self, http: HTTPConnection, request: h11.Request) -> int:
         await http.respond(200, b"ok\n")
         return 200
 
-    async def _readyz(self, http: _HTTPConnection, request: h11.Request) -> int:
+    async def _readyz(self, http: HTTPConnection, request: h11.Request) -> int:
         verdict = self.readiness()
         status = 200 if verdict.ready else 503
         await http.respond(status, verdict.text().encode())
         return status
 
-    async def _status(self, http: _HTTPConnection, request: h11.Request) -> int:
+    async def _status(self, http: HTTPConnection, request: h11.Request) -> int:
         body = json.dumps(self.status(), indent=2, sort_keys=True, default=str).encode() + b"\n"
         await http.respond(200, body, content_type=b"application/json")
         return 200
@@ -562,7 +458,7 @@ class AdminServer:
             "admin": dataclasses.asdict(self.statistics()),
         }
 
-    async def _events(self, http: _HTTPConnection, request: h11.Request) -> int:
+    async def _events(self, http: HTTPConnection, request: h11.Request) -> int:
         limits = self.limits
         if self.sse_clients >= limits.max_sse_clients:
             with trio.move_on_after(limits.send_timeout):
@@ -580,7 +476,7 @@ class AdminServer:
                             status_code=200,
                             reason=b"OK",
                             headers=[
-                                (b"server", _SERVER),
+                                (b"server", SERVER_HEADER),
                                 (b"content-type", b"text/event-stream; charset=utf-8"),
                                 (b"cache-control", b"no-store"),
                                 (b"x-accel-buffering", b"no"),
@@ -605,7 +501,7 @@ class AdminServer:
         return 200
 
     async def _pump_events(
-        self, http: _HTTPConnection, events: trio.MemoryReceiveChannel[SessionEvent]
+        self, http: HTTPConnection, events: trio.MemoryReceiveChannel[SessionEvent]
     ) -> bool:
         """Forward events until the reader is dropped (True) or goes away (cancelled)."""
         limits = self.limits
@@ -625,11 +521,11 @@ class AdminServer:
                 return True  # a reader that stopped reading
 
     @staticmethod
-    async def _watch_reader_gone(http: _HTTPConnection, scope: trio.CancelScope) -> None:
+    async def _watch_reader_gone(http: HTTPConnection, scope: trio.CancelScope) -> None:
         """End the event stream when the reader closes its side (bytes after are ignored)."""
         try:
-            while await http.stream.receive_some(_RECEIVE_SIZE):
+            while await http.stream.receive_some(RECEIVE_SIZE):
                 pass
-        except _GONE:
+        except GONE:
             pass
         scope.cancel()
