@@ -9,7 +9,8 @@ caused by frames live in :mod:`._state`.
 
 from __future__ import annotations
 
-from ._codec import HEARTBEAT_BYTES, FrameParser, serialize
+from ._parser import FrameParser
+from ._serializer import HEARTBEAT_BYTES, serialize
 from ._errors import LocalProtocolError, RemoteProtocolError, remote_error
 from ._events import ConnectionClosed, Event
 from ._frame import CLIENT_COMMANDS, SERVER_COMMANDS, Command, Frame

@@ -57,7 +57,7 @@ def tool(name: str) -> Path:
     how = (
         "bash scripts/get-tools.sh"
         if name == "helm"
-        else "bash scripts/setup.sh (pip install -e '.[test]')"
+        else "bash scripts/setup.sh (pip install -e '.[test]' -e harness)"
     )
     pytest.fail(f"{name} is not installed in {BIN}: run {how}", pytrace=False)
 

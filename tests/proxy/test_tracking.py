@@ -17,6 +17,7 @@ from proxy.tracking import (
     Settled,
 )
 from proxy.tracking import state as tracking_state
+from proxy.tracking.records import SEEN_SECONDS
 
 
 def dashed(headers: dict[str, str]) -> dict[str, str]:
@@ -857,7 +858,7 @@ def test_an_aborted_ack_is_stamped_with_the_callers_clock(monkeypatch: pytest.Mo
     sub = st.subscriptions["s"]
     assert sub.seen["d:X"][2] == 1.0
     # Past the age bound by the caller's clock, the next delivery's sweep forgets X.
-    st.deliver(message("ID:2", ack="a2", dup="Y"), now=tracking_state.SEEN_SECONDS + 5.0)
+    st.deliver(message("ID:2", ack="a2", dup="Y"), now=SEEN_SECONDS + 5.0)
     assert "d:X" not in sub.seen
     assert "d:Y" in sub.seen
 
