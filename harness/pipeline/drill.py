@@ -95,11 +95,10 @@ SIDECAR_OPTIONS: dict[str, object] = {
     "failover_mode": "transparent",
     "log_level": "info",
 }
-#: Rows per Spark partition at most (by default). A task that fails and is retried publishes
-#: its partition again; the consumer's sidecar recognises the second copies only within its
-#: window of the last 20,000 ids of the subscription (README "Duplicate detection"). With
-#: 2 cores publishing at once, 10,000-row partitions keep a retried partition's copies inside
-#: that window.
+#: Rows per Spark partition at most (by default). A task that fails and is retried publishes its
+#: partition again; the consumer's sidecar recognises the second copies only within its window of
+#: the last 20,000 ids of the subscription (docs/behaviour.md, "Duplicate detection"). With 2 cores
+#: publishing at once, 10,000-row partitions keep a retried partition's copies inside that window.
 ROWS_PER_PARTITION = 10_000
 
 

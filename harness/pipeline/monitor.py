@@ -1,10 +1,11 @@
 """A control-channel subscriber: every session's RECONNECTING/FAILOVER/DISCONNECT events.
 
 One stomp.py connection to a sidecar subscribes to ``/mq-sidecar/events`` with
-``mq-sidecar-scope:all`` (README "Control channel"): it then gets the events of every session
-of that sidecar, its own included. Event bodies are the JSON of ``proxy.events.SessionEvent``
-(``session_id``, ``from_broker``, ``to_broker``, ``outage_ms``, ``replayed_frames``,
-``duplicates_hidden``, ``redeliveries_hidden``, ``timestamp`` in Unix seconds...).
+``mq-sidecar-scope:all`` (docs/behaviour.md, "Control channel"): it then gets the events of every
+session of that sidecar, its own included. Event bodies are the JSON of
+``proxy.events.SessionEvent`` (``session_id``, ``from_broker``, ``to_broker``, ``outage_ms``,
+``replayed_frames``, ``duplicates_hidden``, ``redeliveries_hidden``, ``timestamp`` in Unix
+seconds...).
 """
 
 from __future__ import annotations

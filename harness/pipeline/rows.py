@@ -15,7 +15,7 @@ Row identity: ``mq-sidecar-id`` = ``<job>/<partition>/<row>`` (``<job>/b<batch>/
 <row>`` for a streaming micro-batch), where ``<row>`` is the value of a key column, or the
 row's ordinal within its partition when there is none. A Spark task retry re-reads the same
 partition, so its rows get the same ids, and a consumer behind a sidecar recognises the second
-copies (README "Duplicate detection").
+copies (docs/behaviour.md, "Duplicate detection").
 """
 
 from __future__ import annotations

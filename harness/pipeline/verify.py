@@ -1,11 +1,11 @@
 """Drain a destination through mq-sidecar and reconcile it against the source DataFrame.
 
-The :class:`Reader` is the consuming app: a stomp.py connection to a sidecar, one
-subscription, every MESSAGE recorded by its ``mq-sidecar-id`` and a digest of its body, then
-acknowledged (``client-individual`` by default: the ACK follows the recording). It counts
-what the *app* received, independently of the sidecar: the sidecar hides duplicates and
-redeliveries it recognises (README "Duplicate detection"), and anything that still reaches
-the app twice is counted here as a duplicate.
+The :class:`Reader` is the consuming app: a stomp.py connection to a sidecar, one subscription,
+every MESSAGE recorded by its ``row-id`` and a digest of its body, then acknowledged
+(``client-individual`` by default: the ACK follows the recording). It counts what the *app*
+received, independently of the sidecar: the sidecar hides duplicates and redeliveries it recognises
+(docs/behaviour.md, "Duplicate detection"), and anything that still reaches the app twice is counted
+here as a duplicate.
 
 :func:`expected` computes, with the writer's own functions, the id and body digest of every
 row of the source DataFrame; :func:`reconcile` compares the two by id and content.
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pipeline.rows import body_digest, message_id, row_key, serialise_row
-from pipeline.writer import DUPLICATE_ID_HEADER, WriterSettings
+from pipeline.writer import ROW_ID_HEADER, WriterSettings
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, Row
@@ -33,7 +33,7 @@ class ReadError(RuntimeError):
 
 
 def expected(df: DataFrame, settings: WriterSettings) -> dict[str, bytes]:
-    """``{mq-sidecar-id: body digest}`` of every row of ``df`` as :func:`publish` sends it.
+    """``{row id: body digest}`` of every row of ``df`` as :func:`publish` sends it.
 
     Ids depend on the partition a row is in: pass the same DataFrame the writer got (cache
     it, or make its partitioning deterministic). Raises ``ValueError`` when two rows get the
@@ -57,10 +57,10 @@ def expected(df: DataFrame, settings: WriterSettings) -> dict[str, bytes]:
 
 @dataclass
 class Received:
-    """What an app received: per ``mq-sidecar-id`` the copies and the first body digest.
+    """What an app received: per row id the copies and the first body digest.
 
-    ``conflicts``: ids whose copies had different bodies. ``anonymous``: messages without an
-    ``mq-sidecar-id``. ``arrivals``: monotonic time of every message (timeline).
+    ``conflicts``: ids whose copies had different bodies. ``anonymous``: messages without a
+    ``row-id``. ``arrivals``: monotonic time of every message (timeline).
     """
 
     counts: dict[str, int] = field(default_factory=dict)
@@ -144,7 +144,7 @@ class Reader:
         body = frame.body if isinstance(frame.body, bytes) else str(frame.body).encode()
         now = time.monotonic()
         with self._lock:
-            self.received.record(headers.get(DUPLICATE_ID_HEADER), body_digest(body), now)
+            self.received.record(headers.get(ROW_ID_HEADER), body_digest(body), now)
             self.last_at = now
         if self.ack != "auto":
             self.conn.ack(headers["ack"])

@@ -1,11 +1,11 @@
 """Publish a Spark DataFrame through mq-sidecar: one stomp.py connection per partition.
 
 ``publish(df, settings)`` runs ``df.foreachPartition``: each task connects to the sidecar on
-localhost (in a Kubernetes pod, the executor's own sidecar, README "Spark executors"), sends
-every row of its partition as a persistent JSON message with a deterministic
-``mq-sidecar-id`` (:mod:`pipeline.rows`), and returns only when the sidecar has confirmed all
+localhost (in a Kubernetes pod, the executor's own sidecar, docs/deploy.md, "Spark executors"),
+sends every row of its partition as a persistent JSON message with a deterministic id
+(:mod:`pipeline.rows`) in two headers, and returns only when the sidecar has confirmed all
 of them, so a finished task means "on the broker" (the sidecar answers an app's receipt only
-once the broker confirmed the frame, README "Confirmation window").
+once the broker confirmed the frame, docs/behaviour.md, "Confirmation window").
 
 Receipts are pipelined in a bounded window: every ``receipt_every``-th SEND and the last one
 ask for a receipt, and at most ``max_in_flight`` receipts may be outstanding; the task waits
@@ -14,6 +14,12 @@ frame of the connection), so the window bounds the unconfirmed messages to
 ``receipt_every * max_in_flight``. An ERROR from the sidecar (e.g. ``call_timeout`` during a
 failover that does not end) fails the task; Spark retries it where retries are allowed
 (``spark.task.maxFailures``, ``local[N,F]``), and the retry's rows carry the same ids.
+
+The id goes in ``mq-sidecar-id``, the header by which an app asks the sidecars for
+idempotence (a retry's copy is recognised and not shown to the consumer again), and in
+``row-id``, the app's own identity of the row: the sidecars use their duplicate-detection id
+and never show it to a consuming app (docs/behaviour.md, "Duplicate detection"), so the
+verifier reads ``row-id``.
 
 ``StreamPublisher`` is the Structured Streaming variant: a ``foreachBatch`` function that
 publishes each micro-batch with the batch id in the row identity (a batch replayed after a
@@ -37,6 +43,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DUPLICATE_ID_HEADER",
+    "ROW_ID_HEADER",
     "PublishError",
     "StreamPublisher",
     "WriterSettings",
@@ -48,6 +55,8 @@ __all__ = [
 #: The sidecar's duplicate-detection header (proxy.tracking.DUPLICATE_ID_HEADER); the writer
 #: sets it itself so the id is deterministic (the sidecar keeps an app's value).
 DUPLICATE_ID_HEADER = "mq-sidecar-id"
+#: The row's identity as the consuming app sees it (the sidecars keep their id to themselves).
+ROW_ID_HEADER = "row-id"
 
 
 class PublishError(RuntimeError):
@@ -187,6 +196,7 @@ def publish_partition(rows: Iterable[Row], settings: WriterSettings, partition: 
     conn.connect(wait=True)
     base = {
         DUPLICATE_ID_HEADER: "",
+        ROW_ID_HEADER: "",
         "content-type": "application/json",
         **({"persistent": "true"} if settings.persistent else {}),
         **dict(settings.headers),
@@ -198,9 +208,11 @@ def publish_partition(rows: Iterable[Row], settings: WriterSettings, partition: 
             upcoming = next(iterator, None)
             body = serialise_row(row)
             headers = dict(base)
-            headers[DUPLICATE_ID_HEADER] = message_id(
+            row_id = message_id(
                 settings.job, partition, row_key(row, settings.key, ordinal), settings.batch_id
             )
+            headers[DUPLICATE_ID_HEADER] = row_id
+            headers[ROW_ID_HEADER] = row_id
             sent += 1
             if upcoming is None or sent % settings.receipt_every == 0:
                 confirmations.wait_below(

@@ -21,6 +21,7 @@ from proxy.session.core import SessionCore
 from proxy.session.ending import Ending, error_frame
 from proxy.session.to_app import AppOutput
 from proxy.tracking import (
+    ARTEMIS_DUPLICATE_ID,
     DUPLICATE_ID_HEADER,
     PASS_THROUGH,
     DurableRemoval,
@@ -30,10 +31,7 @@ from proxy.tracking import (
 from proxy.vocabulary import ClientErrorReason
 from proxy.wire import HeartBeatTimeout, TransportLost
 
-__all__ = ["ARTEMIS_DUPLICATE_ID", "AppSide"]
-
-#: Artemis' duplicate detection header (Artemis "Duplicate Message Detection").
-ARTEMIS_DUPLICATE_ID = "_AMQ_DUPL_ID"
+__all__ = ["AppSide"]
 
 #: A command handler: (frame, idle) -> True when the app's DISCONNECT has been handled.
 _Handler = Callable[[Frame, bool], Awaitable[bool]]

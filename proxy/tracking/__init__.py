@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from proxy.tracking.records import (
     ACK_MODES,
+    ARTEMIS_DUPLICATE_ID,
     DUPLICATE_ID_HEADER,
     PASS_THROUGH,
     AckMode,
@@ -46,6 +47,7 @@ from proxy.tracking.state import SessionState
 
 __all__ = [
     "ACK_MODES",
+    "ARTEMIS_DUPLICATE_ID",
     "DUPLICATE_ID_HEADER",
     "PASS_THROUGH",
     "AckMode",

@@ -13,6 +13,7 @@ from proxy.window import Entry, EntryContext
 
 __all__ = [
     "ACK_MODES",
+    "ARTEMIS_DUPLICATE_ID",
     "DUPLICATE_ID_HEADER",
     "PASS_THROUGH",
     "SEEN_MAX",
@@ -47,6 +48,9 @@ ACK_MODES = tuple(m.value for m in AckMode)
 #: The duplicate-detection id on every SEND through the sidecar (docs/behaviour.md, "Duplicate
 #: detection").
 DUPLICATE_ID_HEADER = "mq-sidecar-id"
+#: Artemis' duplicate-detection header (Artemis "Duplicate Message Detection"): SENDs to
+#: Artemis carry the sidecar's id in it too.
+ARTEMIS_DUPLICATE_ID = "_AMQ_DUPL_ID"
 #: Identities remembered per subscription to recognise duplicates and redeliveries
 #: (docs/behaviour.md, "Duplicate detection": a bounded window of ids and time): at most this
 #: many...

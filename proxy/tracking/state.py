@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from protocol import Command, Frame
 from proxy.tracking.records import (
     ACK_MODES,
+    ARTEMIS_DUPLICATE_ID,
     DUPLICATE_ID_HEADER,
     SEEN_MAX,
     SEEN_SECONDS,
@@ -272,6 +273,7 @@ class SessionState:
         upstream_ack: str | None = None
         dup_id: str | None = None
         rest: list[tuple[str, str]] = []
+        artemis_at: list[int] = []  # where _AMQ_DUPL_ID entries are in ``rest``
         sub_at = -1
         for item in message.headers:
             name = item[0]
@@ -287,9 +289,22 @@ class SessionState:
             elif name == "message-id":
                 if message_id is None:
                     message_id = item[1]
-            elif name == DUPLICATE_ID_HEADER and dup_id is None:
-                dup_id = item[1]
+            elif name == DUPLICATE_ID_HEADER:
+                # The sidecars' own id: used here, never shown to the app (so an app that
+                # re-publishes a MESSAGE with its headers copied sends a new message).
+                if dup_id is None:
+                    dup_id = item[1]
+                continue
+            elif name == ARTEMIS_DUPLICATE_ID:
+                artemis_at.append(len(rest))
             rest.append(item)
+        if artemis_at and dup_id is not None:
+            # Artemis' copy of the sidecar's id goes too; one the app set itself stays.
+            for at in reversed(artemis_at):
+                if rest[at][1] == dup_id:
+                    del rest[at]
+                    if at < sub_at:
+                        sub_at -= 1
         if upstream_sub is not None:
             sub = self.subscriptions.get(upstream_sub)
         else:  # a STOMP 1.0 broker: match by destination
@@ -300,7 +315,12 @@ class SessionState:
         if sub is None:
             if upstream_sub in self.removing:
                 return Delivered(None, hidden="unsubscribed")
-            return Delivered(message)
+            if dup_id is None:
+                return Delivered(message)
+            # Not the app's subscription (a temp-queue reply): unchanged but for the ids.
+            kept = [h for h in message.headers if h[0] != DUPLICATE_ID_HEADER]
+            kept = [h for h in kept if not (h[0] == ARTEMIS_DUPLICATE_ID and h[1] == dup_id)]
+            return Delivered(Frame.unchecked(Command.MESSAGE, tuple(kept), message.body))
         sub.arrivals += 1
         identity = self._identity_of(dup_id, message_id)
         message_id = message_id or ""
