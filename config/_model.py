@@ -188,6 +188,16 @@ class Config:
         reconnect_period: ms after which a reconnect gives up whatever the attempt
             count, >= 0; 0 = no time bound (docs/behaviour.md, "Broker list and
             reconnect policy").
+        initial_connect_period: ms for which a session's first connection keeps trying
+            rounds even when ``initial_connect_attempts`` are spent, >= 0; 0 = the attempts
+            alone bound it. It gives up once *both* are spent (the attempts and this
+            period), or at ``reconnect_period``; a round in which every broker refused the
+            login is not retried for the period (docs/behaviour.md, "Broker list and
+            reconnect policy"). 30000 ms covers an ActiveMQ shared-store takeover even at
+            ActiveMQ's default 10 s lock poll (docs/brokers.md, "Takeover and hung
+            brokers") or a broker pod's restart, and stays within the 30 s an app's
+            blocking call is commonly allowed (Artemis ``callTimeout``). No Artemis or
+            ActiveMQ name: the URL name is mq-sidecar's ``initialConnectPeriod``.
         jitter: Fraction of each delay that is drawn at random, 0..1; 1.0 = "full
             jitter" (AWS Architecture Blog, "Exponential Backoff And Jitter"), so a
             fleet of sidecars does not reconnect in lockstep (docs/behaviour.md,
@@ -245,6 +255,7 @@ class Config:
     reconnect_attempts: int = -1
     initial_connect_attempts: int = 3
     reconnect_period: int = 300_000
+    initial_connect_period: int = 30_000
     jitter: float = 1.0
     randomize: bool = False
     priority_backup: bool = False
@@ -317,7 +328,8 @@ class Durations:
 
     Users write milliseconds (Artemis' convention); trio counts seconds. Built once per
     consumer from :attr:`Config.durations`, so no ``/ 1000`` is scattered through the code.
-    ``reconnect_period`` is None when the option is 0 (no time bound).
+    ``reconnect_period`` and ``initial_connect_period`` are None when the option is 0 (no
+    time bound).
     """
 
     handshake_timeout: float
@@ -328,6 +340,7 @@ class Durations:
     retry_interval: float
     max_retry_interval: float
     reconnect_period: float | None
+    initial_connect_period: float | None
 
     @classmethod
     def of(cls, config: Config) -> Durations:
@@ -341,6 +354,9 @@ class Durations:
             retry_interval=config.retry_interval / 1000,
             max_retry_interval=config.max_retry_interval / 1000,
             reconnect_period=config.reconnect_period / 1000 if config.reconnect_period else None,
+            initial_connect_period=(
+                config.initial_connect_period / 1000 if config.initial_connect_period > 0 else None
+            ),
         )
 
 

@@ -130,6 +130,13 @@ _ROWS = (
         "ms",
     ),
     Option(
+        "initial_connect_period",
+        "int",
+        "a session's first connection keeps trying rounds for at least this long, ms, "
+        ">= 0, 0 = initial_connect_attempts alone",
+        "ms",
+    ),
+    Option(
         "jitter",
         "float",
         "randomized fraction of each delay, 0..1, 1.0 = full jitter",

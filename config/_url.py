@@ -171,6 +171,7 @@ FAILOVER_OPTIONS: tuple[FailoverOption, ...] = (
     FailoverOption("reconnectAttempts", "reconnect_attempts", "int", "Artemis"),
     FailoverOption("initialConnectAttempts", "initial_connect_attempts", "int", "Artemis"),
     FailoverOption("reconnectPeriod", "reconnect_period", "int", "mq-sidecar"),
+    FailoverOption("initialConnectPeriod", "initial_connect_period", "int", "mq-sidecar"),
     FailoverOption("jitter", "jitter", "float", "mq-sidecar"),
     FailoverOption("randomize", "randomize", "bool", "ActiveMQ"),
     FailoverOption("priorityBackup", "priority_backup", "bool", "ActiveMQ"),
