@@ -10,17 +10,19 @@ a refusing broker list from spinning (docs/behaviour.md, "Broker list and reconn
 
 from __future__ import annotations
 
+import contextlib
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import trio
 
 from config import Broker
 from proxy.policy import ReconnectPolicy
+from proxy.reconnects import ReconnectTally
 from proxy.upstream import ConnectFailed, Upstream, UpstreamRefused, UpstreamUnavailable
 
-__all__ = ["Attempt", "ReconnectExhausted", "connect_by_policy"]
+__all__ = ["Attempt", "ReconnectBoard", "ReconnectExhausted", "connect_by_policy"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +58,75 @@ class ReconnectExhausted(Exception):
         self.last = last
 
 
+class ReconnectBoard:
+    """Where the sessions of one sidecar report their reconnects, and where a new session's
+    first connection waits for their outcome instead of racing them (docs/behaviour.md,
+    "Broker list and reconnect policy").
+
+    The counts are a :class:`~proxy.reconnects.ReconnectTally` (pure); this adds one trio
+    Event, set and replaced on a change while someone waits. Nothing is queued: a waiter
+    reads the tally when it wakes, so memory does not grow with sessions or outcomes. The
+    sidecar owns one (``proxy.app.Sidecar.reconnects``); a Session built alone gets its own.
+    """
+
+    def __init__(self) -> None:
+        self.tally = ReconnectTally()
+        self._changed = trio.Event()
+        self._waiters = 0
+
+    @property
+    def reconnecting(self) -> int:
+        """Sessions whose reconnect is in progress."""
+        return self.tally.reconnecting
+
+    def _wake(self) -> None:
+        if self._waiters:
+            self._changed.set()
+            self._changed = trio.Event()
+
+    def up(self, broker: int) -> None:
+        """A session reached broker index ``broker`` (any connection): wake the waiters.
+
+        Raises:
+            ValueError: ``broker`` is negative.
+        """
+        self.tally.up(broker)
+        self._wake()
+
+    @contextlib.contextmanager
+    def reconnect(self) -> Iterator[None]:
+        """Count a reconnect in progress for as long as the block runs, however it ends
+        (success, ReconnectExhausted, cancellation); report success with :meth:`up`."""
+        self.tally.begin()
+        try:
+            yield
+        finally:
+            self.tally.end()
+            self._wake()
+
+    async def wait_up(self, seconds: float, *, until_idle: bool) -> int | None:
+        """Wait up to ``seconds`` for a session to reach a broker; returns its index.
+
+        Returns None when ``seconds`` pass first or, with ``until_idle``, as soon as no
+        reconnect is in progress any more (they all ended without reaching one: nobody is
+        left to wait for). Cancellation propagates.
+        """
+        start = self.tally.generation
+        self._waiters += 1
+        try:
+            with trio.move_on_after(max(0.0, seconds)):
+                while True:  # each pass follows a change; bounded in time by ``seconds``
+                    seen = self.tally.since(start)
+                    if seen.broker is not None:
+                        return seen.broker
+                    if until_idle and seen.idle:
+                        return None
+                    await self._changed.wait()
+        finally:
+            self._waiters -= 1
+        return None
+
+
 def _outcome(exc: UpstreamUnavailable) -> str:
     if isinstance(exc, UpstreamRefused):
         return "refused"
@@ -73,11 +144,20 @@ async def connect_by_policy(
     current: int | None,
     initial: bool,
     on_attempt: Callable[[Attempt], None] | None = None,
+    initial_period: float | None = None,
+    board: ReconnectBoard | None = None,
 ) -> tuple[Upstream, int, list[Attempt]]:
     """Connect to a broker: returns ``(upstream, broker index, attempts)``.
 
-    No round starts after ``reconnect_period`` has passed: a delay that would end past it is
-    cut short and the policy gives up instead.
+    No round starts once the policy gives up (:meth:`ReconnectPolicy.give_up_at`): a delay
+    that would end past that point is cut short and the policy gives up instead.
+
+    With a ``board``, a reconnect is counted on it while it runs and every success is
+    reported to it; a first connection (``initial``) consults it: while other sessions are
+    reconnecting it first waits for their outcome (at most ``max_retry_interval``, the
+    longest any of them waits between rounds, and never past the give-up point), and any of
+    its backoff delays ends early when a session reaches a broker. The broker reached is
+    then tried first.
 
     Args:
         brokers: the configured broker list.
@@ -88,49 +168,130 @@ async def connect_by_policy(
         initial: a session's first connection (``initial_connect_attempts``, no delay before
             the first round) rather than a reconnect (``reconnect_attempts``).
         on_attempt: called after every attempt (logs, metrics).
+        initial_period: seconds a first connection goes on after its attempts are spent
+            (``initial_connect_period``; None: the attempts alone).
+        board: the sidecar's :class:`ReconnectBoard` (None: no sharing).
 
     Raises:
         ReconnectExhausted: the policy's attempts or period ran out.
     """
-    started = trio.current_time()
-    attempts: list[Attempt] = []
-    failures: list[UpstreamUnavailable] = []
-    rounds = 0
+    walk = _Walk(
+        brokers,
+        policy,
+        rng,
+        connect_one,
+        initial=initial,
+        initial_period=initial_period,
+        board=board,
+        on_attempt=on_attempt,
+    )
+    if board is None:
+        return await walk.run(current)
+    if initial:
+        result = await walk.run(current)
+        board.up(result[1])
+        return result
+    with board.reconnect():
+        result = await walk.run(current)
+        board.up(result[1])
+        return result
 
-    def give_up_if_exhausted() -> None:
-        elapsed = trio.current_time() - started
-        if policy.exhausted(rounds, elapsed, initial=initial):
-            refused = [f for f in failures if isinstance(f, UpstreamRefused)]
-            last = refused[-1] if refused else (failures[-1] if failures else None)
-            raise ReconnectExhausted(attempts, rounds, elapsed, last)
 
-    while True:
-        give_up_if_exhausted()
-        # Before reconnect round k: delay(k). A first connection tries at once, then waits
-        # delay(1) = retry_interval before its second round, delay(2) before its third...
-        backoff_round = rounds if initial else rounds + 1
-        if backoff_round >= 1:
-            delay = policy.delay(backoff_round, rng)
-            if policy.reconnect_period is not None:  # never sleep past the period
-                delay = min(
-                    delay, max(0.0, started + policy.reconnect_period - trio.current_time())
-                )
-            await trio.sleep(delay)
-            give_up_if_exhausted()
-        for index in policy.order(len(brokers), current, rng):
-            broker = brokers[index]
-            try:
-                upstream = await connect_one(broker)
-            except UpstreamUnavailable as exc:
-                attempt = Attempt(broker.label, _outcome(exc), exc.reason)
-                failures.append(exc)
-                attempts.append(attempt)
-                if on_attempt is not None:
-                    on_attempt(attempt)
-                continue
-            attempt = Attempt(broker.label, "connected", upstream.connected.get("server") or "")
-            attempts.append(attempt)
-            if on_attempt is not None:
-                on_attempt(attempt)
-            return upstream, index, attempts
-        rounds += 1
+class _Walk:
+    """One :func:`connect_by_policy` call: its rounds, attempts and failures so far."""
+
+    def __init__(
+        self,
+        brokers: Sequence[Broker],
+        policy: ReconnectPolicy,
+        rng: random.Random,
+        connect_one: Callable[[Broker], Awaitable[Upstream]],
+        *,
+        initial: bool,
+        initial_period: float | None,
+        board: ReconnectBoard | None,
+        on_attempt: Callable[[Attempt], None] | None,
+    ) -> None:
+        self.brokers = brokers
+        self.policy = policy
+        self.rng = rng
+        self.connect_one = connect_one
+        self.initial = initial
+        self.initial_period = initial_period if initial else None
+        self.board = board if initial else None  # only a first connection waits on it
+        self.on_attempt = on_attempt
+        self.started = trio.current_time()
+        self.attempts: list[Attempt] = []
+        self.failures: list[UpstreamUnavailable] = []
+        self.rounds = 0
+        self.refused = False  # every broker of the last round refused the login
+
+    def _left(self) -> float | None:
+        """Seconds until the policy gives up (None: never)."""
+        at = self.policy.give_up_at(
+            self.rounds,
+            initial=self.initial,
+            initial_period=self.initial_period,
+            refused=self.refused,
+        )
+        return None if at is None else max(0.0, self.started + at - trio.current_time())
+
+    def _give_up_if_exhausted(self) -> None:
+        if self._left() == 0.0:
+            refused = [f for f in self.failures if isinstance(f, UpstreamRefused)]
+            last = refused[-1] if refused else (self.failures[-1] if self.failures else None)
+            elapsed = trio.current_time() - self.started
+            raise ReconnectExhausted(self.attempts, self.rounds, elapsed, last)
+
+    async def _pause(self, seconds: float, *, until_idle: bool) -> int | None:
+        """Wait ``seconds`` (never past the give-up point); with a board, return early with
+        the index of a broker another session reached."""
+        left = self._left()
+        if left is not None:
+            seconds = min(seconds, left)
+        if self.board is None:
+            await trio.sleep(seconds)
+            return None
+        return await self.board.wait_up(seconds, until_idle=until_idle)
+
+    async def run(self, current: int | None) -> tuple[Upstream, int, list[Attempt]]:
+        policy = self.policy
+        first = current
+        board = self.board
+        if board is not None and board.reconnecting:
+            # Other sessions are reconnecting to these brokers: wait for their outcome
+            # instead of racing them; try first the broker one of them reached, if any.
+            self._give_up_if_exhausted()
+            first = await self._pause(policy.max_retry_interval, until_idle=True)
+        while True:
+            self._give_up_if_exhausted()
+            # Before reconnect round k: delay(k). A first connection tries at once, then waits
+            # delay(1) = retry_interval before its second round, delay(2) before its third...
+            backoff_round = self.rounds if self.initial else self.rounds + 1
+            if backoff_round >= 1:
+                reached = await self._pause(policy.delay(backoff_round, self.rng), until_idle=False)
+                if reached is not None:
+                    first = reached
+                self._give_up_if_exhausted()
+            refused = True
+            for index in policy.order(len(self.brokers), first, self.rng):
+                broker = self.brokers[index]
+                try:
+                    upstream = await self.connect_one(broker)
+                except UpstreamUnavailable as exc:
+                    attempt = Attempt(broker.label, _outcome(exc), exc.reason)
+                    refused = refused and attempt.outcome == "refused"
+                    self._record(attempt)
+                    self.failures.append(exc)
+                    continue
+                server = upstream.connected.get("server") or ""
+                self._record(Attempt(broker.label, "connected", server))
+                return upstream, index, self.attempts
+            self.rounds += 1
+            self.refused = refused
+            first = current
+
+    def _record(self, attempt: Attempt) -> None:
+        self.attempts.append(attempt)
+        if self.on_attempt is not None:
+            self.on_attempt(attempt)

@@ -7,7 +7,9 @@ Reattachment") with ActiveMQ Classic's failover transport as the model for walki
 list: one *round* tries every broker once, the current one first (reattach), then the others
 in list order (or shuffled, ``randomize``), and a backoff delay precedes every round.
 ``reconnect_attempts`` and ``initial_connect_attempts`` count rounds, as ActiveMQ's
-``maxReconnectAttempts`` counts passes over its URI list.
+``maxReconnectAttempts`` counts passes over its URI list; ``initial_connect_period`` makes a
+first connection go on for a while after its attempts are spent (:meth:`give_up_at`). It is
+an argument, not a field: a policy value built by hand keeps the attempts-only rule.
 
 Nothing here sleeps or reads a clock: :mod:`proxy.failover` owns the waiting, and tests pass a
 seeded :class:`random.Random` to check exact delays.
@@ -96,16 +98,50 @@ class ReconnectPolicy:
         base = self.backoff(round_number)
         return base * (1.0 - self.jitter) + rng.uniform(0.0, base * self.jitter)
 
-    def exhausted(self, rounds_done: int, elapsed: float, *, initial: bool) -> bool:
-        """Whether to give up after ``rounds_done`` failed rounds and ``elapsed`` seconds.
+    def give_up_at(
+        self,
+        rounds_done: int,
+        *,
+        initial: bool,
+        initial_period: float | None = None,
+        refused: bool = False,
+    ) -> float | None:
+        """Seconds after the start of a connection at which it gives up, once
+        ``rounds_done`` rounds have failed: 0.0 at once, None never.
 
         ``initial`` selects ``initial_connect_attempts`` (a session's first connection) over
-        ``reconnect_attempts`` (after a loss). ``reconnect_period`` bounds both.
+        ``reconnect_attempts`` (after a loss). ``initial_period`` (seconds, the option
+        ``initial_connect_period``; None or 0: none) makes a first connection go on after its
+        attempts are spent until that period has passed: it gives up once *both* its rounds
+        and its period are spent, so the attempts still count when they outlast the period
+        (-1 stays unlimited). ``refused``: every broker of the last round refused the login;
+        brokers that answer "no" are not waited for, so the period does not apply.
+        ``reconnect_period`` bounds every connection, the first one too.
         """
         limit = self.initial_connect_attempts if initial else self.reconnect_attempts
+        at: float | None = None
         if limit != -1 and rounds_done >= limit:
-            return True
-        return self.reconnect_period is not None and elapsed >= self.reconnect_period
+            extend = initial and initial_period is not None and initial_period > 0 and not refused
+            at = initial_period if extend else 0.0
+        if self.reconnect_period is not None:
+            at = self.reconnect_period if at is None else min(at, self.reconnect_period)
+        return at
+
+    def exhausted(
+        self,
+        rounds_done: int,
+        elapsed: float,
+        *,
+        initial: bool,
+        initial_period: float | None = None,
+        refused: bool = False,
+    ) -> bool:
+        """Whether to give up after ``rounds_done`` failed rounds and ``elapsed`` seconds
+        (:meth:`give_up_at`, whose keyword arguments these are)."""
+        at = self.give_up_at(
+            rounds_done, initial=initial, initial_period=initial_period, refused=refused
+        )
+        return at is not None and elapsed >= at
 
     def order(self, brokers: int, current: int | None, rng: random.Random) -> list[int]:
         """Indexes of the brokers to try in one round.
