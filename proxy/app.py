@@ -31,6 +31,7 @@ from config import Config
 from proxy._errors import ListenError
 from proxy.admin import AdminLimits, AdminServer
 from proxy.events import EventBus
+from proxy.failover import ReconnectBoard
 from proxy.logs import log_session_event
 from proxy.metrics import Metrics
 from proxy.session import Session
@@ -59,6 +60,9 @@ class Sidecar:
         events: the bus of RECONNECTING/FAILOVER/DISCONNECT events (in-band control channel,
             ``GET /events``, the event log).
         admin: the admin plane once :func:`serve` has started it.
+        reconnects: the board the sessions report their reconnects to, where a new
+            session's first connection waits for their outcome (docs/behaviour.md, "Broker
+            list and reconnect policy").
     """
 
     def __init__(self, config: Config) -> None:
@@ -69,6 +73,7 @@ class Sidecar:
         GCCollector(registry=self.registry)
         self.metrics = Metrics(self.registry, brokers=[b.label for b in config.brokers])
         self.events = EventBus()
+        self.reconnects = ReconnectBoard()
         self.admin: AdminServer | None = None
         self.sessions: set[Session] = set()
         self.listen_address: tuple[str, int] | None = None
@@ -146,7 +151,14 @@ class Sidecar:
 
     async def _run_session(self, stream: trio.SocketStream) -> None:
         session_id = f"{self._prefix}-{next(self._counter)}"
-        session = Session(self.config, stream, session_id, bus=self.events, metrics=self.metrics)
+        session = Session(
+            self.config,
+            stream,
+            session_id,
+            bus=self.events,
+            metrics=self.metrics,
+            reconnects=self.reconnects,
+        )
         self.sessions.add(session)
         self.sessions_total += 1
         try:

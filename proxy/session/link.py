@@ -15,7 +15,7 @@ import protocol
 from config import Broker
 from protocol import Command, ConnectionClosed, Frame
 from proxy.events import EventKind, SessionEvent
-from proxy.failover import Attempt, ReconnectExhausted, connect_by_policy
+from proxy.failover import Attempt, ReconnectBoard, ReconnectExhausted, connect_by_policy
 from proxy.session.acks import SidecarAcks
 from proxy.session.broker_side import BrokerSide
 from proxy.session.control import ControlChannel
@@ -48,6 +48,7 @@ class Link:
         restorer: Restorer,
         *,
         open_stream: StreamOpener,
+        reconnects: ReconnectBoard,
     ) -> None:
         self.core = core
         self.acks = acks
@@ -55,6 +56,9 @@ class Link:
         self.broker_side = broker_side
         self.restorer = restorer
         self.open_stream = open_stream
+        #: The sidecar's board: reconnects are reported there, and a first connection waits
+        #: there for the outcome of other sessions' reconnects (proxy.failover).
+        self.reconnects = reconnects
         self._relay_scope = trio.CancelScope()  # per leg; cancelled to fail back
         self._failback: Upstream | None = None
 
@@ -137,6 +141,8 @@ class Link:
                         current=core.broker_index,
                         initial=first,
                         on_attempt=self._log_attempt,
+                        initial_period=core.durations.initial_connect_period,
+                        board=self.reconnects,
                     )
                 except ReconnectExhausted as exc:
                     if first:

@@ -42,7 +42,7 @@ import trio
 
 from config import Config
 from proxy.events import EventBus
-from proxy.failover import ReconnectExhausted
+from proxy.failover import ReconnectBoard, ReconnectExhausted
 from proxy.metrics import Metrics
 from proxy.session.acks import SidecarAcks
 from proxy.session.app_side import AppSide
@@ -86,6 +86,9 @@ class Session:
         rng: randomness for backoff jitter and ``randomize`` (seeded in tests).
         open_stream: opens the byte stream to a broker (TCP/TLS; a memory stream to a
             scripted broker in unit tests).
+        reconnects: the sidecar's :class:`~proxy.failover.ReconnectBoard`, shared by its
+            sessions: reconnects are reported there and a first connection waits there for
+            their outcome (a private one when None).
 
     ``run()`` never raises for anything the app or a broker does; only cancellation propagates.
     """
@@ -100,6 +103,7 @@ class Session:
         metrics: Metrics | None = None,
         rng: random.Random | None = None,
         open_stream: StreamOpener = open_broker_stream,
+        reconnects: ReconnectBoard | None = None,
     ) -> None:
         core = SessionCore(
             config,
@@ -123,6 +127,7 @@ class Session:
             BrokerSide(core, self.acks, self.out, self.confirmations),
             Restorer(core, self.out, self.control),
             open_stream=open_stream,
+            reconnects=reconnects if reconnects is not None else ReconnectBoard(),
         )
 
     # -- public -------------------------------------------------------------------------------
