@@ -29,6 +29,12 @@ when more than half of it (and at least 64 KiB) is consumed, which keeps copying
 The buffer is emptied as soon as ``next_event`` has read all of it (``NEED_DATA`` at a frame
 boundary), so an idle connection holds none of its last burst.
 
+Memory of a large frame: its body is copied out of the buffer once (through a ``memoryview``;
+``bytes(buf[a:b])`` would copy it twice), and the bytes of a frame of 64 KiB or more are
+dropped from the buffer as the frame is returned (same rule as above), so a frame costs about
+twice its size while it is parsed and once (its body) after (docs/behaviour.md, "Limits and
+bad input").
+
 The whole-frame fast path (``_whole_frame``) reads a frame that is entirely buffered and
 ordinary in a few C-level calls; anything else (incomplete, unusual, wrong) goes through the
 phases above, which decide.
@@ -62,6 +68,9 @@ _HEAD = 1
 _BODY = 2
 # Don't move buffered bytes for less than this much consumed data.
 _COMPACT_BYTES = 64 * 1024
+# A body at least this long is copied out of the buffer through a memoryview (one copy instead
+# of two; a memoryview costs more than it saves on small bodies).
+_VIEW_BYTES = 64 * 1024
 
 
 def _unescape(raw: str, version: str) -> str:
@@ -91,6 +100,14 @@ def _unescaped(headers: Iterable[tuple[str, str]], version: str) -> tuple[tuple[
             for name, value in headers
         ]
     )
+
+
+def _body(buf: bytearray, start: int, end: int) -> bytes:
+    """``bytes(buf[start:end])`` copying a large body once, not twice (slice, then bytes)."""
+    if end - start < _VIEW_BYTES:
+        return bytes(buf[start:end])
+    with memoryview(buf) as view:
+        return bytes(view[start:end])
 
 
 def _shown(raw: bytes | bytearray, limit: int = 40) -> str:
@@ -318,8 +335,11 @@ class FrameParser:
             return None
         if "\\" in text and self._version != "1.0" and command not in NEVER_ESCAPED:
             headers = _unescaped(headers, self._version)
+        frame = trusted_frame(command, headers, _body(buf, body_start, end))
         self._pos = end + 1
-        return trusted_frame(command, headers, bytes(buf[body_start:end]))
+        if end - pos >= _COMPACT_BYTES:
+            self._release(buf)
+        return frame
 
     def _check_eof(self) -> None:
         if self._eof:
@@ -517,7 +537,7 @@ class FrameParser:
                 self._check_eof()
                 self._scan = size
                 return NEED_DATA
-        body = bytes(buf[body_start:end])
+        body = _body(buf, body_start, end)
         command = self._command
         assert command is not None
         frame = trusted_frame(command, self._unescape_headers(command), body)
@@ -525,7 +545,20 @@ class FrameParser:
         self._phase = _BETWEEN
         self._raw_headers = []
         self._command = None
+        if end - self._frame_start >= _COMPACT_BYTES:
+            self._release(buf)
         return frame
+
+    def _release(self, buf: bytearray) -> None:
+        """After a large frame: drop the consumed bytes now if they are most of the buffer
+        (the rule of :meth:`receive_data`), so its bytes are not held next to its body."""
+        pos = self._pos
+        if 2 * pos >= len(buf):
+            if pos == len(buf):
+                buf.clear()
+            else:
+                del buf[:pos]
+            self._shift(pos)
 
     def _unescape_headers(self, command: Command) -> tuple[tuple[str, str], ...]:
         raw = self._raw_headers
