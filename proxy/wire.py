@@ -10,6 +10,9 @@ queues every frame of a burst it has already read and flushes once the burst is 
 burst of N frames costs one system call and one trip through the trio scheduler, not N
 (``send`` is queue + flush, for single frames). The buffer is bounded: past
 :data:`FLUSH_THRESHOLD` bytes ``needs_flush`` is true and callers flush before queueing more.
+A frame of any size is queued (``max_frame_bytes`` bounds it when it is read); one of
+:data:`FLUSH_THRESHOLD` bytes or more is written as it is, never joined with the others, so
+its bytes are not copied again (docs/behaviour.md, "Limits and bad input").
 One writer at a time: every write goes through a :class:`trio.Lock`, so a reader task that
 forwards a frame and a heart-beat task never interleave bytes on the stream (trio raises
 ``BusyResourceError`` otherwise); bytes leave in the order they were queued. Heart-beat
@@ -92,6 +95,7 @@ class FrameStream:
         self._send_lock = trio.Lock()
         self._out: list[bytes] = []
         self._out_bytes = 0
+        self._out_large = False  # a chunk of FLUSH_THRESHOLD bytes or more is queued
         self.timer: protocol.HeartBeatTimer | None = None
         self.broken: str | None = None  # why the stream failed, once a read or write did
         self.frames_in = 0
@@ -147,6 +151,8 @@ class FrameStream:
         data = self.conn.send(frame, fatal=fatal)
         self._out.append(data)
         self._out_bytes += len(data)
+        if len(data) >= FLUSH_THRESHOLD:
+            self._out_large = True
         self.frames_out += 1
 
     @property
@@ -187,15 +193,15 @@ class FrameStream:
             # its own), one trip through the scheduler less per write.
             lock.acquire_nowait()
         try:
-            data = await self._write_locked(extra)
+            written = await self._write_locked(extra)
         finally:
             lock.release()
-        if data:
-            self.bytes_out += len(data)
+        if written:
+            self.bytes_out += written
             if self.timer is not None:
                 self.timer.data_sent(trio.current_time())
 
-    async def _write_locked(self, extra: bytes | None) -> bytes:
+    async def _write_locked(self, extra: bytes | None) -> int:
         # Cancelled while taking the lock (its last step is a shielded checkpoint): leave now,
         # with the queue intact, rather than inside send_all after taking the bytes, which
         # would mark an untouched stream broken and lose them.
@@ -203,18 +209,28 @@ class FrameStream:
         if self.broken is not None:  # the write we waited for failed
             raise TransportLost(self.broken)
         # Whatever was queued until we got the lock leaves now, in queue order.
+        out = self._out
         if extra is not None:
-            self._out.append(extra)
-        if not self._out:
-            return b""
-        data = self._out[0] if len(self._out) == 1 else b"".join(self._out)
-        self._out.clear()
+            out.append(extra)
+        if not out:
+            return 0
+        if len(out) == 1:
+            writes = [out[0]]
+        elif self._out_large:
+            writes = _coalesced(out)
+        else:
+            writes = [b"".join(out)]
+        out.clear()
         self._out_bytes = 0
+        self._out_large = False
+        written = 0
         try:
-            if self._sock is not None:
-                await _send_all_raw(self._sock, data)
-            else:
-                await self.stream.send_all(data)
+            for data in writes:
+                if self._sock is not None:
+                    await _send_all_raw(self._sock, data)
+                else:
+                    await self.stream.send_all(data)
+                written += len(data)
         except BaseException as exc:
             # As in h11's trio example: a write that did not complete leaves the peer with a
             # partial frame, so the connection is unusable. Cancelled is re-raised too.
@@ -223,7 +239,7 @@ class FrameStream:
             if isinstance(exc, trio.BrokenResourceError | trio.ClosedResourceError):
                 raise TransportLost(self.broken) from exc
             raise
-        return data
+        return written
 
     async def receive_event(self) -> Frame | HeartBeat | ConnectionClosed:
         """Return the next frame, heart-beat or ``CONNECTION_CLOSED`` (clean EOF).
@@ -325,6 +341,24 @@ class FrameStream:
     async def aclose(self) -> None:
         """Close the stream (no goodbye frame; callers send DISCONNECT/ERROR first)."""
         await self.stream.aclose()
+
+
+def _coalesced(chunks: list[bytes]) -> list[bytes]:
+    """Queued chunks as writes, in order: each run of small ones joined into one, each one of
+    :data:`FLUSH_THRESHOLD` bytes or more as it is (joining would copy a large body again)."""
+    writes: list[bytes] = []
+    run: list[bytes] = []
+    for chunk in chunks:
+        if len(chunk) < FLUSH_THRESHOLD:
+            run.append(chunk)
+            continue
+        if run:
+            writes.append(b"".join(run))
+            run = []
+        writes.append(chunk)
+    if run:
+        writes.append(b"".join(run))
+    return writes
 
 
 async def _send_all_raw(sock: socket.socket, data: bytes) -> None:
