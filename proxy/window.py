@@ -204,6 +204,7 @@ class ConfirmationWindow:
             self.bytes -= entry.size
             entry.confirmed = True
         self.confirmed_total += len(confirmed)
+        self._skip_settled()
         return confirmed
 
     def ensure_receipt(self, entry: Entry) -> None:
@@ -223,6 +224,7 @@ class ConfirmationWindow:
             self._by_receipt.pop(entry.receipt, None)
         self.bytes -= entry.size
         entry.dropped = True
+        self._skip_settled()
 
     def unconfirmed(self) -> list[Entry]:
         """Every entry, in order (all of them are unconfirmed)."""
@@ -249,13 +251,21 @@ class ConfirmationWindow:
     def first_unanswered(self) -> Entry | None:
         """The oldest entry in the window whose app receipt is still unanswered
         (``call_timeout`` watch). O(1) amortized."""
+        self._skip_settled()
+        awaiting = self._awaiting
+        return awaiting[0] if awaiting else None
+
+    def _skip_settled(self) -> None:
+        """Forget the answered, confirmed or dropped entries at the head of ``_awaiting``,
+        at once rather than at the next :meth:`first_unanswered`: an entry holds its frame, and
+        a large body should leave memory when the window does (docs/behaviour.md, "Limits and
+        bad input")."""
         awaiting = self._awaiting
         while awaiting:  # None or empty: nothing awaits an answer
             entry = awaiting[0]
             if not (entry.answered or entry.confirmed or entry.dropped):
-                return entry
+                return
             awaiting.popleft()
-        return None
 
     def statistics(self) -> WindowStatistics:
         """Frames, bytes, unsent frames and receipts pending now; counters since start."""

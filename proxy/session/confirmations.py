@@ -189,6 +189,9 @@ class Confirmations:
                 # Entries are in the order the app handed them over, so no later one is due
                 # sooner: sleep to this deadline and look again (the entry may be answered by
                 # then), rather than waking on every window change (every relayed frame).
+                # Not holding the entry meanwhile: once confirmed, its frame (a large body)
+                # leaves memory now, not at the deadline.
+                entry = None
                 await trio.sleep_until(deadline)
                 continue
             entry.answered = True
