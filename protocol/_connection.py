@@ -9,14 +9,14 @@ caused by frames live in :mod:`._state`.
 
 from __future__ import annotations
 
-from ._parser import FrameParser
-from ._serializer import HEARTBEAT_BYTES, serialize
 from ._errors import LocalProtocolError, RemoteProtocolError, remote_error
 from ._events import ConnectionClosed, Event
 from ._frame import CLIENT_COMMANDS, SERVER_COMMANDS, Command, Frame
 from ._heartbeat import negotiate_heartbeat, parse_heartbeat
 from ._limits import Limits
+from ._parser import FrameParser
 from ._rules import check_frame
+from ._serializer import HEARTBEAT_BYTES, serialize
 from ._state import Direction, Role, State, next_state
 from ._versions import VERSIONS, parse_accept_version
 
@@ -47,6 +47,12 @@ class Connection:
     Args:
         our_role: :attr:`Role.SERVER` to answer a CONNECT, :attr:`Role.CLIENT` to send one.
         limits: size bounds for received frames.
+        judge_frames: apply the per-command rules to received frames (required headers, no
+            body where none is allowed, no NACK in 1.0) and refuse a frame before CONNECT.
+            False for a relay that leaves that judgement to the server behind it (mq-sidecar's
+            app leg: the broker's own ERROR reaches the app): such frames are returned as
+            events, and a frame before CONNECT leaves the state CONNECTING. Framing, limits
+            and the order of CONNECT/CONNECTED/DISCONNECT are always enforced.
 
     Attributes (read-only):
         our_role, their_role: the two :class:`Role` values.
@@ -68,6 +74,7 @@ class Connection:
         "_connected_frame",
         "_error_sent",
         "_heartbeat",
+        "_judge",
         "_our_role",
         "_parser",
         "_receive_error",
@@ -76,10 +83,17 @@ class Connection:
         "_version",
     )
 
-    def __init__(self, our_role: Role, limits: Limits = Limits()) -> None:  # noqa: B008
+    def __init__(
+        self,
+        our_role: Role,
+        limits: Limits = Limits(),  # noqa: B008
+        *,
+        judge_frames: bool = True,
+    ) -> None:
         if not isinstance(our_role, Role):
             raise TypeError(f"our_role must be a Role, not {our_role!r}")
         self._our_role = our_role
+        self._judge = judge_frames
         self._parser = FrameParser(limits, version="1.0")
         self._state = State.CONNECTING
         self._version = "1.0"
@@ -170,7 +184,8 @@ class Connection:
     def _process_received(self, frame: Frame) -> None:
         command = frame.command
         if self._state is State.CONNECTED and command in _ROUTINE[self._our_role]:
-            check_frame(frame, self._version)
+            if self._judge:
+                check_frame(frame, self._version)
             return
         their_role = self.their_role
         if command not in _COMMANDS[their_role]:
@@ -182,6 +197,8 @@ class Connection:
         if self._our_role is Role.SERVER:
             if self._connect_frame is None:
                 if command not in _CONNECT:
+                    if not self._judge:
+                        return  # the caller answers it; still waiting for CONNECT
                     raise remote_error(
                         f"expected CONNECT or STOMP frame, got {command}",
                         "A STOMP session starts with a CONNECT (or STOMP) frame "
@@ -211,7 +228,8 @@ class Connection:
                 )
         elif command is Command.CONNECTED:
             raise remote_error("unexpected second CONNECTED frame", "Already connected.")
-        check_frame(frame, self._version)
+        if self._judge:
+            check_frame(frame, self._version)
         if command in _CONNECT:
             self._heartbeat_of(frame, remote=True)
             self._connect_frame = frame
@@ -233,12 +251,13 @@ class Connection:
         parser and serializer to its ``version`` header (absent means 1.0) and negotiates the
         heart-beats. DISCONNECT (CLIENT) -> DISCONNECTING; ERROR (SERVER) -> ERROR.
 
-        ``fatal=False`` (SERVER role, ERROR frames only, once CONNECTED) sends an ERROR that
-        rejects one frame and leaves the state unchanged. STOMP 1.2 "ERROR" says a server closes
-        the connection after an ERROR; mq-sidecar deliberately keeps the session for per-frame
-        failures (a stale ack id, a COMMIT rolled back by a failover, a receipt not confirmed
-        within ``call_timeout``), as JEUS raises per-message exceptions, and clients such as
-        stomp.py carry on after such an ERROR.
+        ``fatal=False`` (SERVER role, ERROR frames only, while the connection is open) sends an
+        ERROR that rejects one frame and leaves the state unchanged (before CONNECT: the answer to a
+        frame that came first, as brokers give it, keeping the connection). STOMP 1.2 "ERROR" says a
+        server closes the connection after an ERROR; mq-sidecar deliberately keeps the session for
+        per-frame failures (a stale ack id, a COMMIT rolled back by a failover, a receipt not
+        confirmed within ``call_timeout``), as JEUS raises per-message exceptions, and clients such
+        as stomp.py carry on after such an ERROR.
 
         Returns:
             The bytes to write to the peer.
@@ -263,7 +282,8 @@ class Connection:
         if not fatal:
             if role is not Role.SERVER or command is not Command.ERROR:
                 raise LocalProtocolError("only a server's ERROR frame can be sent with fatal=False")
-            if self._state not in (State.CONNECTED, State.DISCONNECTING):
+            open_states = (State.CONNECTING, State.CONNECTED, State.DISCONNECTING)
+            if self._state not in open_states:
                 raise LocalProtocolError(
                     f"a non-fatal ERROR needs an open connection, the state is {self._state.name}"
                 )

@@ -466,8 +466,39 @@ def test_fatal_false_is_only_for_a_connected_servers_error() -> None:
         pair.client.send(frame(C.SEND, ("destination", "/q")), fatal=False)
     fresh = ConnectionPair()
     fresh.send(fresh.client, frame(C.CONNECT, ("accept-version", "1.2")))
+    # Before CONNECTED it answers one frame and keeps the connection open, as brokers do.
+    fresh.server.send(frame(C.ERROR, ("message", "m")), fatal=False)
+    assert fresh.server.state is State.CONNECTING
+    fresh.server.send(frame(C.ERROR, ("message", "fatal")))
     with pytest.raises(LocalProtocolError, match="open connection"):
         fresh.server.send(frame(C.ERROR, ("message", "m")), fatal=False)
+
+
+def test_a_relay_leaves_the_per_command_rules_to_the_server_behind_it() -> None:
+    """``judge_frames=False`` (mq-sidecar's app leg): frames the rules would refuse (missing
+    required headers, a body where none belongs, NACK in STOMP 1.0, a frame before CONNECT)
+    are events, so the broker behind the relay can give its own answer; framing is judged."""
+    server = Connection(Role.SERVER, judge_frames=False)
+    server.receive_data(b"SEND\nreceipt:r1\n\nx\x00")
+    (early,) = drain(server)
+    assert isinstance(early, Frame)
+    assert early.command is C.SEND
+    assert server.state is State.CONNECTING
+    assert server.connect_frame is None
+    server.receive_data(b"CONNECT\naccept-version:1.0\n\n\n\x00")
+    (connect,) = drain(server)
+    assert isinstance(connect, Frame)
+    assert connect.body == b"\n"
+    server.send(frame(C.CONNECTED, ("version", "1.0")))
+    server.receive_data(b"SUBSCRIBE\nid:1\n\nbody\x00NACK\nmessage-id:m\n\n\x00ACK\n\n\x00")
+    assert [e.command for e in drain(server) if isinstance(e, Frame)] == [
+        C.SUBSCRIBE,
+        C.NACK,
+        C.ACK,
+    ]
+    server.receive_data(b"SEND\nbad header\n\n\x00")
+    with pytest.raises(RemoteProtocolError):
+        drain(server)
 
 
 def state_of(conn: Connection) -> State:
