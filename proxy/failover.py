@@ -6,6 +6,11 @@ failover), sleeping the policy's jittered delay before each round but the first 
 initial connection, until one broker accepts the session or the policy is exhausted. A broker
 that refuses the login is reported and skipped for that round; the backoff between rounds keeps
 a refusing broker list from spinning (docs/behaviour.md, "Broker list and reconnect policy").
+A first connection goes on past its attempts until ``initial_connect_period`` has passed.
+
+:class:`ReconnectBoard` is what the sessions of one sidecar share: they report their
+reconnects there, and a first connection waits there for the outcome of the others' reconnects
+instead of racing them.
 """
 
 from __future__ import annotations
