@@ -105,7 +105,8 @@ class ConfirmationWindow:
 
     Args:
         max_bytes: the bound (``confirmation_window_size``). A frame larger than the whole
-            window is admitted when the window is empty, so it can never deadlock.
+            window is admitted when the window is empty, so it travels alone and can never
+            deadlock (and see :attr:`receipts_pending`).
         receipt_prefix: prefix of the receipt ids the window requests (``<session>-r``).
         receipt_fraction: request a receipt once this fraction of ``max_bytes`` was appended
             since the last receipted entry (docs/behaviour.md, "Confirmation window": "when
@@ -123,7 +124,7 @@ class ConfirmationWindow:
         self._entries: deque[Entry] = deque()
         self._by_receipt: dict[str, Entry] = {}
         # Entries with an app receipt, in order, for first_unanswered() in O(1): answered,
-        # confirmed or dropped ones are skipped lazily from the left. Made on first use (a
+        # confirmed or dropped ones leave from the left (_skip_settled). Made on first use (a
         # deque costs 600 bytes even empty; a session of fire-and-forget SENDs needs none).
         self._awaiting: deque[Entry] | None = None
         self._seq = 0
@@ -141,6 +142,15 @@ class ConfirmationWindow:
     def has_room(self, size: int) -> bool:
         """Whether a frame of ``size`` bytes fits now."""
         return not self._entries or self.bytes + size <= self.max_bytes
+
+    @property
+    def receipts_pending(self) -> int:
+        """Receipts requested for entries in the window and not answered yet. With none,
+        nothing will make room: the entries were sent without a receipt of their own (the
+        frame after each was already read), so a frame that does not fit must go in after
+        them anyway; being larger than the rest of the window it passes the receipt
+        threshold, and its receipt confirms them and itself."""
+        return len(self._by_receipt)
 
     def append(
         self,

@@ -66,7 +66,9 @@ class Confirmations:
         if not window.has_room(size):
             core.metrics.window_full()
             await self.flush_upstream()  # the receipts that make room answer queued frames
-            while not window.has_room(size):
+            # Only a pending receipt makes room; with none, the frame goes in after what the
+            # window holds and confirms it (ConfirmationWindow.receipts_pending).
+            while not window.has_room(size) and window.receipts_pending:
                 await core.window_change()
         want = (
             idle
