@@ -267,9 +267,9 @@ class Config:
     heartbeat_grace: float = 2.0
     handshake_timeout: int = 10_000
     drain_timeout: int = 10_000
-    max_frame_bytes: int = 16_777_216
-    max_headers: int = 1000
-    max_header_line_bytes: int = 10_240
+    max_frame_bytes: int = 150_994_944  # 144 MiB: protocol.Limits, docs/configuration.md
+    max_headers: int = 2000
+    max_header_line_bytes: int = 65_536
     max_subscriptions: int = 1000
     max_unacked: int = 10_000
     events_destination: str = "/mq-sidecar/events"

@@ -8,33 +8,31 @@ import dataclasses
 __all__ = ["Limits"]
 
 # The defaults are at least what the brokers the sidecar fronts accept themselves, so the
-# sidecar never refuses a frame a broker would take (docs/brokers.md, "Size limits"):
+# sidecar never refuses a frame a broker would take (docs/behaviour.md, "Limits and bad input"):
 # - ActiveMQ Classic 5.17 StompWireFormat (activemq-stomp, the stomp:// transport): body at
 #   most maxDataLength, default MAX_DATA_LENGTH = 100 MiB (a longer content-length is refused at
 #   once); maxFrameSize default Long.MAX_VALUE (no bound on the whole frame); header lines of at
 #   most MAX_HEADER_LENGTH = 10240 bytes, at most MAX_HEADERS = 1000 headers, command line at
-#   most MAX_COMMAND_LENGTH = 1024. Transport options wireFormat.maxDataLength and
-#   wireFormat.maxFrameSize change the first two. The checks come before each byte is added, so
-#   measured on 5.17.2 it takes a 104857600-byte body, 1001 header entries and 10241-byte
-#   lines, and refuses one more of each with an ERROR ("The maximum data length was
-#   exceeded", "...number of headers...", "...header length...").
+#   most MAX_COMMAND_LENGTH = 1024. The transport options wireFormat.maxDataLength and
+#   wireFormat.maxFrameSize change the first two. Each check comes before a byte or header is
+#   added, so, measured on 5.17.2, it takes a 104857600-byte body, 1001 header entries and
+#   10241-byte lines, and answers one more of each with an ERROR ("The maximum data length was
+#   exceeded", "... number of headers ...", "... header length ...") and a close.
 # - RabbitMQ 3.10 (rabbit.app): max_message_size = 134217728 (128 MiB, the default since 3.8;
-#   configurable up to 512 MiB), checked on the body of every publish: measured on 3.10.8 a
-#   128 MiB body is taken, one byte more is an ERROR "precondition_failed ... message size
-#   134217729 is larger than configured max size 134217728". Its STOMP plugin
-#   (rabbit_stomp_frame) has no frame, header-count or header-length limit of its own: 5000
-#   headers and a 1 MiB header line were taken.
-# - A MESSAGE carries more headers than the SEND it comes from: measured, ActiveMQ adds 4
-#   (message-id, priority, timestamp, expires, subscription; the SEND's destination stays),
-#   RabbitMQ 2 (message-id, redelivered, subscription), the sidecar 2 upstream (receipt,
-#   mq-sidecar-id). The same limits apply to frames from the broker, whose refusal is a failover.
+#   at most 512 MiB), checked on the body of every publish: measured on 3.10.8, a 128 MiB body
+#   is taken and one byte more is an ERROR "precondition_failed" ("message size 134217729 is
+#   larger than configured max size 134217728"). Its STOMP plugin (rabbit_stomp_frame) has no
+#   frame, header-count or header-length limit: 5000 headers and a 1 MiB line were taken.
+# - A MESSAGE has more headers than its SEND: measured, ActiveMQ adds 5 (message-id, priority,
+#   timestamp, expires, subscription), RabbitMQ 3 (message-id, redelivered, subscription), and
+#   the sidecar adds mq-sidecar-id. The same limits bound frames from the broker.
 # - STOMP 1.2 "Size Limits": a server MAY limit frame size, header count and header length, and
 #   SHOULD tell the client with an ERROR frame when one is exceeded.
-# So: max_frame_bytes is RabbitMQ's 128 MiB body plus 16 MiB for the command and headers (more
-# than 1000 lines of 10 KiB); max_headers twice ActiveMQ's, max_header_line_bytes 64 KiB: the
-# header bounds stay because each header costs ~150 bytes of Python objects (a flood of tiny
-# ones would cost far more than its bytes), while RabbitMQ has none to match. The command line
-# is bounded by max_header_line_bytes too (ActiveMQ uses a separate 1024).
+# So max_frame_bytes is RabbitMQ's 128 MiB body plus 16 MiB for the command and headers (more
+# than 1000 lines of 10 KiB). max_headers is twice ActiveMQ's and max_header_line_bytes 64 KiB:
+# RabbitMQ has no header bounds to match, but the sidecar keeps them, as a header costs over
+# 100 bytes of Python objects however short it is on the wire. The command line is bounded by
+# max_header_line_bytes too (ActiveMQ uses a separate 1024).
 
 #: RabbitMQ's default ``max_message_size`` (128 MiB): the largest body either broker takes.
 BROKER_MAX_BODY_BYTES = 128 * 1024 * 1024

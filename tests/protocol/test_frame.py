@@ -136,9 +136,11 @@ def test_event_sentinels() -> None:
 
 def test_limits() -> None:
     limits = Limits()
-    assert limits.max_frame_bytes == 16 * 1024 * 1024
-    assert limits.max_headers == 1000
-    assert limits.max_header_line_bytes == 10240
+    # At least what the brokers take (protocol/_limits.py): RabbitMQ's 128 MiB body plus 16 MiB
+    # of headers; ActiveMQ takes 1001 headers and 10241-byte lines, RabbitMQ any.
+    assert limits.max_frame_bytes == 144 * 1024 * 1024
+    assert limits.max_headers == 2000
+    assert limits.max_header_line_bytes == 65536
     assert Limits(1, 1, 1).max_headers == 1
     for field in ("max_frame_bytes", "max_headers", "max_header_line_bytes"):
         with pytest.raises(ValueError, match=field):
