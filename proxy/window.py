@@ -157,21 +157,24 @@ class ConfirmationWindow:
         frame: Frame,
         *,
         app_receipt: str | None,
-        want_receipt: bool,
+        want_receipt: bool | None,
         now: float,
         context: EntryContext | None = None,
         size: int | None = None,
     ) -> Entry:
         """Add a frame; returns its entry (with the sidecar's receipt header set if one is
         requested: when ``want_receipt``, when the app asked for one, or when the bytes since
-        the last receipted entry passed the threshold). The caller checks :meth:`has_room`;
+        the last receipted entry passed the threshold; never when ``want_receipt`` is None: a
+        later entry's receipt confirms it). The caller checks :meth:`has_room`;
         ``size`` is :func:`frame_size` of ``frame`` if the caller has it already."""
         self._seq += 1
         if size is None:
             size = frame_size(frame)
         receipt: str | None = None
         wanted = want_receipt or app_receipt is not None
-        if wanted or self._unreceipted + size >= self._receipt_threshold:
+        if want_receipt is None:
+            self._unreceipted += size
+        elif wanted or self._unreceipted + size >= self._receipt_threshold:
             receipt = f"{self.receipt_prefix}{self._seq}"
             frame = frame.with_header("receipt", receipt)
             self._unreceipted = 0

@@ -2,8 +2,12 @@
 handlers), through the session state (subscriptions, ack ids, transactions) into the
 confirmation window; the last frame of a burst asks for a receipt.
 
-A frame the session cannot accept gets an ERROR: :class:`proxy.tracking.FrameRejected` refuses
-that frame and keeps the session, :class:`proxy.tracking.SessionError` ends it.
+A frame the session does not track (an id or transaction it does not know, a header it needs
+missing: :class:`proxy.tracking.ForBroker`) goes to the broker as the app sent it, and the
+broker's answer reaches the app: the broker judges what is not the sidecar's to judge. A frame
+the sidecar itself must refuse (its own limits and ids) gets an ERROR:
+:class:`proxy.tracking.FrameRejected` refuses that frame and keeps the session,
+:class:`proxy.tracking.SessionError` ends it.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import protocol
 from protocol import Command, ConnectionClosed, Frame
 from proxy.session.confirmations import Confirmations
 from proxy.session.control import SCOPE_HEADER, ControlChannel
-from proxy.session.core import SessionCore
+from proxy.session.core import SessionCore, log
 from proxy.session.ending import Ending, error_frame
 from proxy.session.to_app import AppOutput
 from proxy.tracking import (
@@ -25,6 +29,7 @@ from proxy.tracking import (
     DUPLICATE_ID_HEADER,
     PASS_THROUGH,
     DurableRemoval,
+    ForBroker,
     FrameRejected,
     SessionError,
 )
@@ -120,6 +125,10 @@ class AppSide:
             if handler is None:  # CONNECT/STOMP again: protocol.Connection rejects these first
                 raise SessionError(f"unexpected {frame.command} frame")
             return await handler(frame, idle)
+        except ForBroker as exc:
+            log.debug("session %s: %s goes to the broker as it is", core.id, exc)
+            await self._pass_through(frame, idle)
+            return False
         except FrameRejected as exc:
             core.metrics.client_protocol_error(ClientErrorReason.INVALID_REQUEST)
             await self.out.send(error_frame(str(exc), receipt_id=frame.get("receipt")))
@@ -134,6 +143,16 @@ class AppSide:
                 )
             )
             return True
+
+    async def _pass_through(self, frame: Frame, idle: bool) -> None:
+        """Send ``frame`` upstream as the app sent it, untracked (the window still maps the
+        app's receipt id, so the broker's RECEIPT or ERROR reaches the app with it)."""
+        await self.confirmations.submit(
+            frame.without("receipt"),
+            app_receipt=frame.get("receipt"),
+            idle=idle,
+            context=PASS_THROUGH,
+        )
 
     # -- one handler per command ------------------------------------------------------------
 
@@ -194,7 +213,30 @@ class AppSide:
                 await core.app_nursery.start(self.control.pump)
             await self.out.answer_locally(app_receipt)
             return False
-        await self.confirmations.submit(state.subscribe(frame), app_receipt=app_receipt, idle=idle)
+        if (
+            state.app_version == "1.0"
+            and core.stomp10_rabbitmq
+            and frame.get("id") is None
+            and frame.get("durable") == "true"
+        ):
+            raise ForBroker("durable SUBSCRIBE without id")  # RabbitMQ refuses it
+        upstream = state.subscribe(frame)
+        if core.wildcard_receipt_bug and _is_wildcard(upstream.get("destination") or ""):
+            # No receipt on the SUBSCRIBE itself (it can make ActiveMQ dispatch none of the
+            # waiting messages): an empty transaction after it carries the receipt, which
+            # confirms the SUBSCRIBE too (one connection's frames are processed in order).
+            await self.confirmations.submit(
+                upstream, app_receipt=app_receipt, idle=False, receipted=False
+            )
+            tx = core.internal_transaction()
+            await self.confirmations.submit(
+                Frame(Command.BEGIN, (("transaction", tx),)), app_receipt=None, idle=False
+            )
+            await self.confirmations.submit(
+                Frame(Command.ABORT, (("transaction", tx),)), app_receipt=None, idle=idle
+            )
+            return False
+        await self.confirmations.submit(upstream, app_receipt=app_receipt, idle=idle)
         return False
 
     async def _unsubscribe(self, frame: Frame, idle: bool) -> bool:
@@ -235,6 +277,12 @@ class AppSide:
         upstream_version = core.upstream.version if core.upstream else "1.2"
         if frame.command is Command.NACK and upstream_version == "1.0":
             raise FrameRejected("NACK is not possible: the broker speaks STOMP 1.0")
+        if (
+            frame.command is Command.NACK
+            and state.app_version == "1.0"
+            and not core.stomp10_rabbitmq
+        ):
+            raise ForBroker("NACK from a STOMP 1.0 app")  # ActiveMQ refuses it
         tx = state.transaction_of(frame)
         settled = state.settle(bare, upstream_version=upstream_version, now=trio.current_time())
         core.acks_freed.set()
@@ -257,8 +305,7 @@ class AppSide:
     async def _begin(self, frame: Frame, idle: bool) -> bool:
         state = self.core.state
         assert state is not None
-        state.begin(frame)
-        tx = state.transactions[frame.get("transaction", "") or ""]
+        tx = state.begin(frame)
         tx.begin = await self.confirmations.submit(
             frame.without("receipt"), app_receipt=frame.get("receipt"), idle=idle, context=tx
         )
@@ -303,3 +350,10 @@ class AppSide:
             reason += f"; {len(lost)} frame(s) never confirmed: {', '.join(lost)}"
         core.end(Ending(reason, disconnect_upstream=False))
         return True
+
+
+def _is_wildcard(destination: str) -> bool:
+    """Whether ``destination`` names several (ActiveMQ wildcards: ``*`` for one element of a
+    ``.``-separated name, ``>`` for the rest; ActiveMQ "Wildcards")."""
+    name = destination.rpartition("/")[2]
+    return any(part in ("*", ">") for part in name.split("."))

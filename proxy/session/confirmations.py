@@ -51,6 +51,7 @@ class Confirmations:
         app_receipt: str | None,
         idle: bool,
         context: EntryContext | None = None,
+        receipted: bool = True,
     ) -> Entry:
         """Put a frame in the confirmation window and send it if a leg is up.
 
@@ -58,7 +59,8 @@ class Confirmations:
         The sidecar's receipt is requested when the app asked for one, on
         :data:`ALWAYS_RECEIPTED` commands, on every SEND of a leg whose receipts do not
         confirm in order (RabbitMQ), when the bytes since the last receipt pass half the
-        window, and on the last frame of a burst (``idle``).
+        window, and on the last frame of a burst (``idle``). ``receipted=False``: never on this
+        frame (a later frame's receipt confirms it: the wildcard SUBSCRIBE on ActiveMQ).
         """
         core = self.core
         window = core.window
@@ -70,11 +72,13 @@ class Confirmations:
             # window holds and confirms it (ConfirmationWindow.receipts_pending).
             while not window.has_room(size) and window.receipts_pending:
                 await core.window_change()
-        want = (
+        want: bool | None = (
             idle
             or frame.command in ALWAYS_RECEIPTED
             or (frame.command is Command.SEND and not core.cumulative_receipts)
         )
+        if not receipted:
+            want = None
         if core.send_lock.locked():  # a restore is writing the window: append after it
             async with core.send_lock:
                 entry = self._append(frame, app_receipt, want, context, size)
@@ -91,7 +95,7 @@ class Confirmations:
         self,
         frame: Frame,
         app_receipt: str | None,
-        want_receipt: bool,
+        want_receipt: bool | None,
         context: EntryContext | None,
         size: int,
     ) -> Entry:

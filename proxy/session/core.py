@@ -85,7 +85,8 @@ class SessionCore:
         )
         self.app = FrameStream(
             stream,
-            protocol.Connection(protocol.Role.SERVER, self.limits),
+            # The broker judges the app's frames; the sidecar only what it owns.
+            protocol.Connection(protocol.Role.SERVER, self.limits, judge_frames=False),
             grace=config.heartbeat_grace,
         )
         self.state: SessionState | None = None
@@ -122,6 +123,19 @@ class SessionCore:
         self.cumulative_receipts = True
         #: SENDs carry ``_AMQ_DUPL_ID`` (:attr:`proxy.upstream.Upstream.artemis_duplicate_ids`).
         self.artemis_ids = True
+        #: A wildcard SUBSCRIBE is confirmed by a later frame's receipt, not its own
+        #: (:attr:`proxy.upstream.Upstream.receipt_breaks_wildcard_subscribe`).
+        self.wildcard_receipt_bug = False
+        #: STOMP 1.0 NACK and id-less durable SUBSCRIBE as RabbitMQ takes them
+        #: (:attr:`proxy.upstream.Upstream.stomp10_rabbitmq`).
+        self.stomp10_rabbitmq = False
+        self._internal_tx = 0
+
+    def internal_transaction(self) -> str:
+        """A transaction id of the sidecar's own (``<session>-c<n>``), for frames it sends
+        only to have something confirmed."""
+        self._internal_tx += 1
+        return f"{self.id}-c{self._internal_tx}"
 
     @property
     def phase(self) -> Phase:

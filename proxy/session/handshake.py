@@ -1,6 +1,10 @@
 """The app's side of the handshake: read its CONNECT within ``handshake_timeout``, negotiate
 its STOMP version, check its credentials when the sidecar has its own (``client_login``), and
-build the CONNECTED it gets once a broker has accepted the session."""
+build the CONNECTED it gets once a broker has accepted the session.
+
+What the sidecar does not judge gets the broker's own answer (:mod:`proxy.session.verdict`): a
+frame before CONNECT (answered, and the connection kept, as brokers do), and a CONNECT offering
+no version the sidecar speaks."""
 
 from __future__ import annotations
 
@@ -12,10 +16,11 @@ import trio
 import protocol
 from config import FailoverMode
 from protocol import Command, ConnectionClosed, Frame
-from proxy.session.core import SessionCore
+from proxy.session.core import SessionCore, log
 from proxy.session.ending import Ending, error_frame
+from proxy.session.verdict import broker_verdict
 from proxy.tracking import SessionState
-from proxy.upstream import Upstream
+from proxy.upstream import StreamOpener, Upstream
 from proxy.vocabulary import ClientErrorReason
 from proxy.wire import TransportLost
 
@@ -23,21 +28,30 @@ __all__ = ["SUPPORTED_VERSIONS", "accept_connect", "connected_frame"]
 
 #: Versions the sidecar speaks on both legs (STOMP 1.0, 1.1, 1.2).
 SUPPORTED_VERSIONS = protocol.VERSIONS
+#: Frames before CONNECT answered (each with the broker's ERROR) before the session ends: an
+#: app that never sends CONNECT costs a broker connection per frame, so this bounds it.
+MAX_EARLY_FRAMES = 8
+_CONNECT = (Command.CONNECT, Command.STOMP)
 
 
-async def accept_connect(core: SessionCore) -> Frame | None:
+async def accept_connect(core: SessionCore, open_stream: StreamOpener) -> Frame | None:
     """Read and check the app's CONNECT; on success set ``core.state`` and ``core.connect``
     and return the frame; otherwise end the session (with the ERROR the app gets) and
-    return None."""
+    return None. ``open_stream`` reaches the brokers asked for their verdicts."""
     timeout = core.durations.handshake_timeout
+    early = 0
     try:
         with trio.fail_after(timeout):
             while True:
                 event = await core.app.receive_event()
                 if isinstance(event, Frame):
-                    connect = event
-                    break
-                if isinstance(event, ConnectionClosed):
+                    if event.command in _CONNECT:
+                        connect = event
+                        break
+                    early += 1
+                    if not await _answer_early_frame(core, event, open_stream, early):
+                        return None
+                elif isinstance(event, ConnectionClosed):
                     core.end(Ending("app closed before CONNECT", disconnect_upstream=False))
                     return None
     except trio.TooSlowError:
@@ -60,11 +74,13 @@ async def accept_connect(core: SessionCore) -> Frame | None:
     version = protocol.negotiate_version(accept, SUPPORTED_VERSIONS)
     if version is None:
         core.metrics.client_protocol_error(ClientErrorReason.UNSUPPORTED_VERSION)
-        supported = ",".join(SUPPORTED_VERSIONS)
-        err = error_frame(
-            f"unsupported STOMP version(s) {accept}; supported: {supported}"
-        ).with_header("version", supported)
-        core.end(Ending(f"unsupported versions {accept!r}", app_error=err))
+        answer = await broker_verdict(core, connect, open_stream)
+        if answer is None or answer.command is not Command.ERROR:
+            supported = ",".join(SUPPORTED_VERSIONS)
+            answer = error_frame(
+                f"unsupported STOMP version(s) {accept}; supported: {supported}"
+            ).with_header("version", supported)
+        core.end(Ending(f"unsupported versions {accept!r}", app_error=answer))
         return None
     config = core.config
     if config.client_login is not None and not _credentials_ok(core, connect):
@@ -88,6 +104,39 @@ async def accept_connect(core: SessionCore) -> Frame | None:
     return connect
 
 
+async def _answer_early_frame(
+    core: SessionCore, frame: Frame, open_stream: StreamOpener, count: int
+) -> bool:
+    """Answer a frame that came before CONNECT with the broker's verdict, keeping the
+    connection as brokers do (False: the session ended instead). A broker that accepts it
+    (RabbitMQ with ``stomp.implicit_connect``) is not followed: the sidecar needs a CONNECT."""
+    if count > MAX_EARLY_FRAMES:
+        core.metrics.client_protocol_error(ClientErrorReason.MALFORMED_FRAME)
+        core.end(
+            Ending(
+                f"{count} frames before CONNECT",
+                app_error=error_frame(f"no CONNECT frame after {count - 1} other frames"),
+            )
+        )
+        return False
+    answer = await broker_verdict(core, frame, open_stream)
+    if answer is None or answer.command is not Command.ERROR:
+        log.info("session %s: %s before CONNECT, not refused by the broker", core.id, frame.command)
+        answer = error_frame(
+            "mq-sidecar needs a CONNECT frame first",
+            receipt_id=frame.get("receipt"),
+            detail=f"{frame.command} before CONNECT: a session starts with CONNECT (STOMP 1.2 "
+            "'Connecting'); mq-sidecar does not connect implicitly.",
+        )
+    core.metrics.client_protocol_error(ClientErrorReason.MALFORMED_FRAME)
+    try:
+        await core.app.send(answer, fatal=False)
+    except TransportLost as exc:
+        core.end(Ending(f"app connection lost before CONNECT: {exc}"))
+        return False
+    return True
+
+
 def _credentials_ok(core: SessionCore, connect: Frame) -> bool:
     """The app's ``login``/``passcode`` are the sidecar's ``client_login``/
     ``client_passcode`` (compared in constant time)."""
@@ -109,9 +158,9 @@ def connected_frame(core: SessionCore, upstream: Upstream) -> Frame:
     broker_server = upstream.connected.get("server")
     if broker_server:
         server = f"mq-sidecar ({broker_server})"
-    headers: list[tuple[str, str]] = []
-    if version != "1.0":
-        sx, sy = core.config.client_heartbeat
-        headers += [("version", version), ("heart-beat", f"{sx},{sy}")]
+    # STOMP 1.0 has no heart-beating, but ActiveMQ and RabbitMQ both answer a 1.0 client with
+    # `version:1.0` and `heart-beat:0,0` (measured), and so does the sidecar.
+    sx, sy = core.config.client_heartbeat if version != "1.0" else (0, 0)
+    headers: list[tuple[str, str]] = [("version", version), ("heart-beat", f"{sx},{sy}")]
     headers += [("session", core.id), ("server", server)]
     return Frame(Command.CONNECTED, tuple(headers))

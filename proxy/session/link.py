@@ -153,6 +153,8 @@ class Link:
             core.broker_index = index
             core.cumulative_receipts = upstream.confirms_in_order
             core.artemis_ids = upstream.artemis_duplicate_ids
+            core.wildcard_receipt_bug = upstream.receipt_breaks_wildcard_subscribe
+            core.stomp10_rabbitmq = upstream.stomp10_rabbitmq
             self.acks.reset()  # ack ids of the old leg mean nothing on this one
             async with trio.open_nursery() as leg:
                 leg.start_soon(upstream.keep_alive)
@@ -161,6 +163,7 @@ class Link:
                     state.new_link(
                         stable_message_ids=upstream.stable_message_ids,
                         client_ack_per_subscription=upstream.client_ack_per_subscription,
+                        acks_ignore_subscription=upstream.acks_ignore_subscription,
                     )
                     core.link_ready = True
                     if core.phase is Phase.HANDSHAKE:

@@ -61,6 +61,7 @@ class Restorer:
             state.new_link(
                 stable_message_ids=upstream.stable_message_ids,
                 client_ack_per_subscription=upstream.client_ack_per_subscription,
+                acks_ignore_subscription=upstream.acks_ignore_subscription,
             )
             plan = plan_replay(state, window, replay_transactions=replay_tx)
             for entry in (*plan.answer, *plan.in_doubt):

@@ -178,7 +178,7 @@ class Session:
         """Serve the session to its end; the app's socket is closed when this returns."""
         core = self.core
         try:
-            connect = await accept_connect(core)
+            connect = await accept_connect(core, self.link.open_stream)
             if connect is not None:
                 await self._serve()
         except Exception as exc:

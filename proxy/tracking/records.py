@@ -22,6 +22,7 @@ __all__ = [
     "Delivered",
     "Delivery",
     "DurableRemoval",
+    "ForBroker",
     "FrameRejected",
     "PassThrough",
     "SessionError",
@@ -78,6 +79,13 @@ class SessionError(Exception):
     The message is one line, fit for the ``message`` header of the ERROR frame the app gets
     (e.g. ``unknown ack id '17'``, ``transaction 'tx1' is not open``); the session then closes.
     """
+
+
+class ForBroker(Exception):
+    """A frame the session neither tracks nor judges: an id or transaction it does not know, a
+    header it needs but the app left out. The frame goes to the broker as the app sent it and
+    the broker's answer reaches the app unchanged (docs/behaviour.md, "Transparency first");
+    the session state is left as it was. The message says why, for the log."""
 
 
 class FrameRejected(SessionError):

@@ -15,6 +15,8 @@ PURE = [
     "tracking/__init__.py",
     "tracking/records.py",
     "tracking/state.py",
+    "tracking/deliveries.py",
+    "reconnects.py",
     "window.py",
     "replay.py",
     "policy.py",

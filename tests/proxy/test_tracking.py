@@ -11,12 +11,13 @@ from proxy import tracking
 from proxy.tracking import (
     ACK_MODES,
     Delivered,
+    ForBroker,
     FrameRejected,
     SessionError,
     SessionState,
     Settled,
 )
-from proxy.tracking import state as tracking_state
+from proxy.tracking import deliveries as tracking_deliveries
 from proxy.tracking.records import SEEN_SECONDS
 
 
@@ -178,7 +179,7 @@ def test_subscribe_keeps_the_app_id_and_headers_without_receipt() -> None:
     )
     assert sub.frame == up
     assert list(st.iter_subscribe_frames()) == [up]
-    with pytest.raises(SessionError, match="subscription id 'd1' is already in use"):
+    with pytest.raises(ForBroker, match="SUBSCRIBE with id 'd1' already in use"):
         st.subscribe(frame(Command.SUBSCRIBE, destination="/q", id="d1"))
 
 
@@ -225,7 +226,7 @@ def test_unsubscribe_forgets_the_subscriptions_deliveries() -> None:
     assert st.unacked == 1
     st.unsubscribe(frame(Command.UNSUBSCRIBE, id="s"))
     assert st.unacked == 0
-    with pytest.raises(SessionError, match=f"unknown ack id '{key}'"):
+    with pytest.raises(ForBroker, match=f"unknown ack id '{key}'"):
         settle(st, id=key)
 
 
@@ -257,7 +258,7 @@ def test_ack_mode_defaults_to_auto(given: str | None) -> None:
 
 
 def test_unknown_ack_mode_is_refused() -> None:
-    with pytest.raises(SessionError, match="unknown ack mode 'sometimes'"):
+    with pytest.raises(ForBroker, match="ack mode 'sometimes'"):
         subscribe(new_state(), ack="sometimes")
 
 
@@ -284,7 +285,7 @@ def test_stomp12_app_gets_sidecar_ack_ids_mapped_to_the_broker_ones() -> None:
     )
     assert up == frame(Command.ACK, id="broker-ack-2", receipt="r9")
     assert st.unacked == 1
-    with pytest.raises(SessionError, match="unknown ack id '2'"):
+    with pytest.raises(ForBroker, match="unknown ack id '2'"):
         settle(st, id="2")
 
 
@@ -329,7 +330,7 @@ def test_stomp11_app_acks_by_subscription_and_message_id() -> None:
     out = shown(st.deliver(message("ID:1", ack="broker-ack"), now=0.0))
     assert not out.has("ack")
     assert out.get("subscription") == "s"
-    with pytest.raises(SessionError, match="message-id 'ID:1' on subscription 'other'"):
+    with pytest.raises(ForBroker, match="message-id 'ID:1' on subscription 'other'"):
         settle(st, message_id="ID:1", subscription="other")
     up = to_broker(settle(st, message_id="ID:1", subscription="s"))
     assert up == frame(Command.ACK, id="broker-ack")
@@ -346,7 +347,7 @@ def test_stomp10_app_acks_by_message_id(app_id: str | None) -> None:
     out = shown(st.deliver(message("ID:1", ack="broker-ack", sub=upstream_id), now=0.0))
     assert not out.has("ack")
     assert out.get("subscription") == app_id  # absent when the app never named it
-    with pytest.raises(SessionError, match="unknown message-id 'ID:2'"):
+    with pytest.raises(ForBroker, match="unknown message-id 'ID:2'"):
         settle(st, message_id="ID:2")
     st.settle(frame(Command.ACK, message_id="ID:1"), upstream_version="1.0", now=0.0)
     assert st.unacked == 0
@@ -395,7 +396,7 @@ def test_client_mode_ack_is_cumulative() -> None:
     assert settled.more == (frame(Command.ACK, id="a0"),)
     assert to_broker(settled) == frame(Command.ACK, id="a1")
     assert st.unacked == 1
-    with pytest.raises(SessionError, match=f"unknown ack id '{keys[0]}'"):
+    with pytest.raises(ForBroker, match=f"unknown ack id '{keys[0]}'"):
         settle(st, id=keys[0])
     settled = settle(st, id=keys[2])
     assert settled.more == ()
@@ -732,7 +733,7 @@ def test_strict_duplicate_on_the_same_link_is_still_hidden() -> None:
 
 
 def test_seen_identities_are_bounded_in_number(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tracking_state, "SEEN_MAX", 2)
+    monkeypatch.setattr(tracking_deliveries, "SEEN_MAX", 2)
     st = new_state()
     subscribe(st, ack="auto")
     for dup in ("A", "B", "C"):
@@ -744,7 +745,7 @@ def test_seen_identities_are_bounded_in_number(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_seen_identities_are_bounded_in_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tracking_state, "SEEN_SECONDS", 10.0)
+    monkeypatch.setattr(tracking_deliveries, "SEEN_SECONDS", 10.0)
     st = new_state()
     subscribe(st, ack="auto")
     shown(st.deliver(message("ID:A", dup="A"), now=0.0))
@@ -758,7 +759,7 @@ def test_seen_identities_are_bounded_in_time(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_a_new_status_refreshes_a_seen_identity(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tracking_state, "SEEN_MAX", 2)
+    monkeypatch.setattr(tracking_deliveries, "SEEN_MAX", 2)
     st = new_state()
     subscribe(st)
     key = ack_id(st.deliver(message("ID:A", ack="a", dup="A"), now=0.0))
@@ -776,18 +777,18 @@ def test_a_new_status_refreshes_a_seen_identity(monkeypatch: pytest.MonkeyPatch)
 def test_transactions_open_and_close() -> None:
     st = new_state()
     st.begin(frame(Command.BEGIN, transaction="t"))
-    with pytest.raises(SessionError, match="transaction 't' is already open"):
+    with pytest.raises(ForBroker, match="BEGIN of transaction 't'"):
         st.begin(frame(Command.BEGIN, transaction="t"))
     tx = st.transactions["t"]
     assert (tx.id, tx.begin, tx.entries, tx.end, tx.rolled_back) == ("t", None, [], None, False)
     assert not tx.dirty
     assert st.transaction_of(frame(Command.SEND, destination="/q")) is None
     assert st.transaction_of(frame(Command.SEND, destination="/q", transaction="t")) is tx
-    with pytest.raises(SessionError, match="transaction 'other' is not open"):
+    with pytest.raises(ForBroker, match="in transaction 'other', not open"):
         st.transaction_of(frame(Command.ACK, id="1", transaction="other"))
     assert st.end(frame(Command.COMMIT, transaction="t"), now=0.0) is tx
     assert st.transactions == {}
-    with pytest.raises(SessionError, match="transaction 't' is not open"):
+    with pytest.raises(ForBroker, match="of transaction 't', not open"):
         st.end(frame(Command.ABORT, transaction="t"), now=0.0)
 
 
@@ -963,3 +964,64 @@ def test_a_restore_subscribes_auto_subscriptions_in_the_new_links_mode() -> None
     assert list(st.iter_subscribe_frames()) == [again]
     plain = subscribe(st, "i", ack="client-individual", destination="/queue/b")
     assert st.upstream_subscribe(plain) is plain
+
+
+# -- transparency: what the session does not judge, and the ids it keeps to itself -----------
+
+
+@pytest.mark.parametrize(
+    ("version", "headers", "why"),
+    [
+        ("1.2", {"id": "s"}, "without destination"),
+        ("1.2", {"destination": "/q"}, "without id"),
+        ("1.1", {"destination": "/q"}, "without id"),
+    ],
+)
+def test_a_subscribe_the_session_cannot_track_goes_to_the_broker(
+    version: str, headers: dict[str, str], why: str
+) -> None:
+    """The broker judges a SUBSCRIBE without destination, or without id from a 1.1/1.2 app
+    (its own ERROR reaches the app); the session state is unchanged."""
+    st = new_state(version)
+    with pytest.raises(ForBroker, match=why):
+        st.subscribe(Frame.build(Command.SUBSCRIBE, headers))
+    assert st.subscriptions == {}
+
+
+def test_a_stomp11_ack_naming_another_subscription_settles_where_the_broker_does() -> None:
+    """RabbitMQ settles a 1.1 ACK by ``message-id`` whatever its ``subscription`` says
+    (measured): on such a leg the session finds the delivery the same way."""
+    st = new_state("1.1")
+    st.new_link(stable_message_ids=False, acks_ignore_subscription=True)
+    subscribe(st)
+    shown(st.deliver(message("ID:1", ack="a1"), now=0.0))
+    settled = settle(st, message_id="ID:1", subscription="other")
+    assert to_broker(settled) == frame(Command.ACK, id="a1")
+    assert st.unacked == 0
+
+
+def test_the_sidecars_duplicate_detection_id_is_not_shown_to_the_app() -> None:
+    """``mq-sidecar-id`` (and an ``_AMQ_DUPL_ID`` equal to it) is used, then removed; an
+    ``_AMQ_DUPL_ID`` the app set to another value stays, in its place."""
+    st = new_state()
+    subscribe(st)
+    upstream = Frame.build(
+        Command.MESSAGE,
+        {
+            "_AMQ_DUPL_ID": "X",
+            "destination": "/queue/a",
+            "message-id": "m1",
+            "subscription": "s",
+            "ack": "a1",
+            "mq-sidecar-id": "X",
+        },
+    )
+    out = shown(st.deliver(upstream, now=0.0))
+    assert [k for k, _ in out.headers] == ["destination", "message-id", "subscription", "ack"]
+    assert st.deliver(upstream.with_header("ack", "a2"), now=0.0).hidden == "duplicate"
+    own = Frame.build(
+        Command.MESSAGE,
+        {"destination": "/queue/a", "message-id": "m2", "subscription": "s", "_AMQ_DUPL_ID": "app"},
+    )
+    kept = shown(st.deliver(own.with_header("mq-sidecar-id", "Y"), now=0.0))
+    assert kept.get("_AMQ_DUPL_ID") == "app"

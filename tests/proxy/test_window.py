@@ -432,3 +432,16 @@ def test_bytes_always_equal_the_sum_of_entry_sizes(
         assert stats.receipts_pending == sum(1 for e in entries if e.receipt is not None)
         assert stats.confirmed_total == confirmed
         assert appended == len(entries) + confirmed + dropped
+
+
+def test_an_entry_confirmed_by_a_later_receipt_gets_none_of_its_own() -> None:
+    """``want_receipt=None`` (the wildcard SUBSCRIBE on ActiveMQ): no receipt on the frame,
+    even with an app receipt; the next receipted entry confirms it and its app receipt."""
+    w = window()
+    first = w.append(send(), app_receipt="app-1", want_receipt=None, now=0.0)
+    assert first.receipt is None
+    assert not first.frame.has("receipt")
+    second = w.append(send(), app_receipt=None, want_receipt=True, now=0.0)
+    assert second.receipt is not None
+    assert w.confirm(second.receipt) == [first, second]
+    assert first.confirmed
