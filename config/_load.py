@@ -359,6 +359,11 @@ def _validate(cfg: Config, settings: Mapping[str, _Setting], skip: set[str]) -> 
         "must be -1 (unlimited) or >= 1",
     )
     check("reconnect_period", cfg.reconnect_period >= 0, "must be >= 0 (0 = no time bound)")
+    check(
+        "initial_connect_period",
+        cfg.initial_connect_period >= 0,
+        "must be >= 0 (0 = initial_connect_attempts alone bound a first connection)",
+    )
     check("jitter", 0.0 <= cfg.jitter <= 1.0, "must be between 0 and 1")
     for name in (
         "call_timeout",

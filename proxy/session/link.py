@@ -61,17 +61,21 @@ class Link:
         self.reconnects = reconnects
         self._relay_scope = trio.CancelScope()  # per leg; cancelled to fail back
         self._failback: Upstream | None = None
+        self._started = False  # the first connection was reported to the caller
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Connect, restore, relay; on loss reconnect by policy; until the session ends.
 
         Raises (before ``task_status.started``) UpstreamUnavailable or ReconnectExhausted
-        when the first connection fails.
+        when the first connection fails. A session ended while still making its first
+        connection (a drain) reports started without a leg: the caller finds the ending.
         """
         core = self.core
         try:
             with core.link_scope:
                 await self._loop(task_status)
+            if not self._started and core.ending is not None:
+                task_status.started()
         finally:
             upstream, core.upstream = core.upstream, None
             core.link_ready = False
@@ -168,6 +172,7 @@ class Link:
                     core.link_ready = True
                     if core.phase is Phase.HANDSHAKE:
                         core.advance(Phase.RUNNING)
+                    self._started = True
                     task_status.started()
                 else:
                     # The restore writes while the relay reads: a broker blocked writing

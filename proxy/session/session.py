@@ -135,11 +135,13 @@ class Session:
     def request_drain(self) -> None:
         """Ask the session to end gracefully (SIGTERM): DISCONNECT upstream, ERROR to the app.
 
-        A session still connecting ends as soon as it has answered its app's CONNECT.
+        A session still making its first connection (which may try for
+        ``initial_connect_period``) stops trying; one still reading its app's CONNECT ends
+        once it has it. Either way the app gets the drain's ERROR.
         """
         core = self.core
         core.drain_requested = True
-        if core.app_nursery is not None:
+        if core.app_nursery is not None or core.connect is not None:
             core.end(draining())
 
     def statistics(self) -> SessionStatistics:
@@ -209,6 +211,9 @@ class Session:
 
     async def _serve(self) -> None:
         core = self.core
+        if core.drain_requested:  # SIGTERM came while the app's CONNECT was read
+            core.end(draining())
+            return
         async with trio.open_nursery() as nursery:
             try:
                 await nursery.start(self.link.run)

@@ -548,6 +548,12 @@ def test_no_brokers() -> None:
             "initial_connect_attempts: must be -1 (unlimited) or >= 1, got -3",
         ),
         ("RECONNECT_PERIOD", "-1", "reconnect_period: must be >= 0 (0 = no time bound), got -1"),
+        (
+            "INITIAL_CONNECT_PERIOD",
+            "-5",
+            "initial_connect_period: must be >= 0 (0 = initial_connect_attempts alone bound a "
+            "first connection), got -5",
+        ),
         ("JITTER", "1.5", "jitter: must be between 0 and 1, got 1.5"),
         ("JITTER", "-0.1", "jitter: must be between 0 and 1, got -0.1"),
         ("CALL_TIMEOUT", "0", "call_timeout: must be > 0, got 0"),

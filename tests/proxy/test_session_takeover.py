@@ -147,6 +147,25 @@ async def test_a_first_connect_gives_up_when_its_attempts_and_its_period_are_spe
     assert rounds[3:] == pytest.approx([] if period_ms == 0 else [0.7, 1.5, 3.1])
 
 
+async def test_a_drain_stops_a_first_connect_at_once(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, network: Network
+) -> None:
+    """SIGTERM while a first connection keeps trying (every broker down): the session stops
+    trying and its app gets the drain's ERROR at once, not at the end of the period."""
+    broker = network.add("broker", 61001)
+    broker.reachable = False
+    config = make_config(broker, **ISSUE, initial_connect_period=30_000)
+    running = await start(nursery, network, config, "s1")
+    await send_connect(running.app)
+    await trio.sleep(1.0)
+    drained_at = trio.current_time()
+    running.session.request_drain()
+    error = await running.app.wait_error()
+    assert (error.get("message") or "").startswith("mq-sidecar is shutting down")
+    assert running.app.arrival(lambda f: f.command is Command.ERROR) == pytest.approx(drained_at)
+    await running.app.wait_closed()
+
+
 async def test_a_login_refused_in_every_round_is_not_retried_for_the_period(
     autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, network: Network
 ) -> None:
