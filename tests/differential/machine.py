@@ -116,9 +116,9 @@ class DifferentialMachine(RuleBasedStateMachine):
             else:
                 self.known.append(cls.name)
         if unknown and os.environ.get("MQ_SIDECAR_DIFFERENTIAL_SURVEY"):
-            print(f"\nNEW DIFFERENCE\n{Report(unknown)}")  # noqa: T201
+            print(f"\nNEW DIFFERENCE\n{Report(unknown)}")
             for action in self.actions:
-                print(f"    {action!r},")  # noqa: T201
+                print(f"    {action!r},")
             self.known.append("new")
         elif unknown:
             report = Report(unknown)
@@ -141,11 +141,11 @@ class DifferentialMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         if os.environ.get("MQ_SIDECAR_DIFFERENTIAL_VERBOSE"):
-            print(f"\n{len(self.actions)} steps, known: {self.known}")  # noqa: T201
+            print(f"\n{len(self.actions)} steps, known: {self.known}")
             for action in self.actions:
-                print(f"    {action!r}")  # noqa: T201
+                print(f"    {action!r}")
             for diff in self.lock.report.differences:
-                print(diff)  # noqa: T201
+                print(diff)
         try:
             new = self.lock.finish_sync(compare=not self.known)
         finally:
@@ -177,13 +177,14 @@ class DifferentialMachine(RuleBasedStateMachine):
         version=st.sampled_from(VERSIONS),
         heart_beat=st.sampled_from([None, "0,0", "0,1000"]),
         login=st.booleans(),
-        host=st.sampled_from(["/", None, "localhost"]),
+        host=st.sampled_from(["/", "/", "/", None, "localhost"]),
         client_id=st.booleans(),
         body_newline=st.integers(0, 19),  # 19: a body of "\n" (the simplest, 0, is none)
         stomp_command=st.booleans(),
     )
     def connect(
         self,
+        *,
         data: st.DataObject,
         version: str | None,
         heart_beat: str | None,
@@ -351,10 +352,14 @@ class DifferentialMachine(RuleBasedStateMachine):
                 hs.append(("id", "nonsense" if variant == "unknown" else MsgRef(name, index)))
         else:
             if variant != "no-id":
-                mid: Value = "nonsense" if variant == "unknown" else MsgRef(name, index, "message-id")
+                mid: Value = (
+                    "nonsense" if variant == "unknown" else MsgRef(name, index, "message-id")
+                )
                 hs.append(("message-id", mid))
             if model.version == "1.1":
-                sub: Value = "nope" if variant == "wrong-sub" else MsgRef(name, index, "subscription")
+                sub: Value = (
+                    "nope" if variant == "wrong-sub" else MsgRef(name, index, "subscription")
+                )
                 hs.append(("subscription", sub))
         if in_tx and model.txs:
             hs.append(("transaction", sorted(model.txs)[0]))
@@ -420,6 +425,10 @@ class DifferentialMachine(RuleBasedStateMachine):
             "lowercase": b"send\ndestination:/queue/{run}.b\nreceipt:bad\n\nx\0",
         }[kind]
         self._do(Raw(name, raw))
+
+    @rule()
+    def idle(self) -> None:
+        """Always possible (hypothesis needs a rule once every connection is closed)."""
 
 
 def machine_for(lab: Lab) -> type[DifferentialMachine]:

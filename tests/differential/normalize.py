@@ -51,9 +51,13 @@ Declared (``frame`` normalisation, :func:`normalize_frame`):
   message-id table knows them).
 * **Large bodies** are compared in full; only their display is shortened
   (``<N bytes sha256:...>``).
-* **Order across connections** is not compared (STOMP has none); order within one connection
-  is. Whether and after which frame the server closed a connection is compared
-  (``<closed>``).
+* **Order** across connections is not compared (STOMP has none). On one connection, the
+  frames that are not MESSAGE are compared in order, and so are the MESSAGEs of each
+  subscription from each destination; how these streams interleave is not compared: a
+  broker dispatches deliveries on its own schedule, independent of the receipts it writes
+  on the same connection, and a wildcard subscription's queues in any order (both orders
+  happen between two direct runs). Whether and after which frame the server closed a
+  connection is compared (``<closed>``).
 * **What is left on the broker** (the final drain, :mod:`tests.differential.runner`): per
   destination the drained messages are compared as a sorted list, because the order in which
   a broker puts back the messages of a closed connection is not determined.
@@ -189,9 +193,7 @@ class Normalizer:
 
     def frames(self, frames: Iterable[WireFrame | None]) -> list[NFrame]:
         """Normalised frames; None (the server closed the connection) becomes CLOSED."""
-        return [
-            NFrame(CLOSED, (), b"") if frame is None else self.frame(frame) for frame in frames
-        ]
+        return [NFrame(CLOSED, (), b"") if frame is None else self.frame(frame) for frame in frames]
 
     def connections(
         self, received: Mapping[str, Iterable[WireFrame | None]]

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from tests.differential.machine import machine_for
@@ -44,6 +44,8 @@ def _settings() -> settings:
         "database": None,
         "report_multiple_bugs": False,
     }
+    if os.environ.get("MQ_SIDECAR_DIFFERENTIAL_SURVEY"):
+        common["phases"] = [Phase.generate]
     if _LONG:
         steps = int(os.environ.get("MQ_SIDECAR_DIFFERENTIAL_STEPS", "25"))
         return settings(max_examples=int(_LONG), stateful_step_count=steps, **common)  # type: ignore[arg-type]
