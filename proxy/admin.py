@@ -1,4 +1,4 @@
-"""The admin plane: HTTP/1.1 with h11 on trio, in the sidecar's own event loop (DESIGN §3.7).
+"""The admin plane: HTTP/1.1 with h11 on trio, in the sidecar's own event loop (docs/operations.md).
 
 Endpoints (all ``GET``; ``HEAD`` too, except ``/events``):
 

@@ -251,7 +251,7 @@ def test_rabbitmq_crash_and_restart(tmp_path: Path) -> None:
         assert not node.running()
         assert not process_alive(beam)
         assert port_is_bindable(node.stomp_port)
-        # Same ports, same mnesia: the persistent message survived kill -9 (BROKERS.md 4.3).
+        # Same ports, same mnesia: the persistent message survived kill -9 (docs/brokers.md).
         node.start()
         node.wait_ready()
         with stomp_client(node) as (conn, frames):

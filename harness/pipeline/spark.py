@@ -1,8 +1,8 @@
 """A local SparkSession for the drill and the tests, and a stop that ends its JVM.
 
-Settings from TOOLING.md §1: ``PYSPARK_PYTHON`` is this interpreter (the Python workers must
-import ``pipeline`` and stomp.py from this venv), ``SPARK_LOCAL_IP=127.0.0.1`` (no driver on
-eth0), no UI (no port clashes between parallel runs), no console progress bars,
+Settings from docs/testing.md, "The failover drill": ``PYSPARK_PYTHON`` is this interpreter (the
+Python workers must import ``pipeline`` and stomp.py from this venv), ``SPARK_LOCAL_IP=127.0.0.1``
+(no driver on eth0), no UI (no port clashes between parallel runs), no console progress bars,
 ``spark.sql.shuffle.partitions=2`` (2 cores). With ``log_file`` the JVM's stdout and stderr
 (log4j, the Python workers' stderr) go to that file instead of the terminal, and log4j is set
 to WARN.
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_CONF", "spark_environment", "start_spark", "stop_spark"]
 
-#: Spark configuration every session here gets (TOOLING.md §1).
+#: Spark configuration every session here gets (docs/testing.md, "The failover drill").
 DEFAULT_CONF: Mapping[str, str] = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",

@@ -3,7 +3,7 @@
 ``ActiveMQ`` (ActiveMQ Classic 5.17, Debian ``activemq``) and ``RabbitMQ`` (RabbitMQ 3.10 with
 rabbitmq_stomp, Debian ``rabbitmq-server``) run as foreground child processes on free
 127.0.0.1 ports with their own files under a work directory; ``scripts/setup.sh`` installs
-them. The measured facts behind every choice are in BROKERS.md (shared notes).
+them. The measured facts behind every choice are in docs/brokers.md, "Running them for tests".
 """
 
 from __future__ import annotations

@@ -2,12 +2,12 @@
 
 The JVM is launched directly (``java ... -jar activemq.jar start xbean:file:...``), so the
 Popen child *is* the broker: no ``/usr/bin/activemq`` (it switches user and daemonizes,
-BROKERS.md section 2.1). Configuration: ``testbed/files/activemq.xml`` and
+docs/brokers.md, "Running them for tests"). Configuration: ``testbed/files/activemq.xml`` and
 ``log4j.properties``, copied into ``workdir/NAME/conf`` and driven by ``-D`` properties.
 
 Two instances given the same ``store_dir`` form a shared-store primary/backup pair: the
 second one blocks on the kahaDB file lock ("slave mode", no listener at all) until the first
-dies, then takes over (0.4-0.6 s after kill -9 with a 200 ms lock poll, BROKERS.md 2.4).
+dies, then takes over (0.4-0.6 s after kill -9 with a 200 ms lock poll, docs/brokers.md).
 A suspended (SIGSTOP) primary keeps the lock: the backup never takes over (gotcha 8.15).
 """
 
@@ -139,7 +139,7 @@ class ActiveMQ(BrokerProcess):
             self.java,
             f"-Xms{self.heap_mb}m",
             f"-Xmx{self.heap_mb}m",
-            # SerialGC: smaller and faster to start on 2 cores (BROKERS.md 2.3). No perf
+            # SerialGC: smaller and faster to start on 2 cores (docs/brokers.md). No perf
             # data: nothing left in /tmp/hsperfdata_USER after a kill -9.
             "-XX:+UseSerialGC",
             "-XX:-UsePerfData",

@@ -1,6 +1,6 @@
 """Broker child processes: start, readiness, orderly stop, crash, hang, and orphan cleanup.
 
-Design (facts from BROKERS.md sections 2.2, 4.2 and 7):
+Design (facts in docs/brokers.md, "Running them for tests"):
 
 * Every broker is a ``subprocess.Popen`` child of the calling process, never daemonized, with
   stdout and stderr appended to ``log_path``. Each child gets its own session and process

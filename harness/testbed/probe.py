@@ -1,7 +1,7 @@
 """Port allocation and STOMP readiness probing over a raw socket (stdlib only, synchronous).
 
 Readiness of a broker is "a STOMP 1.2 CONNECT is answered with CONNECTED", not "the port is
-open" (BROKERS.md section 7): RabbitMQ opens its listeners before the STOMP plugin is usable,
+open" (docs/brokers.md): RabbitMQ opens its listeners before the STOMP plugin is usable,
 and a suspended (SIGSTOP) broker still completes TCP handshakes in the kernel.
 """
 
@@ -135,7 +135,8 @@ def wait_stomp(
 
     Retries every ~50 ms (``RETRY_INTERVAL``) on refused, reset, EOF, timeouts and ERROR
     replies. ``vhost`` is the CONNECT ``host`` header (RabbitMQ treats it as the virtual host,
-    BROKERS.md gotcha 8.7; ActiveMQ ignores it). Returns the seconds waited (monotonic clock).
+    docs/brokers.md, "Other traps"; ActiveMQ ignores it). Returns the seconds waited
+    (monotonic clock).
     Raises ``TimeoutError`` naming ``host:port`` and the last failure after ``timeout`` seconds.
     """
     started = time.monotonic()

@@ -1,6 +1,6 @@
 """RabbitMQ 3.10 with rabbitmq_stomp (Debian package ``rabbitmq-server``) as a test broker.
 
-Facts from BROKERS.md section 4.2 and gotchas 8.11-8.13:
+Facts in docs/brokers.md, "Running them for tests":
 
 * ``/usr/lib/rabbitmq/bin/rabbitmq-server`` is run directly (``/usr/sbin/rabbitmq-server``
   switches user and logs to /var/log). It is an ``sh`` wrapper that traps SIGTERM, TERMs
@@ -56,7 +56,7 @@ class RabbitMQ(BrokerProcess):
 
     Ports (default: free ports): ``stomp_port`` STOMP listener, ``amqp_port`` AMQP 0-9-1
     listener, ``dist_port`` Erlang distribution listener of the node, ``epmd_port`` the
-    private epmd. Start to STOMP-ready takes ~5 s (BROKERS.md 4.3), an orderly stop ~1 s.
+    private epmd. Start to STOMP-ready takes ~5 s (docs/brokers.md), an orderly stop ~1 s.
     """
 
     vhost = "/"

@@ -1,6 +1,6 @@
 """The admin plane on real loopback sockets: binding, serve() wiring, concurrency, timeouts.
 
-Real I/O, so no autojump clock; every test has a ``trio.fail_after`` guard (STYLE §2 rule 19).
+Real I/O, so no autojump clock; every test has a ``trio.fail_after`` guard (docs/architecture.md).
 No broker is needed: the configured broker is a closed port, so readiness says "unreachable".
 """
 
