@@ -9,6 +9,9 @@
 #     Prometheus scrape the sidecar), plus python3-venv when the venv must be created. Needs root; without root and without the packages it exits 1.
 #     While installing, a temporary /usr/sbin/policy-rc.d (exit 101) keeps the packages'
 #     postinst scripts from starting services (unless the machine already has one).
+#     Also ruby-stomp (the Ruby `stomp` gem 1.4.10, pulls in ruby) for tests/clients/ruby, and
+#     Debian's npm only when no `npm` is on PATH (a Node.js build that bundles npm, as
+#     nodesource's, conflicts with Debian's npm package).
 #  2. On a host running systemd, disables the services the packages enable on default
 #     ports (rabbitmq-server on 5672, epmd on 4369, activemq, prometheus on 9090): the tests
 #     run their own brokers and Prometheus on free ports and need none of them.
@@ -17,12 +20,16 @@
 #     (pip install -e harness: testbed, pipeline, the drill's PySpark stack, and the `demo` and
 #     `drill` commands); skipped while pyproject.toml and harness/pyproject.toml are unchanged
 #     since the last successful install (their hash in .venv/.mq-sidecar-setup).
+#  4. Deploy tooling (scripts/get-tools.sh).
+#  5. The Node.js STOMP client (stompit, pinned in tests/clients/node/package-lock.json) into
+#     tests/clients/node/node_modules with `npm ci`; skipped while package-lock.json is
+#     unchanged since the last successful install (its hash in node_modules/.mq-sidecar-setup).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$REPO/.venv"
 STAMP="$VENV/.mq-sidecar-setup"
-PACKAGES=(activemq rabbitmq-server prometheus)
+PACKAGES=(activemq rabbitmq-server prometheus ruby-stomp)
 SERVICES=(rabbitmq-server epmd.socket epmd.service activemq prometheus)
 
 say() { printf 'setup.sh: %s\n' "$*" >&2; }
@@ -54,6 +61,7 @@ done
 if [ ! -x "$VENV/bin/python" ] && ! pkg_installed python3-venv; then
     missing+=(python3-venv)
 fi
+command -v npm >/dev/null || missing+=(npm)
 
 if [ "${#missing[@]}" -gt 0 ]; then
     is_root || die "missing Debian packages: ${missing[*]}; run this script as root (e.g. sudo $0) to install them"
@@ -111,3 +119,14 @@ fi
 # helm into .venv/bin, and podman/buildah/debootstrap (Debian) for the image build test;
 # idempotent and silent when everything is there. SKIP_IMAGE_BUILD=1 leaves out the image tools.
 bash "$REPO/scripts/get-tools.sh"
+
+# --- 5. Node.js client for tests/clients/node ------------------------------------------------
+NODE_DIR="$REPO/tests/clients/node"
+NODE_STAMP="$NODE_DIR/node_modules/.mq-sidecar-setup"
+want="$(sha256sum "$NODE_DIR/package-lock.json" | cut -d' ' -f1)"
+have="$(cat "$NODE_STAMP" 2>/dev/null || true)"
+if [ "$want" != "$have" ]; then
+    say "installing stompit into $NODE_DIR/node_modules (npm ci)"
+    (cd "$NODE_DIR" && quiet npm ci --no-audit --no-fund --loglevel=error)
+    printf '%s\n' "$want" >"$NODE_STAMP"
+fi
