@@ -113,6 +113,7 @@ class AppSide:
                 if isinstance(event, Frame) and await self._dispatch(event, upcoming is None):
                     return
                 if upcoming is None:
+                    del event  # an idle session holds no frame of its app's (a large one...)
                     break
                 event = upcoming
 

@@ -32,6 +32,10 @@ __all__ = ["ERROR_CLOSE_WINDOW", "GOODBYE_TIMEOUT", "SessionCore", "log"]
 
 #: The logger of every part of a session.
 log = logging.getLogger("mq_sidecar.session")
+#: Bytes a broker leg's frame may exceed ``max_frame_bytes`` by, and its longest header line.
+UPSTREAM_HEADROOM = 1 << 20
+#: Header entries a broker leg's frame may have (at least).
+UPSTREAM_MAX_HEADERS = 1 << 16
 #: Seconds allowed for a goodbye (DISCONNECT receipt, final ERROR) when a session ends.
 GOODBYE_TIMEOUT = 2.0
 #: Seconds after a broker's ERROR within which its closing the connection is taken as the
@@ -82,6 +86,15 @@ class SessionCore:
             max_frame_bytes=config.max_frame_bytes,
             max_headers=config.max_headers,
             max_header_line_bytes=config.max_header_line_bytes,
+        )
+        #: The broker leg's bounds: looser, since a broker adds headers to what it delivers
+        #: and takes from other publishers what the sidecar's app limits would refuse
+        #: (RabbitMQ has no header limits at all); a MESSAGE over the app's limits must not
+        #: read as broken STOMP, which would fail the session over and get it redelivered.
+        self.upstream_limits = protocol.Limits(
+            max_frame_bytes=config.max_frame_bytes + UPSTREAM_HEADROOM,
+            max_headers=max(config.max_headers, UPSTREAM_MAX_HEADERS),
+            max_header_line_bytes=max(config.max_header_line_bytes, UPSTREAM_HEADROOM),
         )
         self.app = FrameStream(
             stream,

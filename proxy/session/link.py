@@ -101,7 +101,7 @@ class Link:
         return await connect_upstream(
             broker,
             self.connect_frame(broker),
-            limits=core.limits,
+            limits=core.upstream_limits,
             grace=core.config.heartbeat_grace,
             connect_timeout=core.durations.connect_timeout,
             open_stream=self.open_stream,

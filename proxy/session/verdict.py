@@ -34,7 +34,9 @@ async def broker_verdict(
             with trio.fail_after(timeout):
                 stream = await open_stream(broker)
                 wire = FrameStream(
-                    stream, protocol.Connection(protocol.Role.CLIENT, core.limits), grace=2.0
+                    stream,
+                    protocol.Connection(protocol.Role.CLIENT, core.upstream_limits),
+                    grace=2.0,
                 )
                 await stream.send_all(data)
                 while True:

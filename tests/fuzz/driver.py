@@ -68,7 +68,7 @@ __all__ = [
 #: which it keeps. Measured over 3 minutes: RSS swung between 45 and 118 MiB with no upward
 #: trend (baseline 53, peak 135); with ``MALLOC_MMAP_THRESHOLD_=131072`` the same run ended
 #: +7 MiB over its baseline, and with 1 MiB frames +9 MiB (peak 50). ``python -m
-#: tests.fuzz.run --option max_frame_bytes=16777216`` fuzzes with the default.
+#: tests.fuzz.run --option max_frame_bytes=150994944`` fuzzes with the default.
 FUZZ_OPTIONS: dict[str, object] = {
     "handshake_timeout": 1500,
     "call_timeout": 10000,

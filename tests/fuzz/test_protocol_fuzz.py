@@ -287,10 +287,12 @@ def test_any_endless_stream_errors_or_stays_bounded(
         assert len(parser._buf) == 0
 
 
-_HUNDRED_MB = 100 * 1024 * 1024
+#: More than the default frame limit (144 MiB since the limits cover the brokers' own), so that
+#: an endless body must trip it.
+_ENDLESS_BYTES = SIDECAR_LIMITS.max_frame_bytes + 4 * 65536
 
-#: Streams that must end in the named limit's error before 16 MiB + one chunk are in:
-#: (name, prefix, endless unit, error). Fed up to 100 MB; they trip long before.
+#: Streams that must end in the named limit's error before one frame limit + one chunk are in:
+#: (name, prefix, endless unit, error). Fed up to _ENDLESS_BYTES; they trip before.
 ERRORING = [
     ("header line never ends", b"SEND\ndestination:/q\nx:", b"v", "header line too long"),
     ("command line never ends", b"", b"S", "header line too long"),
@@ -308,7 +310,7 @@ ERRORING = [
 @pytest.mark.parametrize(
     "role", [None, Role.SERVER, Role.CLIENT], ids=["parser", "server", "client"]
 )
-def test_hundred_megabytes_that_never_end_a_frame_trip_a_limit(
+def test_endless_streams_that_never_end_a_frame_trip_a_limit(
     name: str, prefix: bytes, unit: bytes, error: str, role: Role | None
 ) -> None:
     """The sidecar's default limits: the error comes within one frame limit of data and the
@@ -327,7 +329,7 @@ def test_hundred_megabytes_that_never_end_a_frame_trip_a_limit(
 
     def feed_until_error() -> None:
         nonlocal fed
-        for piece in _endless(prefix, unit, _HUNDRED_MB, chunk):
+        for piece in _endless(prefix, unit, _ENDLESS_BYTES, chunk):
             target.receive_data(piece)
             fed += len(piece)
             while target.next_event() is not NEED_DATA:
