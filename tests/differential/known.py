@@ -63,6 +63,19 @@ def _sidecar_first(diff: Difference) -> str | None:
     return None if s is None else s.command
 
 
+def _swapped(diff: Difference) -> Difference:
+    return Difference(diff.step, diff.action, diff.stream, diff.sidecar, diff.direct)
+
+
+def _cr_stripped(diff: Difference) -> bool:
+    """Both MESSAGE; the direct one's header values end with a CR the sidecar's lack."""
+    d, s = diff.first()
+    if d is None or s is None or d.command != "MESSAGE" or s.command != "MESSAGE":
+        return False
+    stripped = tuple((k, v.removesuffix("\r")) for k, v in d.headers)
+    return stripped == s.headers and d.headers != s.headers
+
+
 def _lost_messages(diff: Difference) -> bool:
     """The sidecar run got fewer MESSAGEs on a subscription, the rest equal."""
     return (
@@ -94,10 +107,10 @@ def _repeats_collapsed(diff: Difference) -> bool:
 
 KNOWN: tuple[KnownDifference, ...] = (
     KnownDifference(
-        "rabbitmq-repeated-headers-collapsed",
-        "test_rabbitmq_repeated_headers_reach_the_consumer",
-        "RabbitMQ keeps a SEND's repeated headers in the MESSAGE; through the sidecar only one "
-        "of each name arrives",
+        "rabbitmq-repeated-subscription-collapsed",
+        "test_republished_copy_is_delivered[rabbitmq]",
+        "RabbitMQ keeps a SEND's repeated subscription/ack headers in the MESSAGE; through the "
+        "sidecar one of each arrives",
         lambda action, diff: _repeats_collapsed(diff),
     ),
     KnownDifference(
@@ -114,11 +127,13 @@ KNOWN: tuple[KnownDifference, ...] = (
     KnownDifference(
         "wildcard-subscribe-receipt",
         "test_activemq_wildcard_subscribe_gets_waiting_messages",
-        "ActiveMQ: the sidecar's receipt on a wildcard SUBSCRIBE loses the waiting messages",
+        "ActiveMQ: the sidecar's receipt on a wildcard SUBSCRIBE loses the waiting messages "
+        "(seen in the direct run too: ActiveMQ 5.17's own nondeterminism; the test has no "
+        "marker)",
         lambda action, diff: (
             "SUBSCRIBE" in action
             and re.search(r"\.[*>]'", action) is not None
-            and _lost_messages(diff)
+            and (_lost_messages(diff) or _lost_messages(_swapped(diff)))
         ),
     ),
     KnownDifference(
@@ -131,6 +146,13 @@ KNOWN: tuple[KnownDifference, ...] = (
             ("'ACK'" in action or "'NACK'" in action)
             and _sidecar_error(diff, r"without an? ack (header|id)")
         ),
+    ),
+    KnownDifference(
+        "crlf-in-stomp-1.1",
+        "test_stomp_1_1_send_with_crlf_line_ends",
+        "a STOMP 1.1 SEND with CRLF line ends: ActiveMQ keeps the CR in header values (1.1 has "
+        "no CRLF), the sidecar strips it",
+        lambda action, diff: _cr_stripped(diff),
     ),
     KnownDifference(
         "unknown-command",

@@ -92,7 +92,7 @@ def test_send_subscribe_ack_is_transparent(lab: Lab) -> None:
 
 @pytest.mark.parametrize(
     "lab",
-    brokers(rabbitmq="the copy's repeated headers (ack, subscription...) collapsed to one each"),
+    brokers(rabbitmq="RabbitMQ keeps the copy's repeated subscription header; the sidecar one"),
     indirect=True,
 )
 def test_republished_copy_is_delivered(lab: Lab) -> None:
@@ -100,19 +100,15 @@ def test_republished_copy_is_delivered(lab: Lab) -> None:
     refuses ``message-id`` and answers a copied ``receipt``: those two are left out). At
     first the copy carried the original's ``mq-sidecar-id`` and the consumer's sidecar hid it
     as a duplicate (both brokers); fixed. On RabbitMQ, whose MESSAGE keeps every repeat of a
-    header, the copy's repeats are collapsed (test_rabbitmq_repeated_headers_reach_the_consumer)."""
+    header, the copy's repeated ``subscription`` (and ``ack``) arrive once through the sidecar."""
     drop = ("message-id", "receipt") if lab.flavor == "rabbitmq" else ()
     check(lab, [*queued(), Republish("p", "c", 0, (("receipt", "r3"),), drop)])
 
 
-@pytest.mark.parametrize(
-    "lab",
-    brokers(rabbitmq="repeated SEND headers: all repeats in the MESSAGE vs one each"),
-    indirect=True,
-)
-def test_rabbitmq_repeated_headers_reach_the_consumer(lab: Lab) -> None:
-    """Found by the harness: a SEND with a header repeated; RabbitMQ delivers every repeat,
-    through the sidecar the consumer gets one (ActiveMQ delivers the first only, both ways)."""
+@pytest.mark.parametrize("lab", brokers(), indirect=True)
+def test_repeated_headers_reach_the_consumer(lab: Lab) -> None:
+    """A SEND with an app header repeated: RabbitMQ delivers every repeat, ActiveMQ the first;
+    the same through the sidecar (compare test_republished_copy_is_delivered)."""
     check(
         lab,
         [
@@ -164,15 +160,11 @@ def test_rabbitmq_message_of_a_send_without_receipt(lab: Lab) -> None:
 
 
 @pytest.mark.activemq
-@pytest.mark.xfail(
-    strict=True,
-    reason="wildcard SUBSCRIBE with the sidecar's receipt: "
-    "ActiveMQ delivers none of the waiting messages",
-)
 def test_activemq_wildcard_subscribe_gets_waiting_messages(amq_lab: Lab) -> None:
     """(2) SUBSCRIBE to ``/queue/x.*`` where messages already wait: ActiveMQ 5.17 sometimes
     delivers none of them when the SUBSCRIBE carries a receipt (the sidecar adds one). Eight
-    wildcard families in one scenario, so that "sometimes" happens."""
+    wildcard families in one scenario, so that "sometimes" happens. Not reproduced by the
+    harness so far (here, and in the stateful runs): no marker."""
     actions: list[Action] = [connect("p"), connect("c")]
     for n in range(8):
         for leaf in ("x", "y"):
@@ -309,6 +301,26 @@ def test_unsupported_version(lab: Lab) -> None:
 def test_ack_without_id(lab: Lab) -> None:
     """(7) The broker's ERROR text vs the sidecar's own; fixed."""
     check(lab, [*queued(), f("c", "ACK", ("receipt", "r3"))])
+
+
+@pytest.mark.parametrize(
+    "lab",
+    brokers(activemq="1.1 SEND with CRLF: ActiveMQ keeps the CR in header values, sidecar strips"),
+    indirect=True,
+)
+def test_stomp_1_1_send_with_crlf_line_ends(lab: Lab) -> None:
+    """Found by the stateful test: a STOMP 1.1 app's SEND whose lines end with CRLF (only 1.2
+    allows it). ActiveMQ keeps the CR as part of each header value; through the sidecar the
+    consumer (and the queue) get the values without it."""
+    send = Frame(
+        "p",
+        "SEND",
+        (("destination", Q), ("x-h", "v"), ("receipt", "r3")),
+        b"crlf",
+        eol=b"\r\n",
+    )
+    subscribe = f("c", "SUBSCRIBE", ("id", "s1"), ("destination", Q), ("receipt", "r1"))
+    check(lab, [connect("c"), subscribe, connect("p", "1.1"), send])
 
 
 @pytest.mark.parametrize("lab", _own_error("unknown command"), indirect=True)
