@@ -150,6 +150,7 @@ class Sidecar:
             sessions_nursery.start_soon(self._run_session, stream)
 
     async def _run_session(self, stream: trio.SocketStream) -> None:
+        # <6 hex digits>-<n>: the shape proxy.tracking.SIDECAR_RECEIPT recognises.
         session_id = f"{self._prefix}-{next(self._counter)}"
         session = Session(
             self.config,

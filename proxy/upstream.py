@@ -183,6 +183,13 @@ class Upstream:
         return self._server.startswith("RabbitMQ")
 
     @property
+    def copies_receipt_into_messages(self) -> bool:
+        """Whether the broker copies a SEND's ``receipt`` header into the MESSAGEs it delivers
+        (RabbitMQ: it keeps every header of the SEND; measured with the Ruby stomp gem, whose
+        ``unreceive`` re-sent it and got a RECEIPT it never asked for)."""
+        return self._server.startswith("RabbitMQ")
+
+    @property
     def stomp10_rabbitmq(self) -> bool:
         """Whether STOMP 1.0 frames follow RabbitMQ's rules here: a 1.0 client's NACK is
         accepted (ActiveMQ refuses it: "NACK received but connection is in v1.0 mode"), and a

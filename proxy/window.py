@@ -161,12 +161,16 @@ class ConfirmationWindow:
         now: float,
         context: EntryContext | None = None,
         size: int | None = None,
+        receipt_id: str | None = None,
     ) -> Entry:
         """Add a frame; returns its entry (with the sidecar's receipt header set if one is
         requested: when ``want_receipt``, when the app asked for one, or when the bytes since
         the last receipted entry passed the threshold; never when ``want_receipt`` is None: a
         later entry's receipt confirms it). The caller checks :meth:`has_room`;
-        ``size`` is :func:`frame_size` of ``frame`` if the caller has it already."""
+        ``size`` is :func:`frame_size` of ``frame`` if the caller has it already.
+        ``receipt_id``: the id to request, when one is requested, if no pending entry uses it
+        and it cannot be mistaken for the sidecar's own (``<session>-...``); else the
+        sidecar's ``<receipt_prefix><seq>``."""
         self._seq += 1
         if size is None:
             size = frame_size(frame)
@@ -175,7 +179,15 @@ class ConfirmationWindow:
         if want_receipt is None:
             self._unreceipted += size
         elif wanted or self._unreceipted + size >= self._receipt_threshold:
-            receipt = f"{self.receipt_prefix}{self._seq}"
+            own = self.receipt_prefix[:-1]  # "<session>-": the sidecar's own ids
+            if (
+                receipt_id is not None
+                and not receipt_id.startswith(own)
+                and receipt_id not in self._by_receipt
+            ):
+                receipt = receipt_id  # the caller's choice, while no pending entry has it
+            else:
+                receipt = f"{self.receipt_prefix}{self._seq}"
             frame = frame.with_header("receipt", receipt)
             self._unreceipted = 0
         else:

@@ -103,6 +103,9 @@ class Confirmations:
         app relay flushes at the end of the app's burst)."""
         core = self.core
         now = trio.current_time()
+        # RabbitMQ copies a SEND's receipt header into the MESSAGE its consumers get: there
+        # the app's own receipt id goes upstream (when no pending frame uses it), as directly.
+        copied = app_receipt if frame.command is Command.SEND and core.receipts_copied else None
         entry = core.window.append(
             frame,
             app_receipt=app_receipt,
@@ -110,6 +113,7 @@ class Confirmations:
             now=now,
             context=context,
             size=size,
+            receipt_id=copied,
         )
         if app_receipt is not None:
             core.window_changed()  # a receipt for the call_timeout watch (appends make no room)

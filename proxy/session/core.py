@@ -142,6 +142,9 @@ class SessionCore:
         #: STOMP 1.0 NACK and id-less durable SUBSCRIBE as RabbitMQ takes them
         #: (:attr:`proxy.upstream.Upstream.stomp10_rabbitmq`).
         self.stomp10_rabbitmq = False
+        #: The broker copies a SEND's ``receipt`` header into its MESSAGEs
+        #: (:attr:`proxy.upstream.Upstream.copies_receipt_into_messages`).
+        self.receipts_copied = False
         self._internal_tx = 0
 
     def internal_transaction(self) -> str:

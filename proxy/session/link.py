@@ -159,6 +159,7 @@ class Link:
             core.artemis_ids = upstream.artemis_duplicate_ids
             core.wildcard_receipt_bug = upstream.receipt_breaks_wildcard_subscribe
             core.stomp10_rabbitmq = upstream.stomp10_rabbitmq
+            core.receipts_copied = upstream.copies_receipt_into_messages
             self.acks.reset()  # ack ids of the old leg mean nothing on this one
             async with trio.open_nursery() as leg:
                 leg.start_soon(upstream.keep_alive)

@@ -12,6 +12,7 @@ from proxy.tracking.records import (
     DUPLICATE_ID_HEADER,
     SEEN_MAX,
     SEEN_SECONDS,
+    SIDECAR_RECEIPT,
     AckMode,
     Delivered,
     Delivery,
@@ -126,6 +127,10 @@ class Deliveries:
                 continue
             elif name == ARTEMIS_DUPLICATE_ID:
                 artemis_at.append(len(rest))
+            elif name == "receipt" and SIDECAR_RECEIPT.fullmatch(item[1]):
+                # RabbitMQ copies a SEND's headers into the MESSAGE, the receipt request of
+                # the producer's sidecar too: that one is the sidecars' own, not shown.
+                continue
             rest.append(item)
         if artemis_at and dup_id is not None:
             # Artemis' copy of the sidecar's id goes too; one the app set itself stays.
@@ -144,10 +149,15 @@ class Deliveries:
         if sub is None:
             if upstream_sub in self.removing:
                 return Delivered(None, hidden="unsubscribed")
-            if dup_id is None:
+            if dup_id is None and not message.has("receipt"):
                 return Delivered(message)
             # Not the app's subscription (a temp-queue reply): unchanged but for the ids.
-            kept = [h for h in message.headers if h[0] != DUPLICATE_ID_HEADER]
+            kept = [
+                h
+                for h in message.headers
+                if h[0] != DUPLICATE_ID_HEADER
+                and not (h[0] == "receipt" and SIDECAR_RECEIPT.fullmatch(h[1]))
+            ]
             kept = [h for h in kept if not (h[0] == ARTEMIS_DUPLICATE_ID and h[1] == dup_id)]
             return Delivered(Frame.unchecked(Command.MESSAGE, tuple(kept), message.body))
         sub.arrivals += 1

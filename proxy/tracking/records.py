@@ -5,6 +5,7 @@ session cannot accept. Pure data, no I/O."""
 from __future__ import annotations
 
 import enum
+import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -18,6 +19,7 @@ __all__ = [
     "PASS_THROUGH",
     "SEEN_MAX",
     "SEEN_SECONDS",
+    "SIDECAR_RECEIPT",
     "AckMode",
     "Delivered",
     "Delivery",
@@ -49,6 +51,9 @@ ACK_MODES = tuple(m.value for m in AckMode)
 #: The duplicate-detection id on every SEND through the sidecar (docs/behaviour.md, "Duplicate
 #: detection").
 DUPLICATE_ID_HEADER = "mq-sidecar-id"
+#: The receipt ids a sidecar requests upstream (``<session>-r<n>``, session ids being
+#: ``<6 hex digits>-<n>``, proxy.app): RabbitMQ copies them into the MESSAGEs it delivers.
+SIDECAR_RECEIPT = re.compile(r"[0-9a-f]{6}-[0-9]+-r[0-9]+")
 #: Artemis' duplicate-detection header (Artemis "Duplicate Message Detection"): SENDs to
 #: Artemis carry the sidecar's id in it too.
 ARTEMIS_DUPLICATE_ID = "_AMQ_DUPL_ID"

@@ -201,9 +201,10 @@ def test_ack_in_aborted_transaction_is_not_an_ack(relay: Relay) -> None:
 
 
 def test_receipt_ids_are_mapped_per_session(relay: Relay) -> None:
-    """Two sessions use the same receipt id; each gets its own RECEIPT, and the broker only
-    ever sees the sidecar's ids (RabbitMQ copies a SEND's receipt header into the MESSAGE,
-    docs/brokers.md, "Receipts", which makes that visible)."""
+    """Two sessions use the same receipt id; each gets its own RECEIPT. A consumer of their
+    messages sees what it would see directly: RabbitMQ copies a SEND's receipt header into the
+    MESSAGE (docs/brokers.md, "Receipts"), so there each MESSAGE shows its producer's receipt
+    id; ActiveMQ shows none."""
     dest = unique()
     with client(relay.address) as a, client(relay.address) as b, client(relay.address) as consumer:
         subscribe(consumer, dest)
@@ -214,9 +215,12 @@ def test_receipt_ids_are_mapped_per_session(relay: Relay) -> None:
         a.expect_silence(0.2)
         b.expect_silence(0.2)
         got = consumer.messages(2)
+        consumer.conn.send(dest, "no receipt")
+        (plain,) = consumer.messages(1)
     assert sorted(m.body for m in got) == ["from a", "from b"]
-    for m in got:
-        assert m.headers.get("receipt") != "same"
+    expected = "same" if relay.flavor == "rabbitmq" else None
+    assert [m.headers.get("receipt") for m in got] == [expected, expected]
+    assert "receipt" not in plain.headers  # the sidecar's own receipt request is not shown
 
 
 @pytest.mark.activemq
