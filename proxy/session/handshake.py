@@ -16,6 +16,7 @@ import trio
 import protocol
 from config import FailoverMode
 from protocol import Command, ConnectionClosed, Frame
+from proxy._version import VERSION
 from proxy.session.core import SessionCore, log
 from proxy.session.ending import Ending, error_frame
 from proxy.session.verdict import broker_verdict
@@ -154,10 +155,9 @@ def connected_frame(core: SessionCore, upstream: Upstream) -> Frame:
     and ``server`` naming the broker behind the sidecar."""
     assert core.state is not None
     version = core.state.app_version
-    server = "mq-sidecar"
-    broker_server = upstream.connected.get("server")
-    if broker_server:
-        server = f"mq-sidecar ({broker_server})"
+    # The broker's own `server` (apps tell brokers apart by it, as the sidecar itself does);
+    # the sidecar's name only when the broker gives none.
+    server = upstream.connected.get("server") or f"mq-sidecar/{VERSION}"
     # STOMP 1.0 has no heart-beating, but ActiveMQ and RabbitMQ both answer a 1.0 client with
     # `version:1.0` and `heart-beat:0,0` (measured), and so does the sidecar.
     sx, sy = core.config.client_heartbeat if version != "1.0" else (0, 0)

@@ -86,7 +86,7 @@ class DifferentialMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.lock = Lockstep(self.lab, waive=known.waive)
+        self.lock = Lockstep(self.lab)
         self.conns = {name: ConnModel(name) for name in CONNS}
         self.actions: list[Action] = []
         self.known: list[str] = []

@@ -32,10 +32,11 @@ Declared (``frame`` normalisation, :func:`normalize_frame`):
   removed from every frame in both runs (the sidecar adds them to SENDs; whether an app sees
   them is not compared). Their effect is: a message the sidecar hides as a duplicate is a
   missing MESSAGE, and that is compared.
-* **``receipt`` of MESSAGE** (:data:`PRESENCE_ONLY`): RabbitMQ copies a SEND's ``receipt``
-  header into the MESSAGE; through the sidecar the broker sees the sidecar's own receipt id
-  (``<session>-r<n>``, docs/brokers.md "Receipts"), never the app's. Presence compared, value
-  not. (``receipt-id`` of RECEIPT and ERROR is compared: it is the app's own.)
+* **``receipt`` of MESSAGE**: RabbitMQ copies a SEND's ``receipt`` header into the MESSAGE.
+  A SEND through the sidecar carries the app's own receipt id there (compared), or, when the
+  app asked for none, the sidecar's ``<session>-r<n>`` (docs/brokers.md "Receipts"), which a
+  consumer's sidecar removes and which is dropped here too (a plain consumer of the broker,
+  the drain, sees it). (``receipt-id`` of RECEIPT and ERROR is compared: the app's own.)
 * **CONNECTED** (:data:`CONNECTED_PRESENCE_ONLY`): ``session`` is a per-connection id (the
   broker's connection id, or the sidecar's session id): presence compared, value not.
   ``heart-beat`` is negotiated per leg by the sidecar with its own ``client_heartbeat``
@@ -70,6 +71,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from proxy.tracking import SIDECAR_RECEIPT
 from tests.differential.wire import WireFrame
 
 __all__ = [
@@ -90,8 +92,8 @@ __all__ = [
 RUN_TOKEN = "<run>"
 #: Headers removed from every frame: the sidecar's duplicate-detection ids.
 DROPPED = frozenset({"mq-sidecar-id", "_AMQ_DUPL_ID"})
-#: Headers of MESSAGE whose value is the sidecar's (ack ids, receipt ids): presence only.
-PRESENCE_ONLY = frozenset({"ack", "receipt"})
+#: Headers of MESSAGE whose value is the sidecar's (ack ids): presence only.
+PRESENCE_ONLY = frozenset({"ack"})
 #: Headers of CONNECTED compared by presence only (see the module docstring).
 CONNECTED_PRESENCE_ONLY = frozenset({"session", "heart-beat"})
 #: Headers whose distinct values are numbered per run (broker-generated message ids).
@@ -171,6 +173,8 @@ class Normalizer:
         for name, value in frame.headers:
             if name in DROPPED:
                 continue
+            if command == "MESSAGE" and name == "receipt" and SIDECAR_RECEIPT.fullmatch(value):
+                continue  # the sidecar's own receipt request, copied by RabbitMQ
             if name in PER_RUN_TABLE and command == "MESSAGE":
                 out = self._id(value)
             elif command == "MESSAGE" and name in PRESENCE_ONLY:

@@ -16,7 +16,6 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from tests.differential.known import waive_server
 from tests.differential.normalize import NFrame
 from tests.differential.runner import Lab, run_scenario
 from tests.differential.scenario import Action, Blob, Frame, MsgRef, Raw, Republish, connect
@@ -47,7 +46,7 @@ def lab(request: pytest.FixtureRequest) -> Lab:
 def check(
     lab: Lab,
     actions: Sequence[Action],
-    waive_with: Callable[[NFrame], NFrame] | None = waive_server,
+    waive_with: Callable[[NFrame], NFrame] | None = None,
 ) -> None:
     report = run_scenario(lab, actions, waive=waive_with)
     assert not report.differences, f"{lab.flavor}:\n{report}"
@@ -118,16 +117,12 @@ def test_repeated_headers_reach_the_consumer(lab: Lab) -> None:
     )
 
 
-@pytest.mark.parametrize(
-    "lab",
-    brokers(rabbitmq="a MESSAGE carries the sidecar's upstream receipt id: a copy's RECEIPT"),
-    indirect=True,
-)
+@pytest.mark.parametrize("lab", brokers(), indirect=True)
 def test_rabbitmq_republished_copy_receipt_is_the_apps(lab: Lab) -> None:
     """Found by the harness: RabbitMQ copies a SEND's ``receipt`` into the MESSAGE; through
-    the sidecar it is the sidecar's ``<session>-r<n>``, so a re-published copy (receipt
-    header copied first, then the app's own) gets a RECEIPT naming the sidecar's id where
-    the broker names the original producer's (ActiveMQ copies no receipt)."""
+    the sidecar it was the sidecar's ``<session>-r<n>``, so a re-published copy (receipt
+    header copied first, then the app's own) got a RECEIPT naming the sidecar's id where
+    the broker names the original producer's (ActiveMQ copies no receipt); fixed."""
     check(
         lab,
         [
@@ -138,15 +133,11 @@ def test_rabbitmq_republished_copy_receipt_is_the_apps(lab: Lab) -> None:
     )
 
 
-@pytest.mark.parametrize(
-    "lab",
-    brokers(rabbitmq="MESSAGE of a SEND without receipt: no receipt header vs the sidecar's"),
-    indirect=True,
-)
+@pytest.mark.parametrize("lab", brokers(), indirect=True)
 def test_rabbitmq_message_of_a_send_without_receipt(lab: Lab) -> None:
     """Found by the harness: the sidecar puts its own receipt on every SEND to RabbitMQ, which
-    copies it into the MESSAGE: the consumer sees a ``receipt`` header the producer never
-    sent (``receipt`` of MESSAGE is compared by presence, normalize.py)."""
+    copies it into the MESSAGE: the consumer saw a ``receipt`` header the producer never
+    sent (``receipt`` of MESSAGE is compared by presence, normalize.py); fixed."""
     check(
         lab,
         [
@@ -353,11 +344,27 @@ def test_rabbitmq_stomp_1_0_durable_subscribe_without_id(rmq_lab: Lab) -> None:
 
 @pytest.mark.rabbitmq
 @pytest.mark.xfail(
-    strict=True, reason="RabbitMQ, CONNECT host naming no vhost: 'Bad CONNECT' ERROR vs CONNECTED"
+    strict=True,
+    reason="RabbitMQ, CONNECT host naming no vhost: the same Bad CONNECT ERROR both ways, but "
+    "RabbitMQ keeps the connection open after it and the sidecar closes it",
 )
 def test_rabbitmq_connect_to_an_unknown_vhost(rmq_lab: Lab) -> None:
-    """(9)"""
+    """(9) The ERROR itself was the sidecar's CONNECTED before (the app's host never reached
+    the broker); fixed. What stays is the close after it (as test_unsupported_version)."""
     check(rmq_lab, [connect("c", host="nope")])
+
+
+@pytest.mark.rabbitmq
+@pytest.mark.xfail(
+    strict=True,
+    reason="kept on purpose: a CONNECT host naming the sidecar (localhost) means the broker's "
+    "configured vhost; directly RabbitMQ looks for a vhost 'localhost' (Bad CONNECT)",
+)
+def test_rabbitmq_connect_host_naming_the_sidecar(rmq_lab: Lab) -> None:
+    """An app sends the name of the server it connected to as ``host`` (stomp.py's default):
+    through the sidecar that is the sidecar, and the broker's configured vhost is used, as the
+    broker's own address would be directly (docs/behaviour.md, "Transparency first")."""
+    check(rmq_lab, [connect("c", host="localhost")])
 
 
 @pytest.mark.parametrize("lab", brokers(), indirect=True)
@@ -367,11 +374,8 @@ def test_frame_before_connect(lab: Lab) -> None:
     check(lab, [f("p", "SEND", ("destination", Q), ("receipt", "r1"), body=b"early")])
 
 
-_SERVER = "CONNECTED server: the broker's vs 'mq-sidecar (<the broker's>)'"
-
-
-@pytest.mark.parametrize("lab", brokers(activemq=_SERVER, rabbitmq=_SERVER), indirect=True)
+@pytest.mark.parametrize("lab", brokers(), indirect=True)
 def test_connected_server_is_the_brokers(lab: Lab) -> None:
     """Found by the harness: an app that tells brokers apart by ``server`` (as the sidecar
-    itself does) sees ``mq-sidecar (ActiveMQ/5.17.2)`` instead of ``ActiveMQ/5.17.2``."""
-    check(lab, [connect("c")], waive_with=None)
+    itself does) saw ``mq-sidecar (ActiveMQ/5.17.2)`` instead of ``ActiveMQ/5.17.2``; fixed."""
+    check(lab, [connect("c")])

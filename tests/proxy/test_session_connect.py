@@ -52,7 +52,7 @@ async def test_a_refusing_first_broker_is_skipped_for_the_next_one(
 
     answer = await running.app.connect()
     assert answer.command is Command.CONNECTED
-    assert answer.get("server") == "mq-sidecar (RabbitMQ/3.10.8)"
+    assert answer.get("server") == "RabbitMQ/3.10.8"
     assert running.session.statistics().broker == backup.label
     assert len(primary.links) == 1
     assert len(backup.links) == 1

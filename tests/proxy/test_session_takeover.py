@@ -108,7 +108,7 @@ async def test_a_first_connect_keeps_trying_past_its_attempts_until_a_broker_is_
     assert command == "CONNECTED"
     assert at - sent == pytest.approx(3.1)
     assert running.app.errors() == []
-    assert running.app.log[0].frame.get("server") == "mq-sidecar (ActiveMQ/5.17.0)"
+    assert running.app.log[0].frame.get("server") == "ActiveMQ/5.17.0"
     assert running.session.statistics().broker == backup.label
     assert len(network.attempts) == 5 * 2 + 2  # 5 failed rounds of 2, then primary, backup
 
