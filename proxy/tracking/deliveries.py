@@ -107,15 +107,18 @@ class Deliveries:
         sub_at = -1
         for item in message.headers:
             name = item[0]
+            # The first ``ack`` and ``subscription`` are the broker's (STOMP 1.2 "Repeated
+            # Header Entries": the first one counts): the sidecar replaces them. A repeat is
+            # the app's own data (a re-published MESSAGE's copied headers; RabbitMQ keeps
+            # every repeat) and reaches the app as it would directly.
             if name == "ack":
                 if upstream_ack is None:
                     upstream_ack = item[1]
-                continue
-            if name == "subscription":
-                if sub_at >= 0:
-                    continue  # repeats go: the app gets exactly one (its own id) or none
-                sub_at = len(rest)
-                upstream_sub = item[1]
+                    continue
+            elif name == "subscription":
+                if sub_at < 0:
+                    sub_at = len(rest)
+                    upstream_sub = item[1]
             elif name == "message-id":
                 if message_id is None:
                     message_id = item[1]
@@ -233,12 +236,21 @@ class Deliveries:
 
     def _app_ack_key(self, sub: Subscription, out: Frame, message_id: str) -> tuple[Frame, str]:
         """The key the app will acknowledge ``out`` by: a new sidecar ack id (STOMP 1.2, added
-        as the ``ack`` header, appended: ``out`` has none), ``subscription`` + ``message-id``
-        (1.1) or ``message-id`` (1.0)."""
+        as the ``ack`` header: appended, or before the first ``ack`` the frame still has, a
+        repeat the app put there, since the first entry counts), ``subscription`` +
+        ``message-id`` (1.1) or ``message-id`` (1.0)."""
         if self.app_version == "1.2":
             self._next_ack += 1
             key = str(self._next_ack)
-            return Frame.unchecked(out.command, (*out.headers, ("ack", key)), out.body), key
+            headers = out.headers
+            mine = (("ack", key),)
+            for at, (name, _) in enumerate(headers):
+                if name == "ack":
+                    headers = headers[:at] + mine + headers[at:]
+                    break
+            else:
+                headers += mine
+            return Frame.unchecked(out.command, headers, out.body), key
         if self.app_version == "1.1":
             return out, f"{sub.app_id}\x00{message_id}"
         return out, message_id

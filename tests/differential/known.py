@@ -90,24 +90,7 @@ class KnownDifference:
     matches: Callable[[str, Difference], bool]
 
 
-def _repeats_collapsed(diff: Difference) -> bool:
-    """Both MESSAGE, equal but that the sidecar's has fewer repeats of some header."""
-    d, s = diff.first()
-    if d is None or s is None or d.command != "MESSAGE" or s.command != "MESSAGE":
-        return False
-    return (
-        d.body == s.body and dict(d.headers) == dict(s.headers) and len(s.headers) < len(d.headers)
-    )
-
-
 KNOWN: tuple[KnownDifference, ...] = (
-    KnownDifference(
-        "rabbitmq-repeated-subscription-collapsed",
-        "test_republished_copy_is_delivered[rabbitmq]",
-        "RabbitMQ keeps a SEND's repeated subscription/ack headers in the MESSAGE; through the "
-        "sidecar one of each arrives",
-        lambda action, diff: _repeats_collapsed(diff),
-    ),
     KnownDifference(
         "wildcard-subscribe-receipt",
         "test_activemq_wildcard_subscribe_gets_waiting_messages",
