@@ -211,6 +211,11 @@ class Deliveries:
         out = Frame.unchecked(Command.MESSAGE, tuple(rest), message.body)
         if redelivered:
             out = out.with_header("redelivered", "true")
+        if upstream_ack is None and message.get("browser") == "end":
+            # ActiveMQ's end-of-browse marker (a ``browser:true`` subscription) carries no
+            # ``ack`` and needs none: the app gets none either, and nothing is tracked or
+            # acknowledged (found by the differential harness).
+            return Delivered(out)
         if sub.ack is AckMode.AUTO:
             if identity is not None:
                 self._remember(sub, identity, "acked", now)

@@ -376,3 +376,49 @@ def test_connected_server_is_the_brokers(lab: Lab) -> None:
     """Found by the harness: an app that tells brokers apart by ``server`` (as the sidecar
     itself does) saw ``mq-sidecar (ActiveMQ/5.17.2)`` instead of ``ActiveMQ/5.17.2``; fixed."""
     check(lab, [connect("c")])
+
+
+# -- found by a longer stateful run (60 examples per broker) ----------------------------
+
+
+@pytest.mark.activemq
+def test_activemq_browser_end_marker_has_no_ack(amq_lab: Lab) -> None:
+    """Found by the stateful test: a ``browser:true`` subscription in ``client-individual``
+    mode ends with ActiveMQ's ``browser:end`` MESSAGE, which has no ``ack`` header; through the
+    sidecar it got an ack id of the sidecar's (and was tracked as unacknowledged); fixed."""
+    check(
+        amq_lab,
+        [
+            connect("p"),
+            f("p", "SEND", ("destination", Q), ("receipt", "r1"), body=b"look"),
+            connect("c"),
+            f(
+                "c",
+                "SUBSCRIBE",
+                ("id", "s1"),
+                ("destination", Q),
+                ("ack", "client-individual"),
+                ("browser", "true"),
+                ("receipt", "r2"),
+            ),
+        ],
+    )
+
+
+@pytest.mark.parametrize("lab", brokers(), indirect=True)
+def test_a_large_send_after_one_in_an_open_transaction(lab: Lab) -> None:
+    """Found by the stateful test: RabbitMQ answers a SEND's receipt in a transaction only
+    at COMMIT; the sidecar asked for one on every SEND to RabbitMQ, so a SEND larger than the
+    confirmation window, waiting for the window to empty, waited forever, and so did the
+    DISCONNECT after it (directly: RECEIPT). Transactional SENDs now ride on the COMMIT's
+    receipt; fixed."""
+    check(
+        lab,
+        [
+            connect("c", "1.0"),
+            f("c", "BEGIN", ("transaction", "t1"), ("receipt", "r1")),
+            f("c", "SEND", ("destination", Q), ("transaction", "t1"), body=b"in t1"),
+            f("c", "SEND", ("destination", "/topic/{run}.t"), body=Blob(3 << 20, binary=False)),
+            f("c", "DISCONNECT", ("receipt", "r6")),
+        ],
+    )
