@@ -20,7 +20,6 @@ import socket
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -33,7 +32,7 @@ from proxy.wire import FLUSH_THRESHOLD, _coalesced
 from testbed import ActiveMQ, BrokerProcess, RabbitMQ, activemq_installed
 from testbed.sidecar import SidecarProcess
 from tests.faultproxy import FaultProxy
-from tests.integration.support import WAIT, SidecarThread, sidecar_config, unique
+from tests.integration.support import WAIT, Relay, SidecarThread, sidecar_config, unique
 
 MiB = 1 << 20
 #: Bound for anything that moves a large frame (a loaded 2-core machine).
@@ -124,33 +123,16 @@ def big_activemq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ActiveMQ]
         yield broker
 
 
-@dataclass
-class Setup:
-    """A sidecar with the default limits in front of one broker."""
-
-    flavor: str
-    broker: BrokerProcess
-    sidecar: SidecarThread
-
-    @property
-    def address(self) -> tuple[str, int]:
-        return self.sidecar.address
-
-    @property
-    def broker_address(self) -> tuple[str, int]:
-        return (self.broker.host, self.broker.stomp_port)
-
-
 @pytest.fixture(scope="module")
-def amq_setup(big_activemq: ActiveMQ) -> Iterator[Setup]:
+def amq_setup(big_activemq: ActiveMQ) -> Iterator[Relay]:
     with SidecarThread(sidecar_config(big_activemq.stomp_url)) as sidecar:
-        yield Setup("activemq", big_activemq, sidecar)
+        yield Relay("activemq", big_activemq, sidecar)
 
 
 @pytest.fixture(scope="module")
-def rmq_setup(rabbitmq: RabbitMQ) -> Iterator[Setup]:
+def rmq_setup(rabbitmq: RabbitMQ) -> Iterator[Relay]:
     with SidecarThread(sidecar_config(rabbitmq.stomp_url)) as sidecar:
-        yield Setup("rabbitmq", rabbitmq, sidecar)
+        yield Relay("rabbitmq", rabbitmq, sidecar)
 
 
 @pytest.fixture(
@@ -159,10 +141,10 @@ def rmq_setup(rabbitmq: RabbitMQ) -> Iterator[Setup]:
         pytest.param("rabbitmq", marks=pytest.mark.rabbitmq),
     ]
 )
-def setup(request: pytest.FixtureRequest) -> Setup:
+def setup(request: pytest.FixtureRequest) -> Relay:
     """The default-limits sidecar in front of each broker in turn."""
     name = "amq_setup" if request.param == "activemq" else "rmq_setup"
-    result: Setup = request.getfixturevalue(name)
+    result: Relay = request.getfixturevalue(name)
     return result
 
 
@@ -212,7 +194,7 @@ def test_a_large_chunk_is_written_as_it_is() -> None:
 
 @pytest.mark.parametrize("mib", [16, 64])
 def test_a_large_send_to_a_topic_reaches_both_subscribers(
-    setup: Setup, peers: list[Peer], mib: int
+    setup: Relay, peers: list[Peer], mib: int
 ) -> None:
     """The issue's row: delivered on both brokers directly; through the sidecar now too."""
     body = payload(mib * MiB)
@@ -239,7 +221,7 @@ def test_a_large_send_to_a_topic_reaches_both_subscribers(
 
 @pytest.mark.parametrize(("mib", "receipts"), [(16, True), (64, False)])
 def test_a_large_send_to_a_queue_between_small_ones(
-    setup: Setup, peers: list[Peer], mib: int, receipts: bool
+    setup: Relay, peers: list[Peer], mib: int, receipts: bool
 ) -> None:
     """One write of a small SEND, a large one and a small one: the large one (larger than the
     1 MiB window) waits for the window, travels alone, and all three arrive in order; the
@@ -296,7 +278,7 @@ def test_a_frame_that_does_not_fit_beside_unreceipted_ones_is_not_stuck(
 
 @pytest.mark.activemq
 def test_a_frame_over_max_frame_bytes_is_refused_at_once(
-    amq_setup: Setup, peers: list[Peer]
+    amq_setup: Relay, peers: list[Peer]
 ) -> None:
     app = Peer(amq_setup.address)
     peers.append(app)
@@ -309,7 +291,7 @@ def test_a_frame_over_max_frame_bytes_is_refused_at_once(
         app.frame()
 
 
-def test_at_a_brokers_own_limit_the_broker_decides(setup: Setup, peers: list[Peer]) -> None:
+def test_at_a_brokers_own_limit_the_broker_decides(setup: Relay, peers: list[Peer]) -> None:
     """The largest body the broker takes passes through the sidecar; one byte more is refused
     by the broker itself, whose ERROR the app gets (to a topic nobody reads: nothing stays)."""
     largest = BROKER_MAX_BODY[setup.flavor]

@@ -35,6 +35,7 @@ import trio.testing
 import protocol
 from config import Broker, Config
 from protocol import Command, ConnectionClosed, Frame, HeartBeat, Role
+from proxy.failover import ReconnectBoard
 from proxy.session import Session
 
 __all__ = [
@@ -583,9 +584,11 @@ async def start_session(
     *,
     lockstep: bool = False,
     session_id: str = "s1",
+    reconnects: ReconnectBoard | None = None,
 ) -> Running:
     """Start a Session on an in-memory app stream (``lockstep``: the app's writes return
-    only once the Session has read them, like TCP with no buffer) and the app's reader.
+    only once the Session has read them, like TCP with no buffer) and the app's reader;
+    ``reconnects``: the board it shares with other sessions (a private one when None).
     The app has not sent CONNECT yet."""
     app_end: trio.abc.Stream
     session_end: trio.abc.Stream
@@ -599,6 +602,7 @@ async def start_session(
         session_id,
         rng=random.Random(7),
         open_stream=network.open_stream,
+        reconnects=reconnects,
     )
     running = Running(session, AppClient(app_end))
 

@@ -11,8 +11,6 @@ so a first connection's rounds start at 0, 0.1, 0.3, 0.7, 1.5... s and a reconne
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import trio
 
@@ -21,13 +19,13 @@ from protocol import Command
 from proxy.failover import ReconnectBoard
 from proxy.policy import ReconnectPolicy
 from proxy.reconnects import ReconnectTally, Seen
-from proxy.session import Session
 from tests.proxy.scripted_broker import (
     AppClient,
     Network,
     Running,
     ScriptedBroker,
     make_config,
+    start_session,
     wait_until,
 )
 
@@ -43,28 +41,8 @@ async def start(
     *,
     board: ReconnectBoard | None = None,
 ) -> Running:
-    """A Session on an in-memory app stream sharing ``board`` (scripted_broker.start_session
-    with the ``reconnects`` keyword), and its app's reader; the app has not sent CONNECT."""
-    app_end, session_end = trio.testing.memory_stream_pair()
-    session = Session(
-        config,
-        session_end,
-        session_id,
-        rng=random.Random(7),
-        open_stream=network.open_stream,
-        reconnects=board,
-    )
-    running = Running(session, AppClient(app_end))
-
-    async def run() -> None:
-        try:
-            await session.run()
-        finally:
-            running.done.set()
-
-    nursery.start_soon(run)
-    nursery.start_soon(running.app.run_reader)
-    return running
+    """:func:`start_session` sharing ``board``; the app has not sent CONNECT."""
+    return await start_session(nursery, network, config, session_id=session_id, reconnects=board)
 
 
 async def send_connect(app: AppClient) -> float:
