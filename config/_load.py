@@ -25,6 +25,7 @@ import dataclasses
 import logging
 import os
 import re
+import ssl
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from typing import Any
 
 from ._model import Broker, Config, ConfigError, Secret
 from ._options import ENV_PREFIX, OPTIONS, Option, convert
-from ._url import parse_url
+from ._url import is_host_name, parse_url
 from ._values import InvalidValue, closest, describe, suggest
 
 __all__ = ["CONFIG_ENV", "load_config"]
@@ -380,8 +381,10 @@ def _validate(cfg: Config, settings: Mapping[str, _Setting], skip: set[str]) -> 
         "max_header_line_bytes",
         "max_subscriptions",
         "max_unacked",
+        "max_sessions",
     ):
         check(name, getattr(cfg, name) > 0, "must be > 0")
+    problems.extend(_tls_problems(cfg, where, skip))
 
     # heart-beats (STOMP 1.2 "Heart-beating": 0 means "cannot/does not want to")
     for name in ("upstream_heartbeat", "client_heartbeat"):
@@ -393,7 +396,13 @@ def _validate(cfg: Config, settings: Mapping[str, _Setting], skip: set[str]) -> 
         bool(cfg.events_destination) and not _CONTROL.search(cfg.events_destination),
         "must be non-empty text without control characters",
     )
-    for name in ("failover_mode", "transaction_failover", "log_level", "log_format"):
+    for name in (
+        "failover_mode",
+        "transaction_failover",
+        "tls_min_version",
+        "log_level",
+        "log_format",
+    ):
         choices = OPTIONS[name].choices
         check(
             name, getattr(cfg, name) in choices, "must be one of " + ", ".join(map(repr, choices))
@@ -409,6 +418,45 @@ def _validate(cfg: Config, settings: Mapping[str, _Setting], skip: set[str]) -> 
             problems.append(f"{login}: given without {passcode} {where(login)}")
         if getattr(cfg, passcode) is not None and getattr(cfg, login) is None:
             problems.append(f"{passcode}: given without {login} {where(passcode)}")
+    return problems
+
+
+def _tls_problems(cfg: Config, where: Callable[[str], str], skip: set[str]) -> list[str]:
+    """TLS and admin-token options: paths non-empty, certificate and key together, a cipher
+    list OpenSSL accepts, a server name that is a host name. Files are not opened here: they
+    are read at every connect (a rotated Secret), and a missing one is that attempt's
+    ``tls_error`` (docs/configuration.md, "TLS to the brokers")."""
+    problems: list[str] = []
+    paths = ("tls_ca_file", "tls_cert_file", "tls_key_file", "tls_key_password_file")
+    for name in (*paths, "admin_token_file", "tls_ciphers", "tls_server_name"):
+        if name not in skip and getattr(cfg, name) == "":
+            problems.append(f"{name}: must not be empty {where(name)}")
+    pairs = (
+        ("tls_cert_file", "tls_key_file", "a client certificate needs its key"),
+        ("tls_key_file", "tls_cert_file", "a key needs its client certificate"),
+        ("tls_key_password_file", "tls_key_file", "a key password needs the key"),
+    )
+    for name, needed, why in pairs:
+        if {name, needed} & skip:
+            continue
+        if getattr(cfg, name) is not None and getattr(cfg, needed) is None:
+            problems.append(f"{name}: given without {needed} ({why}) {where(name)}")
+    if "tls_ciphers" not in skip and cfg.tls_ciphers:
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).set_ciphers(cfg.tls_ciphers)
+        except ssl.SSLError:
+            problems.append(
+                f"tls_ciphers: OpenSSL selects no cipher from {cfg.tls_ciphers!r} "
+                f"{where('tls_ciphers')}"
+            )
+    if (
+        "tls_server_name" not in skip
+        and cfg.tls_server_name
+        and not is_host_name(cfg.tls_server_name)
+    ):
+        problems.append(
+            f"tls_server_name: not a host name: {cfg.tls_server_name!r} {where('tls_server_name')}"
+        )
     return problems
 
 

@@ -121,6 +121,10 @@ class Broker:
             or ``vhost``). RabbitMQ reads it as the vhost, e.g. ``/``. ``None`` = the
             broker's host name, as STOMP 1.2 recommends ("clients set this to the host
             name that the socket was established against").
+        verify_hostname: This broker's own ``tls_verify_hostname`` (URL option
+            ``verifyHost``, Artemis' name); ``None`` = the top-level option.
+        server_name: This broker's own ``tls_server_name`` (URL option ``sniHost``,
+            Artemis' name); ``None`` = the top-level option, else ``host``.
     """
 
     host: str
@@ -129,6 +133,8 @@ class Broker:
     login: str | None = None
     passcode: Secret | None = None
     virtual_host: str | None = None
+    verify_hostname: bool | None = None
+    server_name: str | None = None
 
     @property
     def label(self) -> str:
@@ -160,6 +166,12 @@ class Config:
         admin_listen: ``(host, port)`` of the HTTP admin plane (metrics, health,
             status); on all interfaces so Prometheus can scrape it
             (docs/configuration.md, "Listeners").
+        admin_token_file: Path of a file holding the bearer token that ``/status`` and
+            ``/events`` require (``Authorization: Bearer <token>``, RFC 6750); ``None`` =
+            no token. Re-read on every request, so a rotated Secret takes effect at once.
+            ``/healthz`` and ``/readyz`` never require it (the kubelet has no token).
+        admin_token_metrics: ``/metrics`` requires the token too (Prometheus then needs
+            ``authorization.credentials_file``).
         broker_probe_interval: ms between readiness checks of each broker, > 0: the
             admin plane's ``/readyz`` needs "a STOMP CONNECT answered recently", so every
             interval it opens one (unless a live session leg already proves the broker
@@ -171,6 +183,21 @@ class Config:
         passcode: Passcode for ``login``; required with it, forbidden without it.
         client_login: When set, apps must present this login in ``CONNECT``.
         client_passcode: Passcode apps must present; required with ``client_login``.
+        tls_ca_file: PEM bundle of the CAs a TLS broker's certificate must chain to;
+            ``None`` = the system's trust store. Files are re-read at every connect, so a
+            rotated Kubernetes Secret takes effect at the next (re)connect.
+        tls_cert_file: PEM client certificate (chain) for mutual TLS; needs
+            ``tls_key_file``.
+        tls_key_file: PEM private key of ``tls_cert_file``.
+        tls_key_password_file: File holding the password of an encrypted ``tls_key_file``
+            (first line, without its newline).
+        tls_verify_hostname: Check that a broker's certificate names the host connected
+            to (or ``tls_server_name``), RFC 6125. The chain is always verified.
+        tls_server_name: The name sent in SNI and verified in the certificate instead of
+            the URL's host (for an IP literal or a Service alias); ``None`` = the host.
+        tls_min_version: Lowest TLS version offered, ``"1.2"`` or ``"1.3"``.
+        tls_ciphers: OpenSSL cipher list for TLS 1.2 (``None`` = OpenSSL's default);
+            TLS 1.3 suites are not affected (Python's ``ssl`` has no setter for them).
         retry_interval: ms before the first reconnect attempt, > 0. Artemis
             ``retryInterval`` (Artemis default 2000 ms); ActiveMQ
             ``initialReconnectDelay`` (default 10 ms).
@@ -232,6 +259,9 @@ class Config:
         max_header_line_bytes: Longest header line, bytes, > 0.
         max_subscriptions: Most live subscriptions per app session, > 0.
         max_unacked: Most delivered-but-unacked messages per app session, > 0.
+        max_sessions: Most app sessions at once, > 0; the next app's ``CONNECT`` is
+            answered with an ``ERROR`` naming the option. Each session holds two sockets
+            (app and broker), so the file descriptor limit must allow twice this.
         events_destination: Reserved destination of the in-band control channel
             (docs/behaviour.md, "Control channel"); never sent upstream.
         failover_mode: :class:`FailoverMode` (docs/behaviour.md, "Duplicate detection").
@@ -243,12 +273,22 @@ class Config:
 
     listen: tuple[str, int] = ("127.0.0.1", 61613)
     admin_listen: tuple[str, int] = ("0.0.0.0", 9464)
+    admin_token_file: str | None = None
+    admin_token_metrics: bool = False
     broker_probe_interval: int = 5_000
     brokers: tuple[Broker, ...] = ()
     login: str | None = None
     passcode: Secret | None = None
     client_login: str | None = None
     client_passcode: Secret | None = None
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_key_password_file: str | None = None
+    tls_verify_hostname: bool = True
+    tls_server_name: str | None = None
+    tls_min_version: str = "1.2"
+    tls_ciphers: str | None = None
     retry_interval: int = 100
     retry_interval_multiplier: float = 2.0
     max_retry_interval: int = 5000
@@ -272,6 +312,7 @@ class Config:
     max_header_line_bytes: int = 65_536
     max_subscriptions: int = 1000
     max_unacked: int = 10_000
+    max_sessions: int = 1000
     events_destination: str = "/mq-sidecar/events"
     failover_mode: FailoverMode = FailoverMode.TRANSPARENT
     transaction_failover: TransactionFailover = TransactionFailover.REPLAY

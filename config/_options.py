@@ -80,6 +80,12 @@ _ROWS = (
     Option("listen", "address", "STOMP listener for apps, host:port (port 0 = ephemeral)"),
     Option("admin_listen", "address", "HTTP admin plane (metrics, health, status), host:port"),
     Option(
+        "admin_token_file",
+        "str",
+        "file with the bearer token /status and /events require (RFC 6750); unset = none",
+    ),
+    Option("admin_token_metrics", "bool", "/metrics requires the admin token too"),
+    Option(
         "broker_probe_interval",
         "int",
         "ms between readiness probes (STOMP CONNECT) of each broker for /readyz, > 0",
@@ -95,6 +101,27 @@ _ROWS = (
     Option("passcode", "secret", "upstream passcode for `login`"),
     Option("client_login", "str", "login apps must present in CONNECT (needs client_passcode)"),
     Option("client_passcode", "secret", "passcode apps must present in CONNECT"),
+    Option("tls_ca_file", "str", "PEM bundle of CAs trusted for TLS brokers; unset = system store"),
+    Option("tls_cert_file", "str", "PEM client certificate for mutual TLS (needs tls_key_file)"),
+    Option("tls_key_file", "str", "PEM private key of tls_cert_file"),
+    Option("tls_key_password_file", "str", "file holding the password of tls_key_file"),
+    Option(
+        "tls_verify_hostname",
+        "bool",
+        "check the broker certificate names the host (RFC 6125; Artemis verifyHost)",
+    ),
+    Option(
+        "tls_server_name",
+        "str",
+        "name sent in SNI and verified instead of the URL host (Artemis sniHost)",
+    ),
+    Option(
+        "tls_min_version",
+        "enum",
+        "lowest TLS version offered to brokers, 1.2 or 1.3",
+        choices=("1.2", "1.3"),
+    ),
+    Option("tls_ciphers", "str", "OpenSSL cipher list for TLS 1.2 (unset = OpenSSL default)"),
     Option(
         "retry_interval",
         "int",
@@ -190,6 +217,7 @@ _ROWS = (
     Option("max_header_line_bytes", "int", "longest header line, bytes, > 0", "bytes"),
     Option("max_subscriptions", "int", "most subscriptions per app session, > 0"),
     Option("max_unacked", "int", "most delivered-but-unacked messages per app session, > 0"),
+    Option("max_sessions", "int", "most app sessions at once, > 0 (two sockets each)"),
     Option(
         "events_destination",
         "str",
@@ -305,6 +333,8 @@ def convert(option: Option, raw: object, *, text: bool) -> object:
         case "enum":
             if isinstance(raw, str):
                 return raw.strip().lower()
+            if isinstance(raw, float) and str(raw) in option.choices:
+                return str(raw)  # tls_min_version = 1.2, written as a TOML number
         case "address":
             if isinstance(raw, str):
                 return _from_text(option, raw)

@@ -51,6 +51,7 @@ __all__ = [
     "FailoverOption",
     "ParsedUrl",
     "UrlSetting",
+    "is_host_name",
     "parse_address",
     "parse_broker_url",
     "parse_url",
@@ -77,6 +78,12 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 # --------------------------------------------------------------------------------------
 # host:port
+
+
+def is_host_name(text: str) -> bool:
+    """Whether ``text`` is a DNS host name (RFC 1123 labels), as ``tls_server_name`` and
+    ``sniHost`` must be: SNI carries names, never IP literals (RFC 6066 §3)."""
+    return bool(_HOSTNAME.fullmatch(text))
 
 
 def parse_address(text: str, *, default_port: int | None = None) -> tuple[str, int]:
@@ -231,8 +238,72 @@ _UNSUPPORTED = {
     "(upstream_heartbeat, heartbeat_grace)",
 }
 
-# Per-broker query options (normalized name -> canonical name).
+# Per-broker query options (normalized name -> canonical name). ``sslEnabled``, ``verifyHost``
+# and ``sniHost`` are Artemis' connector parameters ("Configuring the Transport", Netty
+# TLS/SSL); ``verifyHostName`` is ActiveMQ Classic's (``socket.verifyHostName``). In the
+# failover query they apply to every broker that does not set its own, as Artemis applies a
+# connection factory URL's parameters to each connector.
 _BROKER_OPTIONS = {"host": "host", "vhost": "vhost"}
+_TLS_OPTIONS = {
+    "sslenabled": "sslEnabled",
+    "verifyhost": "verifyHost",
+    "verifyhostname": "verifyHost",
+    "socket.verifyhostname": "verifyHost",
+    "transport.verifyhostname": "verifyHost",
+    "snihost": "sniHost",
+}
+
+_PEM_CA = "tls_ca_file (a PEM bundle of the CAs to trust)"
+_PEM_CLIENT = "tls_cert_file + tls_key_file (+ tls_key_password_file), PEM files"
+# Java keystore and JSSE options: the sidecar reads PEM (what a Kubernetes TLS Secret and
+# cert-manager hold), so each is refused with the option that replaces it.
+_JAVA_TLS = {
+    "truststorepath": _PEM_CA,
+    "truststorepassword": _PEM_CA,
+    "truststoretype": _PEM_CA,
+    "truststoreprovider": _PEM_CA,
+    "truststorealias": _PEM_CA,
+    "keystorepath": _PEM_CLIENT,
+    "keystorepassword": _PEM_CLIENT,
+    "keystoretype": _PEM_CLIENT,
+    "keystoreprovider": _PEM_CLIENT,
+    "keystorealias": _PEM_CLIENT,
+    "trustall": "tls_ca_file with the broker's CA (trusting every certificate is not offered)",
+    "enabledprotocols": "tls_min_version",
+    "enabledciphersuites": "tls_ciphers (an OpenSSL cipher list)",
+    "sslprovider": "nothing: the sidecar always uses OpenSSL through Python's ssl module",
+    "crlpath": "nothing: certificate revocation lists are not supported",
+}
+
+
+def _tls_option(
+    shown: str, key: str, value: str, settings: dict[str, object], problems: list[str]
+) -> bool:
+    """Record a TLS URL option in ``settings``; False (with a problem) if it is not good."""
+    normal = normalize_name(key)
+    canonical = _TLS_OPTIONS[normal]
+    if canonical in settings:
+        problems.append(f"{shown}: {canonical!r} given twice")
+        return False
+    if canonical == "sniHost":
+        if not is_host_name(value):
+            problems.append(f"{shown}: {key!r} must be a host name, got {value!r}")
+            return False
+        settings[canonical] = value
+        return True
+    try:
+        settings[canonical] = parse_bool(value)
+    except InvalidValue as exc:
+        problems.append(f"{shown}: {key!r}: {exc}, got {value!r}")
+        return False
+    return True
+
+
+def _java_tls_problem(shown: str, key: str) -> str | None:
+    replacement = _JAVA_TLS.get(normalize_name(key))
+    if replacement is None:
+        return None
+    return f"{shown}: {key!r} (a Java keystore/JSSE option) is not supported; use {replacement}"
 
 
 class UrlSetting(NamedTuple):
@@ -272,9 +343,9 @@ def _query_pairs(query: str) -> list[tuple[str, str]]:
 
 def _parse_failover_query(
     query: str, problems: list[str]
-) -> tuple[dict[str, UrlSetting], dict[str, str]]:
+) -> tuple[dict[str, UrlSetting], dict[str, object]]:
     options: dict[str, UrlSetting] = {}
-    nested: dict[str, str] = {}
+    nested: dict[str, object] = {}
     seen: dict[str, str] = {}  # canonical option or field -> name as written
     backoff_off: str | None = None
     for key, value in _query_pairs(query):
@@ -291,6 +362,13 @@ def _parse_failover_query(
                 nested["host"] = value
             continue
         normal = normalize_name(key)
+        if normal in _TLS_OPTIONS:
+            _tls_option("failover option", key, value, nested, problems)
+            continue
+        java = _java_tls_problem("failover URL", key)
+        if java is not None:
+            problems.append(java)
+            continue
         spec = _BY_NORMAL.get(normal)
         if spec is None:
             if normal in _UNSUPPORTED:
@@ -336,7 +414,7 @@ def _parse_failover_query(
     return options, nested
 
 
-def _parse_entry(entry: str, nested: dict[str, str], problems: list[str]) -> Broker | None:
+def _parse_entry(entry: str, nested: dict[str, object], problems: list[str]) -> Broker | None:
     shown = redact_uri(entry)
     m = _SCHEME.match(entry)
     if m is None:
@@ -378,18 +456,17 @@ def _parse_entry(entry: str, nested: dict[str, str], problems: list[str]) -> Bro
             else:
                 problems.append(f"{shown!r}: empty entry in the broker list")
         ok = False
-    try:
-        host, port = parse_address(hostport, default_port=DEFAULT_TLS_PORT if tls else DEFAULT_PORT)
-    except ValueError as exc:
-        problems.append(f"{shown!r}: {exc}")
-        return None
-    if port == 0:
-        problems.append(f"{shown!r}: broker port must be 1..65535, got 0")
-        ok = False
     virtual_host: str | None = None
+    own_tls: dict[str, object] = {}
     for key, value in _query_pairs(query):
         normal = normalize_name(key)
-        if normal in _BROKER_OPTIONS:
+        java = _java_tls_problem(repr(shown), key)
+        if normal in _TLS_OPTIONS:
+            ok = _tls_option(repr(shown), key, value, own_tls, problems) and ok
+        elif java is not None:
+            problems.append(java)
+            ok = False
+        elif normal in _BROKER_OPTIONS:
             if virtual_host is not None:
                 problems.append(f"{shown!r}: virtual host given twice")
                 ok = False
@@ -405,8 +482,24 @@ def _parse_entry(entry: str, nested: dict[str, str], problems: list[str]) -> Bro
                 f"{shown!r}: unknown broker option {key!r}{suggest(key, _BROKER_OPTIONS)}"
             )
             ok = False
-    if virtual_host is None:
-        virtual_host = nested.get("host")
+    if virtual_host is None and isinstance(nested.get("host"), str):
+        virtual_host = str(nested["host"])
+    tls_settings = {**nested, **own_tls}
+    ssl_enabled = tls_settings.get("sslEnabled")
+    if ssl_enabled is False and tls and "sslEnabled" in own_tls:
+        problems.append(f"{shown!r}: sslEnabled=false contradicts the TLS scheme {scheme!r}")
+        ok = False
+    tls = tls or ssl_enabled is True
+    try:
+        host, port = parse_address(hostport, default_port=DEFAULT_TLS_PORT if tls else DEFAULT_PORT)
+    except ValueError as exc:
+        problems.append(f"{shown!r}: {exc}")
+        return None
+    if port == 0:
+        problems.append(f"{shown!r}: broker port must be 1..65535, got 0")
+        ok = False
+    verify = tls_settings.get("verifyHost")
+    sni = tls_settings.get("sniHost")
     if virtual_host is not None and (not virtual_host or _CONTROL.search(virtual_host)):
         problems.append(
             f"{shown!r}: the virtual host must be non-empty text without control characters"
@@ -414,7 +507,16 @@ def _parse_entry(entry: str, nested: dict[str, str], problems: list[str]) -> Bro
         ok = False
     if not ok:
         return None
-    return Broker(host, port, tls, login, passcode, virtual_host)
+    return Broker(
+        host,
+        port,
+        tls,
+        login,
+        passcode,
+        virtual_host,
+        verify_hostname=verify if isinstance(verify, bool) else None,
+        server_name=sni if isinstance(sni, str) else None,
+    )
 
 
 def parse_url(text: str) -> ParsedUrl:
@@ -426,7 +528,7 @@ def parse_url(text: str) -> ParsedUrl:
     """
     problems: list[str] = []
     options: dict[str, UrlSetting] = {}
-    nested: dict[str, str] = {}
+    nested: dict[str, object] = {}
     s = text.strip()
     if not s:
         return ParsedUrl([], {}, ["empty broker URL"])
