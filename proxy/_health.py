@@ -28,7 +28,14 @@ from config import Broker, Config
 from protocol import Command, ConnectionClosed, Frame
 from proxy.metrics import Metrics
 from proxy.statistics import SessionStatistics
-from proxy.upstream import ConnectFailed, UpstreamRefused, connect_frame, open_upstream
+from proxy.upstream import (
+    BrokerStreams,
+    ConnectFailed,
+    StreamOpener,
+    UpstreamRefused,
+    connect_frame,
+    open_upstream,
+)
 from proxy.vocabulary import ProbeOutcome
 from proxy.wire import TransportLost
 
@@ -142,8 +149,11 @@ def _connect_frame(broker: Broker, config: Config) -> tuple[Frame, bool]:
     return connect_frame(broker, config, heart_beat="0,0"), own_credentials
 
 
-async def probe_broker(broker: Broker, config: Config) -> tuple[ProbeOutcome, str]:
-    """CONNECT to ``broker`` as the sessions would (same credentials), then DISCONNECT.
+async def probe_broker(
+    broker: Broker, config: Config, open_stream: StreamOpener
+) -> tuple[ProbeOutcome, str]:
+    """CONNECT to ``broker`` as the sessions would (same credentials, same TLS through the
+    sidecar's ``open_stream``), then DISCONNECT.
 
     Bounded by ``connect_timeout`` for the CONNECT and again for the goodbye. The detail
     never contains a credential (only the broker's label and its own words).
@@ -157,6 +167,7 @@ async def probe_broker(broker: Broker, config: Config) -> tuple[ProbeOutcome, st
             limits=protocol.Limits(),
             grace=config.heartbeat_grace,
             connect_timeout=timeout,
+            open_stream=open_stream,
         ) as upstream:
             server = upstream.connected.get("server") or "unknown server"
             detail = f"CONNECT answered: STOMP {upstream.version}, {server}"
@@ -201,7 +212,10 @@ class BrokerProber:
         config: brokers, credentials, ``connect_timeout``, ``broker_probe_interval``.
         sessions: returns the live sessions' statistics (``Sidecar.statistics().sessions``).
         metrics: where to count checks (``mq_sidecar_broker_probes_total``), optional.
-        probe: the CONNECT probe; default :func:`probe_broker` (tests pass their own).
+        probe: the CONNECT probe; default :func:`probe_broker` through ``streams`` (tests
+            pass their own).
+        streams: the sidecar's :class:`~proxy.upstream.BrokerStreams` (TLS as the sessions
+            have it, and one tracker of the brokers' certificates); a private one when None.
 
     A broker is ``up`` while its last check was answered less than ``stale_after`` ago
     (two intervals plus ``connect_timeout``: a check in progress never makes it stale).
@@ -216,6 +230,7 @@ class BrokerProber:
         *,
         metrics: Metrics | None = None,
         probe: ProbeFunction | None = None,
+        streams: BrokerStreams | None = None,
     ) -> None:
         self.config = config
         seconds = config.durations
@@ -223,7 +238,8 @@ class BrokerProber:
         self.stale_after = 2 * self.interval + seconds.connect_timeout
         self._sessions = sessions
         self._metrics = metrics
-        self._probe: ProbeFunction = probe or (lambda b: probe_broker(b, config))
+        opener = streams if streams is not None else BrokerStreams(config)
+        self._probe: ProbeFunction = probe or (lambda b: probe_broker(b, config, opener))
         self._records = [
             _Record(b, b.login is not None or config.login is not None) for b in config.brokers
         ]

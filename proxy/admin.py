@@ -35,6 +35,7 @@ import hashlib
 import json
 import logging
 import math
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -145,7 +146,10 @@ class AdminServer:
         self.config: Config = sidecar.config
         self.limits = limits or AdminLimits()
         self.prober = prober or BrokerProber(
-            sidecar.config, lambda: sidecar.statistics().sessions, metrics=sidecar.metrics
+            sidecar.config,
+            lambda: sidecar.statistics().sessions,
+            metrics=sidecar.metrics,
+            streams=sidecar.streams,
         )
         self.address: tuple[str, int] | None = None
         self.connections = 0
@@ -394,6 +398,11 @@ class AdminServer:
         await http.respond(200, body, content_type=b"application/json")
         return 200
 
+    def _tls_status(self, label: str, now: float) -> dict[str, object] | None:
+        """A TLS broker's certificate and last failure (None for a plain broker)."""
+        record = self.sidecar.streams.tracker.get(label)
+        return None if record is None else record.as_status(now)
+
     def status(self) -> dict[str, object]:
         """The ``/status`` document (JSON-able). Never contains a credential."""
         sidecar = self.sidecar
@@ -417,6 +426,8 @@ class AdminServer:
                 entry["stuck_for_seconds"] = round(stuck_for(s), 3)
                 sessions.append(entry)
 
+        wall = time.time()
+
         def age(t: float | None) -> float | None:
             return None if t is None else round(now - t, 3)
 
@@ -431,6 +442,7 @@ class AdminServer:
                 "detail": b.detail,
                 "checks": b.checks,
                 "failures": b.failures,
+                "tls": self._tls_status(b.broker, wall),
             }
             for b in self.prober.statistics()
         ]

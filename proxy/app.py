@@ -36,6 +36,7 @@ from proxy.logs import log_session_event
 from proxy.metrics import Metrics
 from proxy.session import Session
 from proxy.statistics import SidecarStatistics
+from proxy.upstream import BrokerStreams
 
 __all__ = ["ListenError", "Sidecar", "SidecarStatistics", "serve"]
 
@@ -63,6 +64,9 @@ class Sidecar:
         reconnects: the board the sessions report their reconnects to, where a new
             session's first connection waits for their outcome (docs/behaviour.md, "Broker
             list and reconnect policy").
+        streams: opens every broker connection (sessions and readiness probes), with TLS
+            built from the configuration at each connect; its ``tracker`` holds what each
+            TLS broker's certificate said (``/status``, the expiry gauge).
     """
 
     def __init__(self, config: Config) -> None:
@@ -74,6 +78,7 @@ class Sidecar:
         self.metrics = Metrics(self.registry, brokers=[b.label for b in config.brokers])
         self.events = EventBus()
         self.reconnects = ReconnectBoard()
+        self.streams = BrokerStreams(config)
         self.admin: AdminServer | None = None
         self.sessions: set[Session] = set()
         self.listen_address: tuple[str, int] | None = None
@@ -159,6 +164,7 @@ class Sidecar:
             bus=self.events,
             metrics=self.metrics,
             reconnects=self.reconnects,
+            open_stream=self.streams,
         )
         self.sessions.add(session)
         self.sessions_total += 1

@@ -25,7 +25,13 @@ import trio
 from config import Broker
 from proxy.policy import ReconnectPolicy
 from proxy.reconnects import ReconnectTally
-from proxy.upstream import ConnectFailed, Upstream, UpstreamRefused, UpstreamUnavailable
+from proxy.upstream import (
+    ConnectFailed,
+    TlsConnectFailed,
+    Upstream,
+    UpstreamRefused,
+    UpstreamUnavailable,
+)
 
 __all__ = ["Attempt", "ReconnectBoard", "ReconnectExhausted", "connect_by_policy"]
 
@@ -33,7 +39,8 @@ __all__ = ["Attempt", "ReconnectBoard", "ReconnectExhausted", "connect_by_policy
 @dataclass(frozen=True, slots=True)
 class Attempt:
     """One connection attempt: broker label, outcome ("connected", "refused", "timeout",
-    "unreachable") and a one-line detail (never credentials)."""
+    "tls_error", "unreachable": :class:`proxy.vocabulary.ConnectOutcome`) and a one-line
+    detail (never credentials)."""
 
     broker: str
     outcome: str
@@ -135,6 +142,8 @@ class ReconnectBoard:
 def _outcome(exc: UpstreamUnavailable) -> str:
     if isinstance(exc, UpstreamRefused):
         return "refused"
+    if isinstance(exc, TlsConnectFailed):
+        return "tls_error"
     if isinstance(exc, ConnectFailed) and exc.reason.startswith("no CONNECTED within"):
         return "timeout"
     return "unreachable"

@@ -109,6 +109,12 @@ class _Families:
             "1 when the broker answered a STOMP CONNECT recently (probe or live leg), else 0.",
             labels=["broker"],
         )
+        self.tls_expiry = GaugeMetricFamily(
+            f"{p}_upstream_tls_cert_expiry_seconds",
+            "Expiry (notAfter) of the certificate a TLS broker presented in its last "
+            "handshake, Unix seconds; alert on it minus time().",
+            labels=["broker"],
+        )
         self.ready = GaugeMetricFamily(f"{p}_ready", "1 when /readyz answers 200, else 0.")
         self.sse_clients = GaugeMetricFamily(f"{p}_sse_clients", "GET /events readers now.")
         self.admin_connections = GaugeMetricFamily(
@@ -170,6 +176,10 @@ class SidecarCollector:
             if frames:
                 f.relayed_frames.add_metric([direction, command], frames)
                 f.relayed_bytes.add_metric([direction, command], nbytes)
+
+        for record in sidecar.streams.tracker.records():
+            if record.certificate is not None:
+                f.tls_expiry.add_metric([record.broker], record.certificate.not_after)
 
         bus = sidecar.events.statistics()
         f.events_published.add_metric([], bus.published)

@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 from config import Config
 from proxy.events import EventBus
 from proxy.metrics import Metrics
+from proxy.upstream import BrokerStreams
 from proxy.window import WindowStatistics
 
 __all__ = ["SessionStatistics", "SidecarStatistics", "SidecarView"]
@@ -73,4 +74,6 @@ class SidecarView(Protocol):
     def events(self) -> EventBus: ...
     @property
     def shutdown_requested(self) -> trio.Event: ...
+    @property
+    def streams(self) -> BrokerStreams: ...
     def statistics(self) -> SidecarStatistics: ...

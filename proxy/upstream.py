@@ -14,7 +14,6 @@ attempt like a refused one.
 
 from __future__ import annotations
 
-import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -24,18 +23,28 @@ import trio
 import protocol
 from config import Broker, Config
 from protocol import Command, ConnectionClosed, Frame, HeartBeat
+from proxy.tls import (
+    TlsFailed,
+    TlsTracker,
+    client_context,
+    looks_like_tls,
+    peer_certificate,
+    server_name,
+    tls_failure,
+)
 from proxy.wire import FrameStream, TransportLost, send_heartbeats
 
 __all__ = [
+    "BrokerStreams",
     "ConnectFailed",
     "StreamOpener",
+    "TlsConnectFailed",
     "Upstream",
     "UpstreamRefused",
     "UpstreamStatistics",
     "UpstreamUnavailable",
     "connect_frame",
     "connect_upstream",
-    "open_broker_stream",
     "open_upstream",
 ]
 
@@ -51,6 +60,12 @@ class UpstreamUnavailable(Exception):
 
 class ConnectFailed(UpstreamUnavailable):
     """No STOMP session: refused, reset, timed out, or garbage instead of CONNECTED."""
+
+
+class TlsConnectFailed(ConnectFailed):
+    """TLS failed: a certificate refused (expired, not yet valid, unknown CA, another host), a
+    handshake alert from the broker (a client certificate demanded), a file that cannot be
+    used, or TLS on one side only. ``reason`` says which in one line."""
 
 
 class UpstreamRefused(UpstreamUnavailable):
@@ -301,27 +316,51 @@ def _connect_representable(name: str, value: str) -> bool:
     return not any(c in name for c in ":\r\n") and "\r" not in value and "\n" not in value
 
 
-#: Opens the byte stream to a broker: TCP (and TLS for ``stomp+ssl``) by default; unit tests
-#: pass one that returns a memory stream to a scripted broker.
+#: Opens the byte stream to a broker: :class:`BrokerStreams` (TCP, and TLS for ``stomp+ssl``)
+#: in the daemon; unit tests pass one that returns a memory stream to a scripted broker.
 StreamOpener = Callable[[Broker], Awaitable[trio.abc.Stream]]
 
 
-async def open_broker_stream(broker: Broker) -> trio.abc.Stream:
-    """The default :data:`StreamOpener`: a TCP connection to ``broker.host:broker.port``,
-    wrapped in TLS for ``stomp+ssl``. Raises OSError (or trio.BrokenResourceError, ssl errors
-    inside it) when the broker cannot be reached."""
-    # Names are resolved on every attempt: a Kubernetes Service may move (docs/behaviour.md,
-    # "Broker list and reconnect policy").
-    tcp = await trio.open_tcp_stream(broker.host, broker.port)
-    if not broker.tls:
-        return tcp
-    tls = trio.SSLStream(tcp, ssl.create_default_context(), server_hostname=broker.host)
-    try:
-        await tls.do_handshake()
-    except BaseException:
-        await trio.aclose_forcefully(tcp)
-        raise
-    return tls
+class BrokerStreams:
+    """The daemon's :data:`StreamOpener` (call it with a broker): a TCP connection to
+    ``broker.host:broker.port``, wrapped in TLS for a TLS broker with a context built from
+    ``config`` at each call (:func:`proxy.tls.client_context`: rotated files apply at the next
+    connect). ``tracker`` keeps each TLS broker's certificate and last failure.
+
+    Raises (from a call):
+        OSError: the broker cannot be reached (refused, unreachable, name not resolved).
+        proxy.tls.TlsFailed: the TLS handshake or its files failed (one-line reason).
+    """
+
+    def __init__(self, config: Config, tracker: TlsTracker | None = None) -> None:
+        self.config = config
+        self.tracker = tracker if tracker is not None else TlsTracker(config.brokers)
+
+    async def __call__(self, broker: Broker) -> trio.abc.Stream:
+        # Names are resolved on every attempt: a Kubernetes Service may move
+        # (docs/behaviour.md, "Broker list and reconnect policy").
+        tcp = await trio.open_tcp_stream(broker.host, broker.port)
+        if not broker.tls:
+            return tcp
+        name = server_name(broker, self.config)
+        try:
+            context = client_context(broker, self.config)
+            tls = trio.SSLStream(tcp, context, server_hostname=name)
+            await tls.do_handshake()
+        except BaseException as exc:
+            await trio.aclose_forcefully(tcp)
+            reason = tls_failure(exc, broker, self.config)
+            if reason is None or not isinstance(exc, Exception):
+                raise
+            self.tracker.failed(broker, reason)
+            raise TlsFailed(reason) from exc
+        self.tracker.succeeded(broker, peer_certificate(tls, name))
+        return tls
+
+    def after_handshake(self, broker: Broker, reason: str) -> None:
+        """A TLS failure that showed only after the handshake (TLS 1.3 sends the broker's
+        "certificate required" alert with its first record), for the tracker."""
+        self.tracker.failed(broker, reason)
 
 
 async def connect_upstream(
@@ -331,7 +370,7 @@ async def connect_upstream(
     limits: protocol.Limits,
     grace: float,
     connect_timeout: float,
-    open_stream: StreamOpener = open_broker_stream,
+    open_stream: StreamOpener,
 ) -> Upstream:
     """Connect to ``broker``, send ``connect`` and return the CONNECTED leg.
 
@@ -344,10 +383,11 @@ async def connect_upstream(
         limits: parser limits for frames coming from the broker.
         grace: heart-beat tolerance factor for this leg.
         connect_timeout: seconds for TCP + TLS + CONNECTED together.
-        open_stream: how the byte stream is opened (:func:`open_broker_stream`).
+        open_stream: how the byte stream is opened (:class:`BrokerStreams`).
 
     Raises:
         UpstreamRefused: the broker answered with an ERROR frame.
+        TlsConnectFailed: TLS failed (see :class:`TlsConnectFailed`).
         ConnectFailed: anything else that prevented a STOMP session.
     """
     wire: FrameStream | None = None
@@ -362,6 +402,9 @@ async def connect_upstream(
                 if isinstance(event, HeartBeat):
                     continue
                 if isinstance(event, ConnectionClosed):
+                    reason = _tls_reason(None, broker, wire, open_stream)
+                    if reason is not None:
+                        raise TlsConnectFailed(broker, reason)
                     raise ConnectFailed(broker, "connection closed before CONNECTED")
                 if event.command is Command.ERROR:
                     raise UpstreamRefused(broker, event)
@@ -371,9 +414,14 @@ async def connect_upstream(
         if wire is not None:
             await trio.aclose_forcefully(wire.stream)
         raise ConnectFailed(broker, f"no CONNECTED within {connect_timeout:g} s") from None
+    except TlsFailed as exc:
+        raise TlsConnectFailed(broker, str(exc)) from exc
     except (OSError, TransportLost, protocol.RemoteProtocolError, trio.BrokenResourceError) as exc:
         if wire is not None:
             await trio.aclose_forcefully(wire.stream)
+        reason = _tls_reason(exc, broker, wire, open_stream)
+        if reason is not None:
+            raise TlsConnectFailed(broker, reason) from exc
         raise ConnectFailed(broker, str(exc) or type(exc).__name__) from exc
     except BaseException:
         if wire is not None:
@@ -386,6 +434,24 @@ async def connect_upstream(
     return Upstream(broker, wire, connected)
 
 
+def _tls_reason(
+    exc: BaseException | None,
+    broker: Broker,
+    wire: FrameStream | None,
+    open_stream: StreamOpener,
+) -> str | None:
+    """Why a connect failed, when TLS is why: an ``ssl`` error under ``exc`` (a TLS broker),
+    or TLS records received on a plain connection (``stomp://`` to a TLS port)."""
+    if broker.tls:
+        reason = None if exc is None else tls_failure(exc, broker, None)
+        if reason is not None and isinstance(open_stream, BrokerStreams):
+            open_stream.after_handshake(broker, reason)
+        return reason
+    if wire is not None and looks_like_tls(wire.head):
+        return "the broker answered in TLS: this is a TLS port (use stomp+ssl:// for it)"
+    return None
+
+
 @asynccontextmanager
 async def open_upstream(
     broker: Broker,
@@ -394,11 +460,17 @@ async def open_upstream(
     limits: protocol.Limits,
     grace: float,
     connect_timeout: float,
+    open_stream: StreamOpener,
 ) -> AsyncIterator[Upstream]:
     """:func:`connect_upstream` as an async context manager that owns the leg's heart-beat
     task and closes the socket on exit (for short-lived legs such as readiness probes)."""
     upstream = await connect_upstream(
-        broker, connect, limits=limits, grace=grace, connect_timeout=connect_timeout
+        broker,
+        connect,
+        limits=limits,
+        grace=grace,
+        connect_timeout=connect_timeout,
+        open_stream=open_stream,
     )
     try:
         async with trio.open_nursery() as nursery:

@@ -38,7 +38,10 @@ class ConnectOutcome(enum.StrEnum):
     REFUSED = "refused"
     #: No CONNECTED within ``connect_timeout`` (a hung broker accepts TCP and says nothing).
     TIMEOUT = "timeout"
-    #: No STOMP session: TCP refused or reset, name not resolved, TLS failure, garbage.
+    #: TLS failed: certificate refused, handshake alert, unusable file, TLS on one side only
+    #: (``proxy.upstream.TlsConnectFailed``).
+    TLS_ERROR = "tls_error"
+    #: No STOMP session: TCP refused or reset, name not resolved, garbage.
     UNREACHABLE = "unreachable"
 
 

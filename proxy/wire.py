@@ -102,6 +102,8 @@ class FrameStream:
         self.frames_out = 0
         self.bytes_in = 0
         self.bytes_out = 0
+        #: The first bytes received on the leg (up to 5), to tell a TLS record from STOMP.
+        self.head = b""
 
     def start_heartbeats(self, *, silence_ms: int = 0) -> None:
         """Arm the heart-beat timer once the CONNECT/CONNECTED exchange has negotiated it.
@@ -265,6 +267,8 @@ class FrameStream:
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 self.broken = f"read failed: {exc or type(exc).__name__}"
                 raise TransportLost(self.broken) from exc
+            if not self.bytes_in:
+                self.head = bytes(data[:5])
             self.bytes_in += len(data)
             if self.timer is not None:
                 self.timer.data_received(trio.current_time())

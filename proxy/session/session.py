@@ -63,7 +63,7 @@ from proxy.session.phase import Phase
 from proxy.session.restore import Restorer
 from proxy.session.to_app import AppOutput
 from proxy.statistics import SessionStatistics
-from proxy.upstream import StreamOpener, UpstreamUnavailable, open_broker_stream
+from proxy.upstream import BrokerStreams, StreamOpener, UpstreamUnavailable
 from proxy.wire import TransportLost, send_heartbeats
 
 __all__ = ["Session"]
@@ -84,8 +84,9 @@ class Session:
             when None, which still serves the in-band control channel).
         metrics: where counters go (the sidecar's; a private registry when None).
         rng: randomness for backoff jitter and ``randomize`` (seeded in tests).
-        open_stream: opens the byte stream to a broker (TCP/TLS; a memory stream to a
-            scripted broker in unit tests).
+        open_stream: opens the byte stream to a broker: the sidecar's
+            :class:`~proxy.upstream.BrokerStreams` (TCP/TLS; a private one when None), a
+            memory stream to a scripted broker in unit tests.
         reconnects: the sidecar's :class:`~proxy.failover.ReconnectBoard`, shared by its
             sessions: reconnects are reported there and a first connection waits there for
             their outcome (a private one when None).
@@ -102,7 +103,7 @@ class Session:
         bus: EventBus | None = None,
         metrics: Metrics | None = None,
         rng: random.Random | None = None,
-        open_stream: StreamOpener = open_broker_stream,
+        open_stream: StreamOpener | None = None,
         reconnects: ReconnectBoard | None = None,
     ) -> None:
         core = SessionCore(
@@ -126,7 +127,7 @@ class Session:
             self.control,
             BrokerSide(core, self.acks, self.out, self.confirmations),
             Restorer(core, self.out, self.control),
-            open_stream=open_stream,
+            open_stream=open_stream if open_stream is not None else BrokerStreams(config),
             reconnects=reconnects if reconnects is not None else ReconnectBoard(),
         )
 
