@@ -14,12 +14,15 @@ The chain is always verified (``CERT_REQUIRED``); only the host name check can b
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import ssl
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+import trio
 
 from config import Broker, Config
 
@@ -28,6 +31,7 @@ __all__ = [
     "TlsFailed",
     "TlsRecord",
     "TlsTracker",
+    "answers_tls",
     "client_context",
     "looks_like_tls",
     "peer_certificate",
@@ -72,6 +76,10 @@ _ALERTS = {
     "use stomp:// for it)",
     "PACKET_LENGTH_TOO_LONG": "the broker did not answer in TLS (a plain STOMP port? "
     "use stomp:// for it)",
+    # OpenSSL's names for a plain-text answer that starts like HTTP ("CONNECT", "ERROR"...).
+    "HTTPS_PROXY_REQUEST": "the broker did not answer in TLS (a plain STOMP port? "
+    "use stomp:// for it)",
+    "HTTP_REQUEST": "the broker did not answer in TLS (a plain STOMP port? use stomp:// for it)",
     "UNEXPECTED_EOF_WHILE_READING": "the broker closed the connection during the TLS handshake",
 }
 
@@ -340,6 +348,33 @@ def _verify_reason(exc: ssl.SSLCertVerificationError, broker: Broker, config: Co
     else:
         hint = ""
     return f"TLS: broker certificate refused: {message}" + (f" ({hint})" if hint else "")
+
+
+async def answers_tls(host: str, port: int) -> bool:
+    """Whether ``host:port`` answers a TLS ClientHello with a TLS record: the diagnosis of a
+    plain connection that was closed or reset before it received a byte (a TLS listener
+    that drops plain text without an alert, as Python's and Java's do). One extra connection,
+    only on that failure; the caller bounds it in time. False for anything else.
+    """
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # only the record type of the answer is looked at
+    outgoing = ssl.MemoryBIO()
+    hello = context.wrap_bio(ssl.MemoryBIO(), outgoing)
+    with contextlib.suppress(ssl.SSLWantReadError):
+        hello.do_handshake()
+    try:
+        stream = await trio.open_tcp_stream(host, port)
+    except OSError:
+        return False
+    try:
+        await stream.send_all(outgoing.read())
+        head = await stream.receive_some(5)
+    except (OSError, trio.BrokenResourceError):
+        return False
+    finally:
+        await trio.aclose_forcefully(stream)
+    return looks_like_tls(head)
 
 
 def looks_like_tls(head: bytes) -> bool:

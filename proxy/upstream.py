@@ -26,6 +26,7 @@ from protocol import Command, ConnectionClosed, Frame, HeartBeat
 from proxy.tls import (
     TlsFailed,
     TlsTracker,
+    answers_tls,
     client_context,
     looks_like_tls,
     peer_certificate,
@@ -402,10 +403,7 @@ async def connect_upstream(
                 if isinstance(event, HeartBeat):
                     continue
                 if isinstance(event, ConnectionClosed):
-                    reason = _tls_reason(None, broker, wire, open_stream)
-                    if reason is not None:
-                        raise TlsConnectFailed(broker, reason)
-                    raise ConnectFailed(broker, "connection closed before CONNECTED")
+                    raise _ClosedEarly(wire)
                 if event.command is Command.ERROR:
                     raise UpstreamRefused(broker, event)
                 connected = event
@@ -419,10 +417,16 @@ async def connect_upstream(
     except (OSError, TransportLost, protocol.RemoteProtocolError, trio.BrokenResourceError) as exc:
         if wire is not None:
             await trio.aclose_forcefully(wire.stream)
-        reason = _tls_reason(exc, broker, wire, open_stream)
+        reason = await _tls_reason(exc, broker, wire, open_stream)
         if reason is not None:
             raise TlsConnectFailed(broker, reason) from exc
         raise ConnectFailed(broker, str(exc) or type(exc).__name__) from exc
+    except _ClosedEarly as exc:
+        await trio.aclose_forcefully(exc.wire.stream)
+        reason = await _tls_reason(None, broker, exc.wire, open_stream)
+        if reason is not None:
+            raise TlsConnectFailed(broker, reason) from None
+        raise ConnectFailed(broker, "connection closed before CONNECTED") from None
     except BaseException:
         if wire is not None:
             await trio.aclose_forcefully(wire.stream)
@@ -434,20 +438,39 @@ async def connect_upstream(
     return Upstream(broker, wire, connected)
 
 
-def _tls_reason(
+class _ClosedEarly(Exception):
+    """The broker closed the connection before CONNECTED (handled in connect_upstream)."""
+
+    def __init__(self, wire: FrameStream) -> None:
+        super().__init__("connection closed before CONNECTED")
+        self.wire = wire
+
+
+#: How long the diagnosis of a plain connection closed without a byte may take.
+_TLS_DIAGNOSIS_SECONDS = 2.0
+
+
+async def _tls_reason(
     exc: BaseException | None,
     broker: Broker,
     wire: FrameStream | None,
     open_stream: StreamOpener,
 ) -> str | None:
     """Why a connect failed, when TLS is why: an ``ssl`` error under ``exc`` (a TLS broker),
-    or TLS records received on a plain connection (``stomp://`` to a TLS port)."""
+    or a TLS listener behind a plain URL: TLS records received, or the connection closed or
+    reset before a byte arrived and the port answers a ClientHello (:func:`answers_tls`)."""
     if broker.tls:
         reason = None if exc is None else tls_failure(exc, broker, None)
         if reason is not None and isinstance(open_stream, BrokerStreams):
             open_stream.after_handshake(broker, reason)
         return reason
-    if wire is not None and looks_like_tls(wire.head):
+    if wire is None or not isinstance(open_stream, BrokerStreams):
+        return None
+    tls_port = looks_like_tls(wire.head)
+    if not tls_port and wire.bytes_in == 0 and wire.frames_out > 0:
+        with trio.move_on_after(_TLS_DIAGNOSIS_SECONDS):
+            tls_port = await answers_tls(broker.host, broker.port)
+    if tls_port:
         return "the broker answered in TLS: this is a TLS port (use stomp+ssl:// for it)"
     return None
 
