@@ -37,6 +37,9 @@ KUBERNETES_VERSIONS = ("1.30.0", "1.35.0")
 #: Where the chart mounts the config file in the sidecar container.
 CONFIG_MOUNT = "/etc/mq-sidecar"
 CONFIG_FILE = f"{CONFIG_MOUNT}/mq-sidecar.toml"
+#: Where the chart mounts the TLS Secret and the admin token Secret (sidecar container only).
+TLS_MOUNT = "/var/run/secrets/mq-sidecar/tls"
+ADMIN_TOKEN_MOUNT = "/var/run/secrets/mq-sidecar/admin"
 
 Manifest = dict[str, Any]
 

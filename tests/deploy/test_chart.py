@@ -1,9 +1,11 @@
 """The Helm chart (helm/mq-sidecar): lint, render, validate, and run its config through the CLI.
 
 Three value sets are rendered: the defaults, helm/examples/values-production.yaml (every
-option under `config` set, existing broker Secret, chart-made client Secret, plain-container
-sidecar, ServiceMonitor) and a third one ("plain-container": a chart-made broker Secret, a list
-of broker URLs, an image digest, no Spark template).
+option under `config` set, existing broker Secret, chart-made client Secret, mutual TLS from a
+Secret, an admin token that /metrics needs too, plain-container sidecar, ServiceMonitor) and a
+third one ("plain-container": a chart-made broker Secret, a list of broker URLs, an image
+digest, only a CA from the TLS Secret, an admin token for /status and /events only, no Spark
+template).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import yaml
 from config import OPTIONS
 from testbed import ActiveMQ, free_port, wait_stomp
 from tests.deploy.support import (
+    ADMIN_TOKEN_MOUNT,
     CHART,
     CONFIG_FILE,
     CONFIG_MOUNT,
@@ -34,6 +37,7 @@ from tests.deploy.support import (
     KUBERNETES_VERSIONS,
     PRODUCTION_VALUES,
     REPO,
+    TLS_MOUNT,
     YAMLLINT_CONFIG,
     Manifest,
     clean_environ,
@@ -63,6 +67,14 @@ CASES: dict[str, tuple[str, ...]] = {
         "--set", "image.digest=sha256:" + "0" * 64,
         "--set", "sparkExecutor.enabled=false",
         "--set", "metrics.serviceMonitor.enabled=true",
+        "--set", "tls.existingSecret=broker-ca",
+        "--set", "tls.certKey=",
+        "--set", "tls.keyKey=",
+        "--set", "tls.serverName=broker.messaging.example",
+        "--set", "tls.minVersion=1.3",
+        "--set", "admin.tokenSecret.name=mq-admin",
+        "--set", "admin.tokenSecret.key=bearer",
+        "--set", "maxSessions=200",
     ),
 }  # fmt: skip
 
@@ -94,6 +106,40 @@ EXPECTED_OBJECTS = {
 #: Options that are deliberately not under `config`: listen/admin_listen come from
 #: sidecar.ports (STOMP stays on loopback), credentials come from Secrets.
 NOT_IN_CONFIG = {"listen", "admin_listen", "login", "passcode", "client_login", "client_passcode"}
+
+#: Options the chart sets from its own values instead (option -> value): the *_file options
+#: point into the mounts of the Secrets (a key of tls.existingSecret, admin.tokenSecret).
+FROM_CHART_VALUES = {
+    "tls_ca_file": "tls.caKey",
+    "tls_cert_file": "tls.certKey",
+    "tls_key_file": "tls.keyKey",
+    "tls_key_password_file": "tls.keyPasswordKey",
+    "tls_verify_hostname": "tls.verifyHostname",
+    "tls_server_name": "tls.serverName",
+    "tls_min_version": "tls.minVersion",
+    "tls_ciphers": "tls.ciphers",
+    "admin_token_file": "admin.tokenSecret",
+    "admin_token_metrics": "admin.tokenForMetrics",
+    "max_sessions": "maxSessions",
+}
+
+#: Secret volumes of the sidecar container: volume name -> mount path.
+SECRET_MOUNTS = {"mq-sidecar-tls": TLS_MOUNT, "mq-sidecar-admin-token": ADMIN_TOKEN_MOUNT}
+
+#: The *_file options of each case's config -> (Secret, key) whose file they name.
+EXPECTED_SECRET_FILES: dict[str, dict[str, tuple[str, str]]] = {
+    "default": {},
+    "production": {
+        "tls_ca_file": ("orders-mq-client-tls", "ca.crt"),
+        "tls_cert_file": ("orders-mq-client-tls", "tls.crt"),
+        "tls_key_file": ("orders-mq-client-tls", "tls.key"),
+        "admin_token_file": ("orders-mq-sidecar-admin", "token"),
+    },
+    "plain-container": {
+        "tls_ca_file": ("broker-ca", "ca.crt"),
+        "admin_token_file": ("mq-admin", "bearer"),
+    },
+}
 
 case_ids = pytest.mark.parametrize("case", list(CASES))
 
@@ -155,6 +201,40 @@ def test_renders_the_expected_objects(case: str) -> None:
             ("--set", "image.pullPolicy=Sometimes"),
             "at '/image/pullPolicy': value must be one of 'Always', 'IfNotPresent', 'Never'",
         ),
+        (
+            ("--set", "tls.minVersion=1.1"),
+            "at '/tls/minVersion': value must be one of '1.2', '1.3'",
+        ),
+        (
+            # A number (minVersion: 1.3 unquoted in a values file) is not the string "1.3".
+            ("--set-json", "tls.minVersion=1.3"),
+            "at '/tls/minVersion': value must be one of '1.2', '1.3'",
+        ),
+        (
+            ("--set", "tls.verifyHostname=maybe"),
+            "at '/tls/verifyHostname': got string, want boolean",
+        ),
+        (
+            ("--set", "tls.caKey=certs/ca.crt"),
+            "at '/tls/caKey': 'certs/ca.crt' does not match pattern",
+        ),
+        (
+            ("--set", "tls.serverName=10.0.0.1:61614"),
+            "at '/tls/serverName': '10.0.0.1:61614' does not match pattern",
+        ),
+        (
+            ("--set", "admin.tokenSecret.key="),
+            "at '/admin/tokenSecret/key': '' does not match pattern",
+        ),
+        (
+            ("--set", "admin.tokenForMetrics=yes"),
+            "at '/admin/tokenForMetrics': got string, want boolean",
+        ),
+        (("--set", "maxSessions=0"), "at '/maxSessions': minimum: got 0, want 1"),
+        (
+            ("--set", "tls.certFile=/etc/ssl/client.pem"),
+            "at '/tls': additional properties 'certFile' not allowed",
+        ),
     ],
     ids=[
         "type",
@@ -166,6 +246,15 @@ def test_renders_the_expected_objects(case: str) -> None:
         "enum",
         "heartbeat-pair",
         "pull-policy",
+        "tls-min-version",
+        "tls-min-version-number",
+        "tls-verify-hostname-type",
+        "tls-key-name",
+        "tls-server-name",
+        "admin-token-key",
+        "admin-token-metrics-type",
+        "max-sessions",
+        "tls-unknown-value",
     ],
 )
 def test_schema_rejects_bad_values(args: tuple[str, ...], message: str) -> None:
@@ -199,8 +288,58 @@ def test_schema_rejects_bad_values(args: tuple[str, ...], message: str) -> None:
             ("--set", "sidecar.ports.admin=61613"),
             "sidecar.ports: stomp and admin are both 61613",
         ),
+        (
+            ("--set", "tls.existingSecret=broker-tls", "--set", "tls.keyKey="),
+            "tls: certKey is set but keyKey is empty: a client certificate needs its key",
+        ),
+        (
+            ("--set", "tls.existingSecret=broker-tls", "--set", "tls.certKey="),
+            "tls: keyKey is set but certKey is empty: a key needs its client certificate",
+        ),
+        (
+            (
+                "--set",
+                "tls.existingSecret=broker-tls",
+                "--set",
+                "tls.certKey=",
+                "--set",
+                "tls.keyKey=",
+                "--set",
+                "tls.keyPasswordKey=password",
+            ),
+            "tls: keyPasswordKey is set but keyKey is empty: a key password needs the key",
+        ),
+        (
+            (
+                "--set",
+                "tls.existingSecret=broker-tls",
+                "--set",
+                "tls.caKey=",
+                "--set",
+                "tls.certKey=",
+                "--set",
+                "tls.keyKey=",
+            ),
+            'tls.existingSecret "broker-tls": caKey, certKey and keyKey are all empty, '
+            "nothing to mount",
+        ),
+        (
+            ("--set", "admin.tokenForMetrics=true"),
+            "admin.tokenForMetrics: /metrics would need a token, but admin.tokenSecret.name "
+            "is empty",
+        ),
     ],
-    ids=["grace-period", "credentials-in-url", "half-credentials", "same-ports"],
+    ids=[
+        "grace-period",
+        "credentials-in-url",
+        "half-credentials",
+        "same-ports",
+        "tls-cert-without-key",
+        "tls-key-without-cert",
+        "tls-password-without-key",
+        "tls-nothing-to-mount",
+        "metrics-token-without-token",
+    ],
 )
 def test_templates_refuse_inconsistent_values(args: tuple[str, ...], message: str) -> None:
     result = helm("template", "rel", CHART, *args)
@@ -210,13 +349,15 @@ def test_templates_refuse_inconsistent_values(args: tuple[str, ...], message: st
 
 
 def test_schema_config_matches_the_option_table() -> None:
-    """Every mq-sidecar option (config/_options.py) but listen/admin_listen/credentials has a
-    schema entry of the right type under `config`, and nothing else does: a new option must
-    be added to values.schema.json (it would be refused as an unknown key otherwise)."""
+    """Every mq-sidecar option (config/_options.py) but listen/admin_listen/credentials and
+    those set from the chart's own values (FROM_CHART_VALUES) has a schema entry of the right
+    type under `config`, and nothing else does: a new option must be added to
+    values.schema.json (it would be refused as an unknown key otherwise)."""
     schema = json.loads((CHART / "values.schema.json").read_text())
     props: dict[str, Any] = schema["properties"]["config"]["properties"]
-    wanted = set(OPTIONS) - NOT_IN_CONFIG
-    assert set(OPTIONS) >= NOT_IN_CONFIG
+    wanted = set(OPTIONS) - NOT_IN_CONFIG - set(FROM_CHART_VALUES)
+    assert set(OPTIONS) >= NOT_IN_CONFIG | set(FROM_CHART_VALUES)
+    assert not NOT_IN_CONFIG & set(FROM_CHART_VALUES)
     assert set(props) == wanted, (
         f"values.schema.json config: missing {sorted(wanted - set(props))}, "
         f"unknown {sorted(set(props) - wanted)}"
@@ -230,6 +371,42 @@ def test_schema_config_matches_the_option_table() -> None:
             assert entry["enum"] == list(option.choices), name
         else:
             assert "oneOf" in entry, f"{name} ({option.kind}) should accept several forms"
+
+
+def _at(tree: dict[str, Any], dotted: str, *, schema: bool = False) -> Any:
+    """The entry at a dotted values path, in values.yaml or (schema=True) in the schema."""
+    for part in dotted.split("."):
+        tree = tree["properties"][part] if schema else tree[part]
+    return tree
+
+
+def test_chart_values_match_their_options() -> None:
+    """The values that set options outside `config` (FROM_CHART_VALUES) exist in the schema,
+    with the option's type (or, for the *_file options, a Secret key), and their defaults in
+    values.yaml are the program's own ("", null: unset or the program's default)."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    json_types = {"int": "integer", "bool": "boolean", "str": "string"}
+    for name, path in sorted(FROM_CHART_VALUES.items()):
+        option, entry, default = OPTIONS[name], _at(schema, path, schema=True), _at(values, path)
+        if name == "admin_token_file":
+            assert set(entry["required"]) == {"name", "key"}
+            assert default["name"] == ""
+            continue
+        if name.endswith("_file"):
+            assert entry["type"] == "string", name
+            assert entry["pattern"] == "^[-._a-zA-Z0-9]*$", name  # a Secret key, or ""
+            continue
+        if option.kind == "enum":
+            assert entry["enum"] == list(option.choices), name
+        else:
+            types = entry["type"] if isinstance(entry["type"], list) else [entry["type"]]
+            assert json_types[option.kind] in types, name
+        if option.default is None:
+            assert default == "", name
+        else:
+            assert default in (option.default, None), name
+    assert {"tls", "admin"} <= set(schema["required"])
 
 
 # --- rendered manifests ------------------------------------------------------------------------
@@ -302,7 +479,7 @@ def test_configmap_accepted_by_check_config(case: str, tmp_path: Path) -> None:
     for where, spec in pod_specs(docs):
         container = sidecar(spec)
         assert container["args"] == ["run", "--config", CONFIG_FILE], where
-        (mount,) = container["volumeMounts"]
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == "mq-sidecar-config"]
         (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
         assert mount["mountPath"] == CONFIG_MOUNT
         assert volume["configMap"]["name"] == configmap["metadata"]["name"]
@@ -356,6 +533,7 @@ def test_pods_wire_the_sidecar(case: str) -> None:
             "stomp": 61613,
             "admin": 9464,
         }
+        # Open endpoints, no admin token (no httpHeaders), even when one is configured.
         probes = {
             k: container[k]["httpGet"] for k in ("startupProbe", "livenessProbe", "readinessProbe")
         }
@@ -395,6 +573,123 @@ def test_pods_wire_the_sidecar(case: str) -> None:
         assert "shareProcessNamespace" not in spec  # the app must not see the sidecar's env
 
 
+@case_ids
+def test_secret_files_reach_the_sidecar_only(case: str) -> None:
+    """The TLS and admin token Secrets are volumes only the sidecar container mounts,
+    read-only, as directories (a subPath mount never sees a rotated Secret); every *_file
+    option in the config names a file of those mounts, from the expected Secret and key; no
+    other container (app, Spark executor) mounts them or names the Secrets."""
+    docs = docs_of(case)
+    config = tomllib.loads(config_toml(docs))
+    files = {k: v for k, v in config.items() if k.endswith("_file")}
+    expected = EXPECTED_SECRET_FILES[case]
+    assert set(files) == set(expected)
+    for where, spec in pod_specs(docs):
+        container = sidecar(spec)
+        secrets = {v["name"]: v["secret"] for v in spec["volumes"] if "secret" in v}
+        assert set(secrets) <= set(SECRET_MOUNTS), where
+        assert [m for m in container["volumeMounts"] if m["name"] in secrets] == [
+            {"name": name, "mountPath": SECRET_MOUNTS[name], "readOnly": True}
+            for name in SECRET_MOUNTS
+            if name in secrets
+        ], where
+        provided = {
+            f"{SECRET_MOUNTS[name]}/{item['path']}": (secret["secretName"], item["key"])
+            for name, secret in secrets.items()
+            for item in secret["items"]
+        }
+        assert {option: provided[path] for option, path in files.items()} == expected, where
+        assert len(provided) == len(files), f"{where}: a mounted file no option uses"
+
+        others = [
+            c for c in [*spec.get("initContainers", []), *spec["containers"]] if c is not container
+        ]
+        assert others
+        for other in others:
+            mounts = [m["name"] for m in other.get("volumeMounts", [])]
+            assert not set(mounts) & set(secrets), f"{where}: {other['name']} mounts {mounts}"
+            for secret in secrets.values():
+                assert secret["secretName"] not in json.dumps(other), other["name"]
+
+
+def test_no_secret_volumes_when_the_features_are_off() -> None:
+    """Without tls.existingSecret and admin.tokenSecret (the defaults; TLS settings alone do
+    not need a Secret), the pods have the config volume only and the config no *_file or
+    admin_token option; the ServiceMonitor sends no token."""
+    off = documents(
+        render(
+            "--set", "tls.verifyHostname=false",
+            "--set", "tls.minVersion=1.3",
+            "--set", "tls.keyPasswordKey=password",
+            "--set", "admin.tokenSecret.key=bearer",
+            "--set", "metrics.serviceMonitor.enabled=true",
+        )
+    )  # fmt: skip
+    for docs in (docs_of("default"), off):
+        specs = list(pod_specs(docs))
+        assert len(specs) == 2
+        for where, spec in specs:
+            assert [v["name"] for v in spec["volumes"]] == ["mq-sidecar-config"], where
+            assert [m["name"] for m in sidecar(spec)["volumeMounts"]] == ["mq-sidecar-config"]
+        config = tomllib.loads(config_toml(docs))
+        assert not [k for k in config if k.endswith("_file") or k.startswith("admin_token")]
+    config = tomllib.loads(config_toml(off))
+    assert config["tls_verify_hostname"] is False
+    assert config["tls_min_version"] == "1.3"
+    (endpoint,) = find(off, "ServiceMonitor")["spec"]["endpoints"]
+    assert "authorization" not in endpoint
+
+
+def test_every_tls_value_reaches_the_config() -> None:
+    """All TLS values at once, with the Secret's keys renamed and a key password: each file
+    lands under its fixed name in the TLS mount, and each value sets its option."""
+    docs = documents(
+        render(
+            "--set", "tls.existingSecret=orders-client",
+            "--set", "tls.caKey=issuer.pem",
+            "--set", "tls.certKey=client.pem",
+            "--set", "tls.keyKey=client-key.pem",
+            "--set", "tls.keyPasswordKey=client-key.password",
+            "--set", "tls.verifyHostname=false",
+            "--set", "tls.serverName=artemis.messaging.example",
+            "--set", "tls.minVersion=1.3",
+            "--set", "tls.ciphers=ECDHE+AESGCM",
+            "--set", "admin.tokenSecret.name=orders-admin",
+            "--set", "admin.tokenForMetrics=true",
+            "--set", "maxSessions=64",
+        )
+    )  # fmt: skip
+    config = tomllib.loads(config_toml(docs))
+    assert {k: v for k, v in config.items() if k in FROM_CHART_VALUES} == {
+        "tls_ca_file": f"{TLS_MOUNT}/ca.crt",
+        "tls_cert_file": f"{TLS_MOUNT}/tls.crt",
+        "tls_key_file": f"{TLS_MOUNT}/tls.key",
+        "tls_key_password_file": f"{TLS_MOUNT}/key-password",
+        "tls_verify_hostname": False,
+        "tls_server_name": "artemis.messaging.example",
+        "tls_min_version": "1.3",
+        "tls_ciphers": "ECDHE+AESGCM",
+        "admin_token_file": f"{ADMIN_TOKEN_MOUNT}/token",
+        "admin_token_metrics": True,
+        "max_sessions": 64,
+    }
+    for where, spec in pod_specs(docs):
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        assert volumes["mq-sidecar-tls"]["secret"] == {
+            "secretName": "orders-client",
+            "items": [
+                {"key": "issuer.pem", "path": "ca.crt"},
+                {"key": "client.pem", "path": "tls.crt"},
+                {"key": "client-key.pem", "path": "tls.key"},
+                {"key": "client-key.password", "path": "key-password"},
+            ],
+        }, where
+        assert volumes["mq-sidecar-admin-token"]["secret"] == {
+            "secretName": "orders-admin",
+            "items": [{"key": "token", "path": "token"}],
+        }, where
+
+
 def test_example_app_gets_no_api_token() -> None:
     deployment = find(docs_of("default"), "Deployment", "-example")
     assert deployment["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
@@ -421,6 +716,8 @@ def test_metrics_service_selects_the_sidecar_pods(case: str) -> None:
     assert pod_labels
     for labels in pod_labels:
         assert selector <= labels.items()
+    config = tomllib.loads(config_toml(docs))
+    assert config.get("admin_token_metrics", False) is (case == "production")
     for monitor in [d for d in docs if d["kind"] == "ServiceMonitor"]:
         assert (
             monitor["spec"]["selector"]["matchLabels"].items()
@@ -429,6 +726,19 @@ def test_metrics_service_selects_the_sidecar_pods(case: str) -> None:
         (endpoint,) = monitor["spec"]["endpoints"]
         assert endpoint["port"] == "metrics"
         assert endpoint["path"] == "/metrics"
+        # /metrics behind the admin token: Prometheus sends it, from the sidecars' Secret.
+        if config.get("admin_token_metrics"):
+            _, spec = next(pod_specs(docs))
+            (token,) = [v for v in spec["volumes"] if v["name"] == "mq-sidecar-admin-token"]
+            assert endpoint["authorization"] == {
+                "type": "Bearer",
+                "credentials": {
+                    "name": token["secret"]["secretName"],
+                    "key": token["secret"]["items"][0]["key"],
+                },
+            }
+        else:
+            assert "authorization" not in endpoint
 
 
 def test_executor_pod_template_for_spark() -> None:
@@ -501,6 +811,10 @@ mq-sidecar:
     brokers: stomp://activemq.shop.svc:61613
   credentials:
     existingSecret: shop-broker-login
+  tls:
+    existingSecret: shop-broker-ca
+    certKey: ""
+    keyKey: ""
 """
 
 
@@ -549,8 +863,18 @@ def test_another_chart_injects_the_sidecar(native: bool, tmp_path: Path) -> None
     assert (container in spec.get("initContainers", [])) is native
     assert container["env"][0]["valueFrom"]["secretKeyRef"]["name"] == "shop-broker-login"
     assert spec["volumes"] == [
-        {"name": "mq-sidecar-config", "configMap": {"name": "web-mq-sidecar-config"}}
+        {"name": "mq-sidecar-config", "configMap": {"name": "web-mq-sidecar-config"}},
+        {
+            "name": "mq-sidecar-tls",
+            "secret": {
+                "secretName": "shop-broker-ca",
+                "items": [{"key": "ca.crt", "path": "ca.crt"}],
+            },
+        },
     ]
+    (shop,) = [c for c in spec["containers"] if c["name"] == "shop"]
+    assert "volumeMounts" not in shop
+    assert [m["mountPath"] for m in container["volumeMounts"]] == ["/etc/mq-sidecar", TLS_MOUNT]
     manifest = tmp_path / "rendered.yaml"
     manifest.write_text(text)
     result = run([tool("kubernetes-validate"), "--strict", "-k", KUBERNETES_VERSIONS[-1], manifest])

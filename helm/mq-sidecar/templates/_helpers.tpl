@@ -84,6 +84,95 @@ app.kubernetes.io/part-of: mq-sidecar
 {{- end -}}
 {{- end -}}
 
+{{/* Where the sidecar container mounts the TLS Secret and the admin token Secret: their own
+directories, not under /etc/mq-sidecar (the ConfigMap's mount), so no mount point has to be
+made inside another read-only volume. */}}
+{{- define "mq-sidecar.tlsDir" -}}
+/var/run/secrets/mq-sidecar/tls
+{{- end -}}
+
+{{- define "mq-sidecar.adminTokenDir" -}}
+/var/run/secrets/mq-sidecar/admin
+{{- end -}}
+
+{{/*
+mq-sidecar.tlsFiles: the files of the TLS Secret (tls.existingSecret) the sidecar uses, as a
+JSON list of {"option", "key", "path"}: the mq-sidecar option, the Secret's key, the file name
+in mq-sidecar.tlsDir. Keys set to "" are left out. [] without tls.existingSecret. Refuses a
+certificate without its key and the other way round, and a key password without the key.
+*/}}
+{{- define "mq-sidecar.tlsFiles" -}}
+{{- $v := .values | default .root.Values -}}
+{{- $tls := $v.tls | default dict -}}
+{{- $files := list -}}
+{{- if $tls.existingSecret -}}
+{{- if and $tls.certKey (not $tls.keyKey) -}}
+{{- fail "tls: certKey is set but keyKey is empty: a client certificate needs its key (set both, or both to \"\" without mutual TLS)" -}}
+{{- end -}}
+{{- if and $tls.keyKey (not $tls.certKey) -}}
+{{- fail "tls: keyKey is set but certKey is empty: a key needs its client certificate (set both, or both to \"\" without mutual TLS)" -}}
+{{- end -}}
+{{- if and $tls.keyPasswordKey (not $tls.keyKey) -}}
+{{- fail "tls: keyPasswordKey is set but keyKey is empty: a key password needs the key" -}}
+{{- end -}}
+{{- range $row := list (list "tls_ca_file" $tls.caKey "ca.crt") (list "tls_cert_file" $tls.certKey "tls.crt") (list "tls_key_file" $tls.keyKey "tls.key") (list "tls_key_password_file" $tls.keyPasswordKey "key-password") -}}
+{{- if index $row 1 -}}
+{{- $files = append $files (dict "option" (index $row 0) "key" (index $row 1) "path" (index $row 2)) -}}
+{{- end -}}
+{{- end -}}
+{{- if not $files -}}
+{{- fail (printf "tls.existingSecret %q: caKey, certKey and keyKey are all empty, nothing to mount (leave existingSecret empty to use the system trust store)" $tls.existingSecret) -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $files -}}
+{{- end -}}
+
+{{/* The admin token's Secret name, or "" when there is no token. Refuses
+admin.tokenForMetrics without a token. */}}
+{{- define "mq-sidecar.adminTokenSecretName" -}}
+{{- $v := .values | default .root.Values -}}
+{{- $admin := $v.admin | default dict -}}
+{{- $secret := $admin.tokenSecret | default dict -}}
+{{- if and $admin.tokenForMetrics (not $secret.name) -}}
+{{- fail "admin.tokenForMetrics: /metrics would need a token, but admin.tokenSecret.name is empty" -}}
+{{- end -}}
+{{- $secret.name | default "" -}}
+{{- end -}}
+
+{{/*
+mq-sidecar.chartOptions: the options the chart sets from values outside `config`, as TOML
+lines: the TLS files (where the Secret is mounted) and settings, the admin token file,
+max_sessions.
+*/}}
+{{- define "mq-sidecar.chartOptions" -}}
+{{- $v := .values | default .root.Values -}}
+{{- $tls := $v.tls | default dict -}}
+{{- $admin := $v.admin | default dict -}}
+{{- $dir := include "mq-sidecar.tlsDir" . -}}
+{{- range include "mq-sidecar.tlsFiles" . | fromJsonArray }}
+{{ .option }} = {{ printf "%s/%s" $dir .path | quote }}
+{{- end }}
+{{- if kindIs "bool" $tls.verifyHostname }}
+tls_verify_hostname = {{ include "mq-sidecar.tomlValue" $tls.verifyHostname }}
+{{- end }}
+{{- with $tls.serverName }}
+tls_server_name = {{ include "mq-sidecar.tomlValue" . }}
+{{- end }}
+{{- if not (kindIs "invalid" $tls.minVersion) }}
+tls_min_version = {{ include "mq-sidecar.tomlValue" (toString $tls.minVersion) }}
+{{- end }}
+{{- with $tls.ciphers }}
+tls_ciphers = {{ include "mq-sidecar.tomlValue" . }}
+{{- end }}
+{{- if include "mq-sidecar.adminTokenSecretName" . }}
+admin_token_file = {{ printf "%s/token" (include "mq-sidecar.adminTokenDir" .) | quote }}
+admin_token_metrics = {{ if $admin.tokenForMetrics }}true{{ else }}false{{ end }}
+{{- end }}
+{{- if not (kindIs "invalid" $v.maxSessions) }}
+max_sessions = {{ include "mq-sidecar.tomlValue" $v.maxSessions }}
+{{- end }}
+{{- end -}}
+
 {{/*
 mq-sidecar.tomlValue: one value as TOML. Strings are JSON-quoted (a JSON string is a valid TOML
 basic string), booleans as is, numbers without a fraction as integers (Helm reads every number
@@ -108,7 +197,8 @@ inline arrays.
 
 {{/*
 mq-sidecar.toml: the mq-sidecar configuration file rendered from `config`, plus listen and
-admin_listen from sidecar.ports. Broker tables go last ([[brokers]]), as TOML requires.
+admin_listen from sidecar.ports and the options of mq-sidecar.chartOptions (tls, admin,
+maxSessions). Broker tables go last ([[brokers]]), as TOML requires.
 */}}
 {{- define "mq-sidecar.toml" -}}
 {{- $v := .values | default .root.Values -}}
@@ -132,7 +222,8 @@ admin_listen from sidecar.ports. Broker tables go last ([[brokers]]), as TOML re
 {{- end -}}
 # mq-sidecar configuration, rendered by the Helm chart from .Values.config
 # (option names and units as in config/examples/mq-sidecar.toml: ms, bytes).
-# Credentials are not here: MQ_SIDECAR_LOGIN/PASSCODE come from a Secret.
+# Credentials are not here: MQ_SIDECAR_LOGIN/PASSCODE come from a Secret; the TLS files and
+# the admin token are files of Secrets mounted into the sidecar container only.
 listen = {{ printf "127.0.0.1:%v" (int64 $v.sidecar.ports.stomp) | quote }}
 admin_listen = {{ printf "0.0.0.0:%v" (int64 $v.sidecar.ports.admin) | quote }}
 {{- range $key, $value := $config }}
@@ -141,6 +232,7 @@ admin_listen = {{ printf "0.0.0.0:%v" (int64 $v.sidecar.ports.admin) | quote }}
 {{ $key }} = {{ include "mq-sidecar.tomlValue" $value }}
 {{- end }}
 {{- end }}
+{{- include "mq-sidecar.chartOptions" . }}
 {{- if and (kindIs "slice" $brokers) (gt (len $brokers) 0) (kindIs "map" (first $brokers)) }}
 {{- range $brokers }}
 [[brokers]]

@@ -85,8 +85,8 @@ sidecar.terminationGracePeriodSeconds below that is refused. */}}
 {{/*
 mq-sidecar.container: the sidecar container, as one item of a `containers` list (sidecar.native
 false) or of `initContainers` (sidecar.native true: restartPolicy Always). Loopback STOMP for
-the app, admin HTTP for the kubelet and Prometheus, config from the ConfigMap, credentials
-from Secrets (this container only), hardened securityContext.
+the app, admin HTTP for the kubelet and Prometheus, config from the ConfigMap, credentials,
+TLS files and admin token from Secrets (this container only), hardened securityContext.
 */}}
 {{- define "mq-sidecar.container" -}}
 {{- $v := .values | default .root.Values -}}
@@ -154,13 +154,53 @@ from Secrets (this container only), hardened securityContext.
     - name: mq-sidecar-config
       mountPath: /etc/mq-sidecar
       readOnly: true
+    {{- if include "mq-sidecar.tlsFiles" . | fromJsonArray }}
+    # Broker CA, client certificate and key: this container only. A directory, never
+    # subPath: the kubelet updates a Secret's directory mount when the Secret changes
+    # (a renewed certificate), a subPath mount never; the sidecar re-reads the files at
+    # every broker connect.
+    - name: mq-sidecar-tls
+      mountPath: {{ include "mq-sidecar.tlsDir" . }}
+      readOnly: true
+    {{- end }}
+    {{- if include "mq-sidecar.adminTokenSecretName" . }}
+    # Admin token: this container only, a directory mount too (rotation, as above).
+    - name: mq-sidecar-admin-token
+      mountPath: {{ include "mq-sidecar.adminTokenDir" . }}
+      readOnly: true
+    {{- end }}
 {{- end -}}
 
-{{/* mq-sidecar.volumes: the volume the container mounts, as items of a `volumes` list. */}}
+{{/* mq-sidecar.volumes: the volumes the container mounts, as items of a `volumes` list: the
+config, and the TLS and admin token Secrets when configured (only the sidecar container
+mounts them). */}}
 {{- define "mq-sidecar.volumes" -}}
+{{- $v := .values | default .root.Values -}}
+{{- $tlsFiles := include "mq-sidecar.tlsFiles" . | fromJsonArray -}}
+{{- $token := include "mq-sidecar.adminTokenSecretName" . -}}
 - name: mq-sidecar-config
   configMap:
     name: {{ include "mq-sidecar.configMapName" . }}
+{{- if $tlsFiles }}
+- name: mq-sidecar-tls
+  secret:
+    secretName: {{ $v.tls.existingSecret }}
+    # The files the sidecar uses, under fixed names; a listed key missing from the Secret
+    # keeps the pod from starting (set that key's value to "" to leave the file out).
+    items:
+      {{- range $tlsFiles }}
+      - key: {{ .key }}
+        path: {{ .path }}
+      {{- end }}
+{{- end }}
+{{- if $token }}
+- name: mq-sidecar-admin-token
+  secret:
+    secretName: {{ $token }}
+    items:
+      - key: {{ $v.admin.tokenSecret.key }}
+        path: token
+{{- end }}
 {{- end -}}
 
 {{/* mq-sidecar.appEnv: environment for the app container: where the sidecar listens
