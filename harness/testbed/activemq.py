@@ -9,19 +9,28 @@ Two instances given the same ``store_dir`` form a shared-store primary/backup pa
 second one blocks on the kahaDB file lock ("slave mode", no listener at all) until the first
 dies, then takes over (0.4-0.6 s after kill -9 with a 200 ms lock poll, docs/brokers.md).
 A suspended (SIGSTOP) primary keeps the lock: the backup never takes over (gotcha 8.15).
+
+With ``tls=`` (a ``testbed.tls.TlsListener``) the broker also has a ``stomp+ssl`` transport
+connector on ``tls_port``; at start the PEM files become PKCS12 stores in ``conf/``: the key
+store (server chain and key) with ``openssl pkcs12 -export``, the trust store (the client CA)
+with ``keytool -importcert`` (Java reads only keytool's trusted-certificate entries).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
+import subprocess
 import time
 from importlib import resources
 from pathlib import Path
+from xml.sax.saxutils import quoteattr
 
 from testbed.broker import BrokerError, BrokerProcess, BrokerTimeout
 from testbed.probe import free_port
+from testbed.tls import TlsListener
 
 __all__ = ["ACTIVEMQ_HOME", "ActiveMQ", "activemq_installed", "start_activemq_pair"]
 
@@ -51,9 +60,50 @@ _BACKUP_WAITING = "is now in slave mode waiting a lock to be acquired"
 #: Log line of a broker that finished starting ("Apache ActiveMQ 5.17.2 (NAME, ID:...) started").
 _STARTED_RE = re.compile(r"^.*BrokerService - Apache ActiveMQ \S+ \(.*\) started\s*$", re.M)
 
+#: Password of the PKCS12 key and trust stores made for a TLS listener (test files only; in
+#: PKCS12 the key's password is the store's).
+TLS_STORE_PASSWORD = "testbed"
+
+#: Environment variables whose JVM options would change the broker (and keytool).
+_JAVA_OPTION_VARS = ("JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS")
+
+#: One certificate of a PEM file (keytool -importcert imports only the first of a bundle).
+_PEM_CERT_RE = re.compile(
+    rb"-----BEGIN CERTIFICATE-----\r?\n.+?-----END CERTIFICATE-----", re.DOTALL
+)
+
 
 def _java() -> str | None:
     return shutil.which("java")
+
+
+def _keytool(java: str) -> str:
+    """``keytool`` of the JDK that runs the broker (beside ``java``), else the one on PATH."""
+    beside = Path(java).resolve().parent / "keytool"
+    if beside.is_file():
+        return str(beside)
+    return shutil.which("keytool") or "keytool"
+
+
+def _run_tool(command: list[str], what: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in _JAVA_OPTION_VARS}
+    try:
+        proc = subprocess.run(
+            command,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BrokerError(f"cannot make the {what}: {command[0]}: {exc}") from exc
+    if proc.returncode != 0:
+        raise BrokerError(
+            f"cannot make the {what}: {command[0]} exited with code {proc.returncode}:\n"
+            f"{proc.stdout}{proc.stderr}"
+        )
 
 
 def activemq_installed() -> bool:
@@ -62,7 +112,7 @@ def activemq_installed() -> bool:
 
 
 class ActiveMQ(BrokerProcess):
-    """One ActiveMQ Classic broker with a single STOMP listener on 127.0.0.1.
+    """One ActiveMQ Classic broker with a STOMP listener (and optionally a TLS one) on 127.0.0.1.
 
     Arguments: ``stomp_port`` (default: a free port); ``store_dir`` the kahaDB directory
     (default ``workdir/NAME/kahadb``; pass the same directory to two instances for a
@@ -73,7 +123,10 @@ class ActiveMQ(BrokerProcess):
     ``memoryUsage`` limit, MiB, at which producer flow control silently blocks SENDs
     (gotcha 8.4); ``quick_jit`` runs the C1 JIT only (``-XX:TieredStopAtLevel=1``: ready in
     ~0.65 s instead of ~0.8 s here; pass ``False`` for long throughput benchmarks); ``java``
-    the java executable (default: ``java`` on PATH).
+    the java executable (default: ``java`` on PATH); ``tls`` a ``TlsListener``: adds a
+    ``stomp+ssl`` transport connector on ``tls_port`` (default: a free port), with
+    ``transport.needClientAuth=true`` when ``tls.require_client_cert``, else
+    ``transport.wantClientAuth=true`` when ``tls.client_ca`` is given; ``stomp_ssl_url``.
 
     No JMX, no advisories, no scheduler, no web console; persistent; STOMP only (no
     OpenWire, no ``stomp+nio``).
@@ -95,8 +148,15 @@ class ActiveMQ(BrokerProcess):
         memory_mb: int = 64,
         quick_jit: bool = True,
         java: str | None = None,
+        tls: TlsListener | None = None,
+        tls_port: int | None = None,
     ) -> None:
         super().__init__(name, workdir, stomp_port=stomp_port or free_port())
+        self.tls = tls
+        if tls is not None:
+            while tls_port is None or tls_port == self.stomp_port:
+                tls_port = free_port()
+            self.tls_port = tls_port
         self.store_dir = Path(store_dir).absolute() if store_dir else self.base_dir / "kahadb"
         self.heap_mb = heap_mb
         self.lock_sleep_ms = lock_sleep_ms
@@ -110,10 +170,103 @@ class ActiveMQ(BrokerProcess):
     def _prepare(self) -> None:
         files = resources.files("testbed") / "files"
         self.conf_dir.mkdir(parents=True, exist_ok=True)
-        for fname in ("activemq.xml", "log4j.properties"):
-            (self.conf_dir / fname).write_bytes((files / fname).read_bytes())
+        (self.conf_dir / "log4j.properties").write_bytes((files / "log4j.properties").read_bytes())
+        xml = (files / "activemq.xml").read_text()
+        if self.tls is not None:
+            xml = self._with_tls(xml, self.tls)
+        (self.conf_dir / "activemq.xml").write_text(xml)
         for d in (self.data_dir, self.base_dir / "tmp", self.store_dir):
             d.mkdir(parents=True, exist_ok=True)
+
+    def _with_tls(self, xml: str, tls: TlsListener) -> str:
+        """``xml`` with the sslContext and the stomp+ssl connector in place of their markers;
+        makes the stores they name."""
+        keystore, truststore = self._make_stores(tls)
+        password = quoteattr(TLS_STORE_PASSWORD)
+        context = (
+            f"<sslContext><sslContext keyStore={quoteattr(keystore.as_uri())} "
+            f'keyStorePassword={password} keyStoreType="PKCS12"'
+        )
+        if truststore is not None:
+            context += (
+                f" trustStore={quoteattr(truststore.as_uri())} "
+                f'trustStorePassword={password} trustStoreType="PKCS12"'
+            )
+        context += "/></sslContext>"
+        uri = f"stomp+ssl://127.0.0.1:{self.tls_port}"
+        if tls.require_client_cert:
+            uri += "?transport.needClientAuth=true"
+        elif tls.client_ca is not None:
+            uri += "?transport.wantClientAuth=true"
+        connector = f'<transportConnector name="stomp+ssl" uri={quoteattr(uri)}/>'
+        for marker, element in (("sslContext", context), ("stomp+ssl", connector)):
+            tag = f"<!-- testbed:{marker} -->"
+            if tag not in xml:
+                raise BrokerError(f"activemq.xml lacks the marker {tag}")
+            xml = xml.replace(tag, element)
+        return xml
+
+    def _make_stores(self, tls: TlsListener) -> tuple[Path, Path | None]:
+        """Make ``conf/tls-keystore.p12`` and (with a client CA) ``conf/tls-truststore.p12``
+        from the PEM files; kept from the last start while the PEM files are unchanged."""
+        keystore = self.conf_dir / "tls-keystore.p12"
+        truststore = self.conf_dir / "tls-truststore.p12" if tls.client_ca else None
+        stamp = self.conf_dir / "tls-stores.sha256"
+        digest = hashlib.sha256()
+        for path in (tls.cert_chain, tls.key, tls.client_ca):
+            digest.update(b"\0" if path is None else Path(path).read_bytes() + b"\0\0")
+        fresh = digest.hexdigest()
+        wanted = [p for p in (keystore, truststore) if p is not None]
+        if stamp.exists() and stamp.read_text() == fresh and all(p.exists() for p in wanted):
+            return keystore, truststore
+        stamp.unlink(missing_ok=True)
+        for path in (keystore, self.conf_dir / "tls-truststore.p12"):
+            path.unlink(missing_ok=True)
+        _run_tool(
+            [
+                shutil.which("openssl") or "openssl",
+                "pkcs12",
+                "-export",
+                "-in",
+                str(tls.cert_chain),
+                "-inkey",
+                str(tls.key),
+                "-name",
+                "broker",
+                "-out",
+                str(keystore),
+                "-passout",
+                f"pass:{TLS_STORE_PASSWORD}",
+            ],
+            f"key store {keystore} of {self.name}",
+        )
+        if truststore is not None and tls.client_ca is not None:
+            certs = _PEM_CERT_RE.findall(Path(tls.client_ca).read_bytes())
+            if not certs:
+                raise BrokerError(f"{tls.client_ca}: no PEM certificate in the client CA file")
+            for n, cert in enumerate(certs):
+                one = self.conf_dir / f"tls-client-ca-{n}.pem"
+                one.write_bytes(cert + b"\n")
+                _run_tool(
+                    [
+                        _keytool(self.java),
+                        "-importcert",
+                        "-noprompt",
+                        "-alias",
+                        f"client-ca-{n}",
+                        "-file",
+                        str(one),
+                        "-keystore",
+                        str(truststore),
+                        "-storetype",
+                        "PKCS12",
+                        "-storepass",
+                        TLS_STORE_PASSWORD,
+                    ],
+                    f"trust store {truststore} of {self.name}",
+                )
+        stamp.write_text(fresh)
+        return keystore, truststore
 
     def _server_command(self) -> list[str]:
         props = {
@@ -155,7 +308,7 @@ class ActiveMQ(BrokerProcess):
     def _server_env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ACTIVEMQ_")}
         # Keep stray JVM option variables from changing the broker (and its log).
-        for var in ("JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS"):
+        for var in _JAVA_OPTION_VARS:
             env.pop(var, None)
         return env
 
@@ -207,6 +360,7 @@ def start_activemq_pair(
     persist_redelivered: bool = False,
     memory_mb: int = 64,
     timeout: float = 60.0,
+    tls: TlsListener | None = None,
 ) -> tuple[ActiveMQ, ActiveMQ]:
     """Start a shared-store pair in ``workdir``: ``(primary, backup)``.
 
@@ -214,6 +368,7 @@ def start_activemq_pair(
     (``NAME-backup``) is blocked on the kahaDB lock of ``workdir/NAME-store`` without any
     listener; it takes over when the primary dies (kill -9: ~0.4 s with ``lock_sleep_ms``
     200). ``timeout`` (seconds) bounds each of the two waits. On failure both are stopped.
+    ``tls``: both get the same TLS listener configuration, each on its own ``tls_port``.
     Stop the backup first to avoid a pointless takeover.
     """
     store = Path(workdir).absolute() / f"{name}-store"
@@ -227,6 +382,7 @@ def start_activemq_pair(
             lock_sleep_ms=lock_sleep_ms,
             persist_redelivered=persist_redelivered,
             memory_mb=memory_mb,
+            tls=tls,
         )
 
     primary = make("primary")

@@ -35,6 +35,7 @@ from types import TracebackType
 from typing import IO, Self
 
 from testbed.probe import RETRY_INTERVAL, stomp_handshake
+from testbed.tls import TlsListener
 
 __all__ = ["BrokerError", "BrokerProcess", "BrokerTimeout", "log_tail"]
 
@@ -139,6 +140,22 @@ def process_alive(pid: int, starttime: int | None = None) -> bool:
     if st is None or st.state == "Z":
         return False
     return starttime is None or st.starttime == starttime
+
+
+def _listening(port: int) -> bool:
+    """True if a TCP socket (IPv4 or IPv6) is in LISTEN state on local ``port`` (proc(5))."""
+    wanted = f":{port:04X}"
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            # "sl local_address rem_address st ...": st 0A is TCP_LISTEN.
+            if len(fields) > 3 and fields[1].endswith(wanted) and fields[3] == "0A":
+                return True
+    return False
 
 
 # --- guardian --------------------------------------------------------------------------
@@ -299,6 +316,9 @@ class BrokerProcess:
     passcode: str | None = None
     #: Whether the orphan guardian SIGKILLs the children if this process dies.
     _guarded: bool = True
+    #: The TLS STOMP listener's files and policy, and its port (``None``: no TLS listener).
+    tls: TlsListener | None = None
+    tls_port: int | None = None
 
     def __init__(self, name: str, workdir: Path, *, stomp_port: int) -> None:
         if not _NAME_RE.match(name):
@@ -399,6 +419,13 @@ class BrokerProcess:
         """``stomp://HOST:PORT`` of the broker's STOMP listener."""
         return f"stomp://{self.host}:{self.stomp_port}"
 
+    @property
+    def stomp_ssl_url(self) -> str:
+        """``stomp+ssl://HOST:PORT`` of the broker's TLS STOMP listener (``tls=`` given)."""
+        if self.tls_port is None:
+            raise BrokerError(f"{self.name} has no TLS listener: pass tls= to the constructor")
+        return f"stomp+ssl://{self.host}:{self.tls_port}"
+
     def running(self) -> bool:
         """True while the broker's server process has not exited (suspended counts)."""
         return self._server is not None and self._server.popen.poll() is None
@@ -426,7 +453,8 @@ class BrokerProcess:
         """Called once when ``wait_ready()`` succeeds."""
 
     def wait_ready(self, timeout: float = 60.0) -> float:
-        """Wait until the broker answers STOMP CONNECT with CONNECTED; return seconds waited.
+        """Wait until the broker answers STOMP CONNECT with CONNECTED (and, with a TLS
+        listener, until a socket listens on ``tls_port``); return seconds waited.
 
         ``timeout`` is in seconds. Raises ``BrokerError`` (with the log tail) if the process
         exits meanwhile, ``BrokerTimeout`` (a ``BrokerError`` and a ``TimeoutError``) when it
@@ -465,10 +493,34 @@ class BrokerProcess:
                 last = f"{type(exc).__name__}: {exc}"
             else:
                 if result.connected:
-                    self._on_ready()
-                    return time.monotonic() - started
+                    break
                 last = result.describe()
             time.sleep(max(0.0, min(RETRY_INTERVAL, deadline - time.monotonic())))
+        if self.tls_port is not None:
+            self._wait_tls_port(self.tls_port, deadline, timeout)
+        self._on_ready()
+        return time.monotonic() - started
+
+    def _wait_tls_port(self, port: int, deadline: float, timeout: float) -> None:
+        """Wait until a socket listens on ``port`` (called once the plain listener answers,
+        when the TLS one is normally open already).
+
+        Read from ``/proc/net/tcp*``, not by connecting: a connection closed without a TLS
+        handshake is logged by the broker as a failed handshake.
+        """
+        while not _listening(port):
+            if not self.running():
+                code = self._server.popen.returncode if self._server else None
+                raise BrokerError(
+                    f"{self.name} exited with code {code} before its TLS listener "
+                    f"{self.host}:{port} accepted connections\n{self._tail()}"
+                )
+            if time.monotonic() >= deadline:
+                raise BrokerTimeout(
+                    f"{self.name}'s TLS listener {self.host}:{port} did not accept "
+                    f"connections within {timeout:.1f} s\n{self._tail()}"
+                )
+            time.sleep(0.01)
 
     def stop(self, timeout: float = 15.0) -> None:
         """Stop the broker and its helpers; return once every process of theirs is gone.

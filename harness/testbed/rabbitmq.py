@@ -13,6 +13,9 @@ Facts in docs/brokers.md, "Running them for tests":
   the server and ``rabbitmqctl()``. Node name ``NAME@localhost``.
 * STOMP: default user guest/guest for CONNECTs without login; the CONNECT ``host`` header is
   the vhost, so use ``vhost`` ("/").
+* TLS (``tls=``, a ``testbed.tls.TlsListener``): ``stomp.listeners.ssl.1`` on ``tls_port`` with
+  the node's ``ssl_options`` (PEM files read directly; ``verify_peer`` and
+  ``fail_if_no_peer_cert`` per ``require_client_cert`` when a client CA is given).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pathlib import Path
 
 from testbed.broker import BrokerError, BrokerProcess, _Child, live_processes, proc_stat
 from testbed.probe import free_port
+from testbed.tls import TlsListener
 
 __all__ = ["RABBITMQ_SBIN", "RabbitMQ", "rabbitmq_installed"]
 
@@ -56,7 +60,9 @@ class RabbitMQ(BrokerProcess):
 
     Ports (default: free ports): ``stomp_port`` STOMP listener, ``amqp_port`` AMQP 0-9-1
     listener, ``dist_port`` Erlang distribution listener of the node, ``epmd_port`` the
-    private epmd. Start to STOMP-ready takes ~5 s (docs/brokers.md), an orderly stop ~1 s.
+    private epmd, ``tls_port`` the TLS STOMP listener (only with ``tls``, a ``TlsListener``;
+    see ``stomp_ssl_url``). Start to STOMP-ready takes ~5 s (docs/brokers.md), an orderly stop
+    ~1 s.
     """
 
     vhost = "/"
@@ -70,8 +76,11 @@ class RabbitMQ(BrokerProcess):
         amqp_port: int | None = None,
         dist_port: int | None = None,
         epmd_port: int | None = None,
+        tls: TlsListener | None = None,
+        tls_port: int | None = None,
     ) -> None:
-        taken = {p for p in (stomp_port, amqp_port, dist_port, epmd_port) if p is not None}
+        given = (stomp_port, amqp_port, dist_port, epmd_port, tls_port)
+        taken = {p for p in given if p is not None}
 
         def pick(port: int | None) -> int:
             # Free ports for the unspecified ones, distinct from each other and the given ones.
@@ -86,6 +95,9 @@ class RabbitMQ(BrokerProcess):
         self.amqp_port = pick(amqp_port)
         self.dist_port = pick(dist_port)
         self.epmd_port = pick(epmd_port)
+        self.tls = tls
+        if tls is not None:
+            self.tls_port = pick(tls_port)
         self.node = f"{name}@localhost"
         self.home = self.base_dir / "home"
         self._epmd_child: _Child | None = None
@@ -95,6 +107,11 @@ class RabbitMQ(BrokerProcess):
     def stomp_url(self) -> str:
         """``stomp://HOST:PORT?host=/``: RabbitMQ needs the vhost as CONNECT ``host``."""
         return f"stomp://{self.host}:{self.stomp_port}?host={self.vhost}"
+
+    @property
+    def stomp_ssl_url(self) -> str:
+        """``stomp+ssl://HOST:PORT?host=/`` of the TLS STOMP listener (``tls=`` given)."""
+        return f"{super().stomp_ssl_url}?host={self.vhost}"
 
     # -- environment --------------------------------------------------------------------
 
@@ -140,7 +157,9 @@ class RabbitMQ(BrokerProcess):
         for d in (self.home, self.base_dir / "mnesia", self.base_dir / "log"):
             d.mkdir(parents=True, exist_ok=True)
         template = string.Template((files / "rabbitmq.conf").read_text())
-        conf = template.substitute(amqp_port=self.amqp_port, stomp_port=self.stomp_port)
+        conf = template.substitute(
+            amqp_port=self.amqp_port, stomp_port=self.stomp_port, tls=self._tls_conf()
+        )
         (self.base_dir / "rabbitmq.conf").write_text(conf)
         (self.base_dir / "enabled_plugins").write_bytes((files / "enabled_plugins").read_bytes())
         (self.base_dir / "rabbitmq-env.conf").write_text("")
@@ -148,6 +167,29 @@ class RabbitMQ(BrokerProcess):
         if not cookie.exists():
             cookie.write_text(secrets.token_hex(16).upper())
             cookie.chmod(0o400)
+
+    def _tls_conf(self) -> str:
+        """The rabbitmq.conf lines of the TLS STOMP listener ("" without ``tls``)."""
+        tls = self.tls
+        if tls is None:
+            return ""
+        for path in (tls.cert_chain, tls.key, tls.client_ca):
+            if path is not None and not Path(path).is_file():
+                raise BrokerError(f"{self.name}: TLS file {path} does not exist")
+        lines = [
+            f"stomp.listeners.ssl.1 = 127.0.0.1:{self.tls_port}",
+            f"ssl_options.certfile = {Path(tls.cert_chain).absolute()}",
+            f"ssl_options.keyfile = {Path(tls.key).absolute()}",
+        ]
+        if tls.client_ca is None:
+            lines.append("ssl_options.verify = verify_none")
+        else:
+            lines += [
+                f"ssl_options.cacertfile = {Path(tls.client_ca).absolute()}",
+                "ssl_options.verify = verify_peer",
+                f"ssl_options.fail_if_no_peer_cert = {str(tls.require_client_cert).lower()}",
+            ]
+        return "\n".join(lines)
 
     # -- epmd ---------------------------------------------------------------------------
 
