@@ -25,6 +25,7 @@ import trio
 
 from config import Config, ConfigError, load_config
 from proxy._version import VERSION
+from proxy.admin_http import TokenUnavailable, read_token
 from proxy.app import ListenError, serve
 from proxy.logs import configure_logging
 
@@ -95,8 +96,15 @@ def load_or_exit(config_path: Path | None, overrides: Mapping[str, object | None
 
 
 def run_sidecar(config: Config) -> None:
-    """Run the daemon with ``config`` until SIGTERM/SIGINT; exit 1 if it cannot listen."""
+    """Run the daemon with ``config`` until SIGTERM/SIGINT; exit 1 if it cannot listen, or
+    cannot read the ``admin_token_file`` it is given (read again at every request later)."""
     configure_logging(config.log_level, config.log_format)
+    try:
+        if config.admin_token_file is not None:
+            read_token(config.admin_token_file)
+    except TokenUnavailable as unreadable:
+        click.echo(f"mq-sidecar: {unreadable}", err=True)
+        sys.exit(1)
     try:
         trio.run(lambda: serve(config, handle_signals=True))
     except* ListenError as group:

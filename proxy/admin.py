@@ -14,6 +14,12 @@ Endpoints (all ``GET``; ``HEAD`` too, except ``/events``):
                 ``SessionEvent.to_json()``. Slow readers are dropped and counted.
 ==============  ===========================================================================
 
+With ``admin_token_file``, ``/status`` and ``/events`` (and ``/metrics`` with
+``admin_token_metrics``) need ``Authorization: Bearer <token>``: 401 with a
+``WWW-Authenticate`` challenge otherwise, 503 while the token file cannot be read
+(:class:`~proxy.admin_http.BearerToken`); ``/healthz``, ``/readyz`` and ``/`` never do
+(docs/operations.md, "Admin authentication").
+
 Shape (h11's ``examples/trio-server.py``): :class:`HTTPConnection` glues one
 ``h11.Connection`` to one stream; :meth:`AdminServer.handle` serves requests on it until the
 client leaves, a timeout fires or an error response closes it. Every task lives in the
@@ -50,10 +56,13 @@ from proxy._errors import ListenError
 from proxy._health import BrokerProber, Readiness, evaluate_readiness, stuck_for
 from proxy._version import VERSION
 from proxy.admin_http import (
+    AUTHENTICATE,
     GONE,
     RECEIVE_SIZE,
     SERVER_HEADER,
+    BearerToken,
     HTTPConnection,
+    TokenCheck,
     format_address,
     has_body,
     head_size,
@@ -112,15 +121,20 @@ class AdminStatistics:
 
 
 class _Route:
-    """One endpoint: handler and whether HEAD is allowed."""
+    """One endpoint: handler, whether HEAD is allowed, whether it needs the admin token."""
 
-    __slots__ = ("handler", "head")
+    __slots__ = ("guarded", "handler", "head")
 
     def __init__(
-        self, handler: Callable[[HTTPConnection, h11.Request], Awaitable[int]], *, head: bool
+        self,
+        handler: Callable[[HTTPConnection, h11.Request], Awaitable[int]],
+        *,
+        head: bool,
+        guarded: bool = False,
     ) -> None:
         self.handler = handler
         self.head = head
+        self.guarded = guarded
 
 
 class AdminServer:
@@ -158,12 +172,16 @@ class AdminServer:
         self.sse_dropped = 0
         self.rejected_connections = 0
         self._started_at: float | None = None
+        token_file = sidecar.config.admin_token_file
+        self.token = BearerToken(token_file) if token_file is not None else None
         self._routes: dict[str, _Route] = {
-            "/metrics": _Route(self._metrics, head=True),
+            "/metrics": _Route(
+                self._metrics, head=True, guarded=sidecar.config.admin_token_metrics
+            ),
             "/healthz": _Route(self._healthz, head=True),
             "/readyz": _Route(self._readyz, head=True),
-            "/status": _Route(self._status, head=True),
-            "/events": _Route(self._events, head=False),
+            "/status": _Route(self._status, head=True, guarded=True),
+            "/events": _Route(self._events, head=False, guarded=True),
             "/": _Route(self._index, head=True),
         }
         sidecar.registry.register(SidecarCollector(sidecar, self))
@@ -358,8 +376,33 @@ class AdminServer:
                 headers=((b"allow", allowed),),
             )
             return
-        status = await route.handler(http, request)
+        check = self.token.check(request) if route.guarded and self.token else TokenCheck.OK
+        if check is TokenCheck.OK:
+            status = await route.handler(http, request)
+        else:
+            status = await self._refuse(http, check, endpoint)
         self._count(endpoint, status)
+
+    async def _refuse(self, http: HTTPConnection, check: TokenCheck, endpoint: str) -> int:
+        """401 without the admin token (RFC 6750 §3: ``invalid_token`` for a wrong one), 503
+        while the token file cannot be read (:class:`~proxy.admin_http.BearerToken` logged
+        why). Bounded by ``send_timeout`` (``/events`` requests have no other deadline)."""
+        if check is TokenCheck.UNAVAILABLE:
+            status = 503
+            body = b"the admin token cannot be read (admin_token_file); see the sidecar's log\n"
+            headers = ((b"retry-after", b"5"),)
+        else:
+            status = 401
+            self.sidecar.metrics.admin_unauthorized()
+            log.debug("admin plane: /%s refused: %s admin token", endpoint, check.value)
+            challenge = AUTHENTICATE
+            if check is TokenCheck.INVALID:
+                challenge += b', error="invalid_token"'
+            body = b"this endpoint needs Authorization: Bearer <the admin token>\n"
+            headers = ((b"www-authenticate", challenge),)
+        with trio.move_on_after(self.limits.send_timeout):
+            await http.respond(status, body, headers=headers)
+        return status
 
     def _count(self, endpoint: str, status: int) -> None:
         self.sidecar.metrics.http_request(endpoint, status)

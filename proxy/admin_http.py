@@ -1,11 +1,17 @@
 """HTTP/1.1 server connections with h11 on trio (h11's ``examples/trio-server.py``), for the
-admin plane (:mod:`proxy.admin`): one :class:`HTTPConnection` per accepted stream, and the
-helpers that read a request's head. Nothing here knows the admin plane's endpoints.
+admin plane (:mod:`proxy.admin`): one :class:`HTTPConnection` per accepted stream, the
+helpers that read a request's head, and the bearer token check (:class:`BearerToken`). Nothing
+here knows the admin plane's endpoints.
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
+import hashlib
+import hmac
+import logging
+import os
 from http import HTTPStatus
 
 import h11
@@ -14,15 +20,21 @@ import trio
 from proxy._version import VERSION
 
 __all__ = [
+    "AUTHENTICATE",
     "GONE",
     "RECEIVE_SIZE",
     "SERVER_HEADER",
     "TEXT_PLAIN",
+    "BearerToken",
     "HTTPConnection",
+    "TokenCheck",
+    "TokenUnavailable",
+    "bearer_credentials",
     "format_address",
     "has_body",
     "head_size",
     "header_value",
+    "read_token",
 ]
 
 #: What a stream raises when the peer is gone (or we closed it).
@@ -38,6 +50,12 @@ _LINGER_BYTES = 65536
 SERVER_HEADER = f"mq-sidecar/{VERSION}".encode()
 #: The content type of plain-text responses.
 TEXT_PLAIN = b"text/plain; charset=utf-8"
+#: The ``WWW-Authenticate`` challenge of a 401 (RFC 6750 §3).
+AUTHENTICATE = b'Bearer realm="mq-sidecar"'
+#: Bytes of the token file read at most (a token is one line; a request head is 8 KiB).
+_TOKEN_FILE_BYTES = 16384
+
+log = logging.getLogger("mq_sidecar.admin")
 
 
 class HTTPConnection:
@@ -119,6 +137,94 @@ class HTTPConnection:
                     drained += len(data)
         finally:  # also when cancelled (the sidecar is stopping): never leak the socket
             await trio.aclose_forcefully(stream)
+
+
+class TokenUnavailable(Exception):
+    """The token file cannot be read or holds no token; the message is one line naming the
+    option and the file (never anything of its content)."""
+
+
+class TokenCheck(enum.Enum):
+    """What :meth:`BearerToken.check` found."""
+
+    OK = "ok"
+    MISSING = "missing"  # no ``Authorization: Bearer`` credentials
+    INVALID = "invalid"  # credentials, not the token
+    UNAVAILABLE = "unavailable"  # the token file cannot be read: nobody gets in
+
+
+def read_token(path: str) -> bytes:
+    """The bearer token in the file ``path``: its first line, surrounding whitespace removed
+    (as Prometheus reads a ``credentials_file``).
+
+    Opened without blocking (a FIFO without a writer reads as empty), at most 16 KiB read.
+
+    Raises:
+        TokenUnavailable: the file cannot be read, or its first line is empty.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            data = os.read(fd, _TOKEN_FILE_BYTES)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise TokenUnavailable(f"admin_token_file {path}: {reason}") from None
+    token = data.split(b"\n", 1)[0].strip()
+    if not token:
+        raise TokenUnavailable(f"admin_token_file {path}: no token on its first line")
+    return token
+
+
+class BearerToken:
+    """Checks a request's ``Authorization: Bearer <token>`` (RFC 6750 §2.1) against the token
+    in ``path``, re-read at every check: a rotated Kubernetes Secret (a symlink swapped under
+    the mount) applies to the next request, without a restart.
+
+    A token file that cannot be read is logged once per reason (and once when it can be read
+    again); while it cannot, every check says :attr:`TokenCheck.UNAVAILABLE`: closed, never
+    open.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._problem: str | None = None
+
+    def check(self, request: h11.Request) -> TokenCheck:
+        """Whether ``request`` carries the token (compared in constant time)."""
+        try:
+            token = read_token(self.path)
+        except TokenUnavailable as exc:
+            if str(exc) != self._problem:
+                self._problem = str(exc)
+                log.error(
+                    "admin plane: %s; the endpoints that need the admin token answer 503", exc
+                )
+            return TokenCheck.UNAVAILABLE
+        if self._problem is not None:
+            self._problem = None
+            log.info("admin plane: admin_token_file %s is readable again", self.path)
+        presented = bearer_credentials(request)
+        if presented is None:
+            return TokenCheck.MISSING
+        # Digests of both: equal lengths, so the comparison tells nothing of the token's length.
+        same = hmac.compare_digest(
+            hashlib.sha256(presented).digest(), hashlib.sha256(token).digest()
+        )
+        return TokenCheck.OK if same else TokenCheck.INVALID
+
+
+def bearer_credentials(request: h11.Request) -> bytes | None:
+    """The token of the request's one ``Authorization: Bearer <token>`` header (the scheme
+    is case-insensitive, RFC 7235 §2.1), or None."""
+    values = [v for n, v in request.headers if n == b"authorization"]
+    if len(values) != 1:
+        return None
+    scheme, _, credentials = bytes(values[0]).partition(b" ")
+    if scheme.lower() != b"bearer":
+        return None
+    return credentials.strip() or None
 
 
 def format_address(host: str, port: int) -> str:

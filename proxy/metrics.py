@@ -173,6 +173,10 @@ class Metrics:
             "Requests answered by the admin plane, by endpoint and status code.",
             ["endpoint", "code"],
         )
+        self._unauthorized = counter(
+            "admin_unauthorized",
+            "Admin plane requests refused with 401: no or a wrong bearer token (admin_token_file).",
+        )
 
     # -- hot path -------------------------------------------------------------------------
 
@@ -262,6 +266,10 @@ class Metrics:
     def http_request(self, endpoint: str, code: int) -> None:
         """The admin plane answered a request (``endpoint`` from a fixed set, see admin.py)."""
         self._http.labels(endpoint, str(code)).inc()
+
+    def admin_unauthorized(self) -> None:
+        """The admin plane refused a request without the admin token (401)."""
+        self._unauthorized.inc()
 
 
 def _children(metric: Counter, *label_values: Iterable[str]) -> dict[tuple[str, ...], Counter]:
