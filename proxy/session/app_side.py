@@ -20,7 +20,7 @@ import trio
 import protocol
 from protocol import Command, ConnectionClosed, Frame
 from proxy.session.confirmations import Confirmations
-from proxy.session.control import SCOPE_HEADER, ControlChannel
+from proxy.session.control import SCOPE_HEADER, ControlChannel, scope_refused
 from proxy.session.core import SessionCore, log
 from proxy.session.ending import Ending, error_frame
 from proxy.session.to_app import AppOutput
@@ -207,8 +207,13 @@ class AppSide:
         assert state is not None
         app_receipt = frame.get("receipt")
         if frame.get("destination") == core.config.events_destination:
+            every_session = frame.get(SCOPE_HEADER) == "all"
+            if every_session and not core.app_authenticated:
+                core.metrics.client_protocol_error(ClientErrorReason.INVALID_REQUEST)
+                await self.out.send(scope_refused(app_receipt))
+                return False
             state.subscribe(frame, local=True)  # the control channel never goes upstream
-            if frame.get(SCOPE_HEADER) == "all" and not self.control.pumping:
+            if every_session and not self.control.pumping:
                 assert core.app_nursery is not None
                 self.control.pumping = True
                 await core.app_nursery.start(self.control.pump)

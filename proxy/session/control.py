@@ -1,6 +1,10 @@
 """The control channel of one session: RECONNECTING/FAILOVER/DISCONNECT events published on
 the sidecar's bus (``GET /events``, other sessions) and delivered in band to the app's
-subscriptions of the reserved events destination, which never go upstream."""
+subscriptions of the reserved events destination, which never go upstream.
+
+Nobody reads what is not theirs: an app gets its own session's events, and every session's
+(``mq-sidecar-scope:all``) only when it authenticated with the sidecar's own ``client_login``
+(:func:`scope_refused` answers the others; docs/behaviour.md, "Control channel")."""
 
 from __future__ import annotations
 
@@ -9,13 +13,27 @@ import trio
 from protocol import Command, Frame
 from proxy.events import SessionEvent
 from proxy.session.core import SessionCore
+from proxy.session.ending import error_frame
 from proxy.session.to_app import AppOutput
 
-__all__ = ["SCOPE_HEADER", "ControlChannel"]
+__all__ = ["SCOPE_HEADER", "ControlChannel", "scope_refused"]
 
 #: SUBSCRIBE header with which an app asks for every session's events (``all``), not only its
 #: own session's.
 SCOPE_HEADER = "mq-sidecar-scope"
+
+
+def scope_refused(receipt_id: str | None) -> Frame:
+    """The ERROR a ``mq-sidecar-scope:all`` SUBSCRIBE gets from an app that did not present
+    the sidecar's ``client_login`` (the SUBSCRIBE is not taken; the session goes on)."""
+    return error_frame(
+        f"{SCOPE_HEADER}:all needs the sidecar's client_login",
+        receipt_id=receipt_id,
+        detail=f"Every session's events ({SCOPE_HEADER}:all) are for an app that authenticated "
+        "with the sidecar's own client_login/client_passcode; this session did not (or the "
+        "sidecar has no client_login). Subscribe without the header to get this session's own "
+        "events.",
+    )
 
 
 class ControlChannel:

@@ -108,6 +108,9 @@ class SessionCore:
         )
         self.phases = PhaseMachine()
         self.connect: Frame | None = None  # the app's CONNECT, once accepted
+        #: The app presented the sidecar's own ``client_login``/``client_passcode`` (False
+        #: when none is configured): it may see every session's events (control channel).
+        self.app_authenticated = False
         self.upstream: Upstream | None = None
         self.broker_index: int | None = None
         self.link_ready = False

@@ -94,6 +94,7 @@ async def accept_connect(core: SessionCore, open_stream: StreamOpener) -> Frame 
             )
         )
         return None
+    core.app_authenticated = config.client_login is not None
     core.state = SessionState(
         core.id,
         version,
