@@ -14,10 +14,16 @@ into a sessions nursery it owns, and on shutdown stops accepting, asks every ses
 The :class:`Sidecar` owns what sessions report into: the Prometheus ``registry`` (never the
 global one), the :class:`~proxy.metrics.Metrics` recorded on it, and the
 :class:`~proxy.events.EventBus` of session events.
+
+At most ``max_sessions`` sessions are open at once (those still reading their CONNECT count). A
+connection beyond that gets no :class:`Session`: its CONNECT (a small frame, read within
+``handshake_timeout``) is answered with an ERROR naming the option and the connection closes;
+it is counted (``mq_sidecar_sessions_refused_total``) and logged at most once a minute.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
 import logging
@@ -27,6 +33,7 @@ import signal
 import trio
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
+import protocol
 from config import Config
 from proxy._errors import ListenError
 from proxy.admin import AdminLimits, AdminServer
@@ -35,8 +42,10 @@ from proxy.failover import ReconnectBoard
 from proxy.logs import log_session_event
 from proxy.metrics import Metrics
 from proxy.session import Session
+from proxy.session.ending import error_frame
 from proxy.statistics import SidecarStatistics
 from proxy.upstream import BrokerStreams
+from proxy.wire import FrameStream, TransportLost
 
 __all__ = ["ListenError", "Sidecar", "SidecarStatistics", "serve"]
 
@@ -46,6 +55,38 @@ log = logging.getLogger("mq_sidecar.app")
 #: (the same set as trio.serve_listeners).
 _ACCEPT_CAPACITY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
 _ACCEPT_RETRY_SECONDS = 0.1
+#: Connections refused for ``max_sessions`` that may wait for their CONNECT at once; more are
+#: closed without an answer (each holds a socket until its CONNECT or ``handshake_timeout``).
+_MAX_REFUSING = 64
+#: What a refused connection may send before its answer: a CONNECT takes a few hundred bytes.
+_REFUSAL_LIMITS = protocol.Limits(
+    max_frame_bytes=65536, max_headers=100, max_header_line_bytes=16384
+)
+#: Seconds the refusal's ERROR may take to write.
+_REFUSAL_SEND_SECONDS = 2.0
+#: Seconds between log lines about refused connections (a flood is one line a minute).
+_REFUSAL_LOG_INTERVAL = 60.0
+
+
+class _Refusals:
+    """Connections refused for ``max_sessions``: those waiting for their CONNECT now, and the
+    log lines about them (the first, then at most one per :data:`_REFUSAL_LOG_INTERVAL`, each
+    saying how many went unlogged since the one before)."""
+
+    def __init__(self) -> None:
+        self.waiting = 0
+        self._logged_at: float | None = None
+        self._unlogged = 0
+
+    def log(self, limit: int) -> None:
+        now = trio.current_time()
+        if self._logged_at is not None and now - self._logged_at < _REFUSAL_LOG_INTERVAL:
+            self._unlogged += 1
+            return
+        more = f"; {self._unlogged} more refused since the last such line" if self._unlogged else ""
+        log.warning("refused an app connection: max_sessions (%d) reached%s", limit, more)
+        self._logged_at = now
+        self._unlogged = 0
 
 
 class Sidecar:
@@ -88,6 +129,7 @@ class Sidecar:
         self._prefix = secrets.token_hex(3)
         self._counter = itertools.count(1)
         self.sessions_total = 0
+        self._refusals = _Refusals()
 
     def request_shutdown(self) -> None:
         """Begin a graceful shutdown (what SIGTERM/SIGINT do)."""
@@ -154,7 +196,10 @@ class Sidecar:
                 raise
             sessions_nursery.start_soon(self._run_session, stream)
 
-    async def _run_session(self, stream: trio.SocketStream) -> None:
+    async def _run_session(self, stream: trio.abc.Stream) -> None:
+        if len(self.sessions) >= self.config.max_sessions:
+            await self._refuse(stream)
+            return
         # <6 hex digits>-<n>: the shape proxy.tracking.SIDECAR_RECEIPT recognises.
         session_id = f"{self._prefix}-{next(self._counter)}"
         session = Session(
@@ -172,6 +217,45 @@ class Sidecar:
             await session.run()
         finally:
             self.sessions.discard(session)
+
+    async def _refuse(self, stream: trio.abc.Stream) -> None:
+        """Answer a connection over ``max_sessions`` without a Session: read its first frame
+        (its CONNECT: at most :data:`_REFUSAL_LIMITS`, within ``handshake_timeout``), answer an
+        ERROR naming the option, close. Past :data:`_MAX_REFUSING` at once: close at once."""
+        limit = self.config.max_sessions
+        refusals = self._refusals
+        self.metrics.session_refused()
+        refusals.log(limit)
+        if refusals.waiting >= _MAX_REFUSING:
+            await trio.aclose_forcefully(stream)
+            return
+        refusals.waiting += 1
+        conn = protocol.Connection(protocol.Role.SERVER, _REFUSAL_LIMITS, judge_frames=False)
+        app = FrameStream(stream, conn, grace=self.config.heartbeat_grace)
+        try:
+            with trio.move_on_after(self.config.durations.handshake_timeout):
+                try:
+                    while isinstance(event := await app.receive_event(), protocol.HeartBeat):
+                        pass
+                    if isinstance(event, protocol.ConnectionClosed):
+                        return
+                except protocol.RemoteProtocolError:
+                    pass  # more than a CONNECT, or not STOMP: the refusal says why all the same
+                except TransportLost:
+                    return
+            refusal = error_frame(
+                f"too many sessions: max_sessions ({limit}) reached",
+                detail=f"mq-sidecar serves at most {limit} app sessions at once (max_sessions); "
+                "this connection is closed. Connect again once a session has ended.",
+            )
+            with (
+                trio.move_on_after(_REFUSAL_SEND_SECONDS),
+                contextlib.suppress(TransportLost, protocol.LocalProtocolError),
+            ):
+                await app.send(refusal)
+        finally:
+            refusals.waiting -= 1
+            await trio.aclose_forcefully(stream)
 
 
 async def _signals_to_shutdown(sidecar: Sidecar) -> None:

@@ -162,6 +162,10 @@ class Metrics:
             ["reason"],
         )
         self._client_error = {e: self._client_errors.labels(e) for e in ClientErrorReason}
+        self._sessions_refused = counter(
+            "sessions_refused",
+            "App connections refused because max_sessions sessions were open.",
+        )
 
         # -- admin plane ----------------------------------------------------------------------
         self._sse_dropped = counter(
@@ -256,6 +260,10 @@ class Metrics:
     def client_protocol_error(self, reason: ClientErrorReason) -> None:
         """An app frame is refused, or its session ended, for the app's own fault."""
         self._client_error[reason].inc()
+
+    def session_refused(self) -> None:
+        """An app connection was refused: ``max_sessions`` sessions were open."""
+        self._sessions_refused.inc()
 
     # -- admin plane ------------------------------------------------------------------------
 
