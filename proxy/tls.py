@@ -27,10 +27,14 @@ import trio
 from config import Broker, Config
 
 __all__ = [
+    "DIAGNOSIS_SECONDS",
+    "PLAIN_PORT",
+    "TLS_PORT",
     "PeerCertificate",
     "TlsFailed",
     "TlsRecord",
     "TlsTracker",
+    "answers_stomp",
     "answers_tls",
     "client_context",
     "looks_like_tls",
@@ -54,6 +58,11 @@ _SHORT = {
     "domainComponent": "DC",
 }
 
+_CLOSED = "the broker closed the connection during the TLS handshake"
+_NOT_TLS = "the broker did not answer in TLS: not a TLS port? (use stomp:// for a plain one)"
+#: The reason of a handshake the broker closed without an alert.
+CLOSED_IN_HANDSHAKE = _CLOSED
+
 # OpenSSL's reason codes for the alerts a broker sends when it will not accept us, and
 # for a peer that does not speak TLS at all, with what an operator should read.
 _ALERTS = {
@@ -70,18 +79,25 @@ _ALERTS = {
     "NO_CIPHERS_AVAILABLE": "no cipher in common (tls_ciphers)",
     "SSLV3_ALERT_HANDSHAKE_FAILURE": "the broker ended the handshake (handshake failure: "
     "a client certificate demanded but not sent, or no cipher in common)",
-    "WRONG_VERSION_NUMBER": "the broker did not answer in TLS (a plain STOMP port? "
-    "use stomp:// for it)",
-    "RECORD_LAYER_FAILURE": "the broker did not answer in TLS (a plain STOMP port? "
-    "use stomp:// for it)",
-    "PACKET_LENGTH_TOO_LONG": "the broker did not answer in TLS (a plain STOMP port? "
-    "use stomp:// for it)",
+    "WRONG_VERSION_NUMBER": _NOT_TLS,
+    "RECORD_LAYER_FAILURE": _NOT_TLS,
+    "PACKET_LENGTH_TOO_LONG": _NOT_TLS,
     # OpenSSL's names for a plain-text answer that starts like HTTP ("CONNECT", "ERROR"...).
-    "HTTPS_PROXY_REQUEST": "the broker did not answer in TLS (a plain STOMP port? "
-    "use stomp:// for it)",
-    "HTTP_REQUEST": "the broker did not answer in TLS (a plain STOMP port? use stomp:// for it)",
-    "UNEXPECTED_EOF_WHILE_READING": "the broker closed the connection during the TLS handshake",
+    "HTTPS_PROXY_REQUEST": _NOT_TLS,
+    "HTTP_REQUEST": _NOT_TLS,
+    "UNEXPECTED_EOF_WHILE_READING": CLOSED_IN_HANDSHAKE,
 }
+
+
+# Alerts with which a broker refuses a client certificate, or the lack of one.
+_REFUSED_CLIENT = frozenset(
+    {
+        "SSLV3_ALERT_BAD_CERTIFICATE",
+        "SSLV3_ALERT_CERTIFICATE_UNKNOWN",
+        "SSLV3_ALERT_HANDSHAKE_FAILURE",
+        "TLSV13_ALERT_CERTIFICATE_REQUIRED",
+    }
+)
 
 
 class TlsFailed(OSError):
@@ -322,6 +338,10 @@ def tls_failure(exc: BaseException, broker: Broker, config: Config | None) -> st
             return _verify_reason(current, broker, config)
         if isinstance(current, ssl.SSLError):
             reason = current.reason or ""
+            if reason in _REFUSED_CLIENT and config is not None and not config.tls_cert_file:
+                # We sent no certificate: ActiveMQ answers bad_certificate (measured),
+                # RabbitMQ certificate_required under TLS 1.3, handshake_failure under 1.2.
+                reason = "TLSV13_ALERT_CERTIFICATE_REQUIRED"
             words = _ALERTS.get(reason) or (reason.replace("_", " ").lower() or _brief(current))
             return f"TLS handshake failed: {words}"
         current = current.__cause__ or current.__context__
@@ -350,11 +370,48 @@ def _verify_reason(exc: ssl.SSLCertVerificationError, broker: Broker, config: Co
     return f"TLS: broker certificate refused: {message}" + (f" ({hint})" if hint else "")
 
 
+#: The reasons of the two one-sided configurations, once diagnosed.
+PLAIN_PORT = (
+    "TLS handshake failed: the broker answered in plain STOMP: this is not a TLS port "
+    "(use stomp:// for it)"
+)
+TLS_PORT = "the broker answered in TLS: this is a TLS port (use stomp+ssl:// for it)"
+#: How long a diagnosis (:func:`answers_tls`, :func:`answers_stomp`) may take: a listener
+#: answers its first bytes in milliseconds; a hung broker must not slow the round much.
+DIAGNOSIS_SECONDS = 0.5
+
+
+async def answers_stomp(host: str, port: int) -> bool:
+    """Whether ``host:port`` answers a plain STOMP ``CONNECT`` with ``CONNECTED`` or
+    ``ERROR``: the diagnosis of a TLS handshake the broker closed or never answered (a
+    ``stomp+ssl://`` URL pointing at a plain STOMP port; ActiveMQ closes without a word on a
+    ClientHello). One extra connection, only on that failure; the caller bounds it in time.
+    """
+    try:
+        stream = await trio.open_tcp_stream(host, port)
+    except OSError:
+        return False
+    try:
+        await stream.send_all(b"CONNECT\naccept-version:1.0,1.1,1.2\n\n\x00")
+        head = b""
+        while len(head) < 9:
+            chunk = await stream.receive_some(64)
+            if not chunk:
+                break
+            head += chunk
+    except (OSError, trio.BrokenResourceError):
+        return False
+    finally:
+        await trio.aclose_forcefully(stream)
+    return head.lstrip(b"\r\n").startswith((b"CONNECTED", b"ERROR"))
+
+
 async def answers_tls(host: str, port: int) -> bool:
     """Whether ``host:port`` answers a TLS ClientHello with a TLS record: the diagnosis of a
-    plain connection that was closed or reset before it received a byte (a TLS listener
-    that drops plain text without an alert, as Python's and Java's do). One extra connection,
-    only on that failure; the caller bounds it in time. False for anything else.
+    plain connection that received nothing, closed, reset or silent (ActiveMQ's and
+    RabbitMQ's TLS listeners read "CONNE" as a record header and wait for ~20 KB more). One
+    extra connection, only on that failure; the caller bounds it in time. False for anything
+    else.
     """
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     context.check_hostname = False

@@ -24,8 +24,13 @@ import protocol
 from config import Broker, Config
 from protocol import Command, ConnectionClosed, Frame, HeartBeat
 from proxy.tls import (
+    CLOSED_IN_HANDSHAKE,
+    DIAGNOSIS_SECONDS,
+    PLAIN_PORT,
+    TLS_PORT,
     TlsFailed,
     TlsTracker,
+    answers_stomp,
     answers_tls,
     client_context,
     looks_like_tls,
@@ -353,6 +358,10 @@ class BrokerStreams:
             reason = tls_failure(exc, broker, self.config)
             if reason is None or not isinstance(exc, Exception):
                 raise
+            if reason.endswith(CLOSED_IN_HANDSHAKE):
+                with trio.move_on_after(DIAGNOSIS_SECONDS):
+                    if await answers_stomp(broker.host, broker.port):
+                        reason = PLAIN_PORT
             self.tracker.failed(broker, reason)
             raise TlsFailed(reason) from exc
         self.tracker.succeeded(broker, peer_certificate(tls, name))
@@ -411,6 +420,9 @@ async def connect_upstream(
     except trio.TooSlowError:
         if wire is not None:
             await trio.aclose_forcefully(wire.stream)
+        reason = await _silence_reason(broker, wire, open_stream)
+        if reason is not None:
+            raise TlsConnectFailed(broker, reason) from None
         raise ConnectFailed(broker, f"no CONNECTED within {connect_timeout:g} s") from None
     except TlsFailed as exc:
         raise TlsConnectFailed(broker, str(exc)) from exc
@@ -446,10 +458,6 @@ class _ClosedEarly(Exception):
         self.wire = wire
 
 
-#: How long the diagnosis of a plain connection closed without a byte may take.
-_TLS_DIAGNOSIS_SECONDS = 2.0
-
-
 async def _tls_reason(
     exc: BaseException | None,
     broker: Broker,
@@ -460,18 +468,39 @@ async def _tls_reason(
     or a TLS listener behind a plain URL: TLS records received, or the connection closed or
     reset before a byte arrived and the port answers a ClientHello (:func:`answers_tls`)."""
     if broker.tls:
-        reason = None if exc is None else tls_failure(exc, broker, None)
+        config = open_stream.config if isinstance(open_stream, BrokerStreams) else None
+        reason = None if exc is None else tls_failure(exc, broker, config)
         if reason is not None and isinstance(open_stream, BrokerStreams):
             open_stream.after_handshake(broker, reason)
         return reason
     if wire is None or not isinstance(open_stream, BrokerStreams):
         return None
-    tls_port = looks_like_tls(wire.head)
-    if not tls_port and wire.bytes_in == 0 and wire.frames_out > 0:
-        with trio.move_on_after(_TLS_DIAGNOSIS_SECONDS):
-            tls_port = await answers_tls(broker.host, broker.port)
-    if tls_port:
-        return "the broker answered in TLS: this is a TLS port (use stomp+ssl:// for it)"
+    if looks_like_tls(wire.head):
+        return TLS_PORT
+    return await _silence_reason(broker, wire, open_stream)
+
+
+async def _silence_reason(
+    broker: Broker, wire: FrameStream | None, open_stream: StreamOpener
+) -> str | None:
+    """When a broker said nothing (closed, reset or silent before a byte): whether the port
+    speaks the other protocol than the URL says (:func:`proxy.tls.answers_tls`,
+    :func:`proxy.tls.answers_stomp`), within ``DIAGNOSIS_SECONDS``; None otherwise."""
+    if not isinstance(open_stream, BrokerStreams):
+        return None
+    if broker.tls:
+        if wire is not None:  # the handshake completed: TLS it is
+            return None
+        with trio.move_on_after(DIAGNOSIS_SECONDS):
+            if await answers_stomp(broker.host, broker.port):
+                open_stream.after_handshake(broker, PLAIN_PORT)
+                return PLAIN_PORT
+        return None
+    if wire is None or wire.bytes_in > 0 or wire.frames_out == 0:
+        return None
+    with trio.move_on_after(DIAGNOSIS_SECONDS):
+        if await answers_tls(broker.host, broker.port):
+            return TLS_PORT
     return None
 
 

@@ -23,6 +23,7 @@ import pytest
 from testbed import (
     ActiveMQ,
     RabbitMQ,
+    TlsListener,
     activemq_installed,
     rabbitmq_installed,
     start_activemq_pair,
@@ -96,6 +97,7 @@ def activemq_pair(tmp_path: Path) -> Iterator[ActiveMQPairFactory]:
         heap_mb: int = 256,
         memory_mb: int = 64,
         timeout: float = 60.0,
+        tls: TlsListener | None = None,
     ) -> tuple[ActiveMQ, ActiveMQ]:
         n = len(pairs)
         pair = start_activemq_pair(
@@ -106,6 +108,7 @@ def activemq_pair(tmp_path: Path) -> Iterator[ActiveMQPairFactory]:
             heap_mb=heap_mb,
             memory_mb=memory_mb,
             timeout=timeout,
+            tls=tls,
         )
         pairs.append(pair)
         return pair

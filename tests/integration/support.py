@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 import stomp
 import trio
+from prometheus_client import generate_latest
 
 import protocol
 from config import Config, load_config
@@ -111,6 +112,20 @@ class SidecarThread:
         """The running sidecar's statistics, read inside its trio loop."""
         assert self._sidecar is not None
         return trio.from_thread.run_sync(self._sidecar.statistics, trio_token=self._token)
+
+    def status(self) -> dict[str, Any]:
+        """The ``/status`` document, built inside the sidecar's trio loop."""
+        assert self._sidecar is not None
+        admin = self._sidecar.admin
+        assert admin is not None
+        return trio.from_thread.run_sync(admin.status, trio_token=self._token)
+
+    def metrics(self) -> str:
+        """The ``/metrics`` text exposition of the sidecar's registry (inside its loop)."""
+        sidecar = self._sidecar
+        assert sidecar is not None
+        text = trio.from_thread.run_sync(generate_latest, sidecar.registry, trio_token=self._token)
+        return text.decode()
 
 
 @dataclass

@@ -219,7 +219,7 @@ DAY = datetime.timedelta(days=1)
         ("not yet valid", "certificate is not yet valid"),
         ("hostname", "Hostname mismatch"),
         ("client certificate demanded", "the broker demands a client certificate"),
-        ("TLS to a plain port", "the broker did not answer in TLS"),
+        ("TLS to a plain port", "not a TLS port"),
     ],
 )
 async def test_each_tls_failure_has_a_one_line_reason(
