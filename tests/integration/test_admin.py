@@ -15,7 +15,9 @@ import subprocess
 import time
 import urllib.parse
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import h11
 import pytest
@@ -69,13 +71,16 @@ def poll_http(address: Address, path: str, status: int, timeout: float = 30.0) -
 
 
 class EventStream:
-    """A ``GET /events`` reader: an h11 client on a plain socket."""
+    """A ``GET /events`` reader: an h11 client on a plain socket (``headers``: more request
+    headers, e.g. the admin token)."""
 
-    def __init__(self, address: Address) -> None:
+    def __init__(self, address: Address, headers: dict[str, str] | None = None) -> None:
         self.sock = socket.create_connection(address, timeout=WAIT)
         self.conn = h11.Connection(h11.CLIENT)
         request = h11.Request(
-            method="GET", target="/events", headers=[("host", "t"), ("accept", "text/event-stream")]
+            method="GET",
+            target="/events",
+            headers=[("host", "t"), ("accept", "text/event-stream"), *(headers or {}).items()],
         )
         for event in (request, h11.EndOfMessage()):
             data = self.conn.send(event)
@@ -234,28 +239,28 @@ def test_promtool_accepts_the_live_exposition(amq_admin: SidecarThread) -> None:
     assert result.stdout + result.stderr == b""
 
 
-def test_a_real_prometheus_scrapes_the_sidecar(amq_admin: SidecarThread, tmp_path: Path) -> None:
-    prometheus = shutil.which("prometheus")
-    if prometheus is None:
+@contextmanager
+def prometheus(tmp_path: Path, target: Address, scrape_config: str = "") -> Iterator[Address]:
+    """A real Prometheus scraping ``target`` every second (``scrape_config``: more lines of
+    its scrape job, indented by four spaces); yields its HTTP address."""
+    binary = shutil.which("prometheus")
+    if binary is None:
         pytest.fail("prometheus (Debian package): run scripts/setup.sh", pytrace=False)
-    host, port = admin_address(amq_admin)
-    # The metric this test causes: sessions accepted (three app connections).
-    for _ in range(3):
-        with client(amq_admin.address):
-            pass
-    expected = amq_admin.statistics().sessions_total
+    host, port = target
     prom_port = free_port()
+    tmp_path.mkdir(parents=True, exist_ok=True)
     config = tmp_path / "prometheus.yml"
     config.write_text(
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-        "scrape_configs:\n  - job_name: mq-sidecar\n    static_configs:\n"
-        f"      - targets: ['{host}:{port}']\n"
+        "scrape_configs:\n  - job_name: mq-sidecar\n"
+        + scrape_config
+        + f"    static_configs:\n      - targets: ['{host}:{port}']\n"
     )
     log = tmp_path / "prometheus.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [
-                prometheus,
+                binary,
                 f"--config.file={config}",
                 f"--storage.tsdb.path={tmp_path / 'tsdb'}",
                 f"--web.listen-address=127.0.0.1:{prom_port}",
@@ -265,27 +270,9 @@ def test_a_real_prometheus_scrapes_the_sidecar(amq_admin: SidecarThread, tmp_pat
             stdin=subprocess.DEVNULL,
         )
     try:
-        query = urllib.parse.urlencode({"query": "mq_sidecar_sessions_accepted_total"})
-        deadline = time.monotonic() + 60
-        value = None
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, log.read_text()[-2000:]
-            try:
-                code, _, body = http_get(("127.0.0.1", prom_port), f"/api/v1/query?{query}")
-            except OSError:
-                code, body = 0, b""
-            if code == 200:
-                result = json.loads(body)["data"]["result"]
-                if result:
-                    value = float(result[0]["value"][1])
-                    if value >= expected:
-                        break
-            time.sleep(0.25)
-        assert value is not None, log.read_text()[-2000:]
-        assert value >= expected, (value, expected)
-        _, _, body = http_get(("127.0.0.1", prom_port), "/api/v1/targets")
-        (target,) = json.loads(body)["data"]["activeTargets"]
-        assert target["health"] == "up", target
+        yield ("127.0.0.1", prom_port)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nprometheus log:\n{log.read_text()[-2000:]}") from None
     finally:
         proc.terminate()
         try:
@@ -293,6 +280,48 @@ def test_a_real_prometheus_scrapes_the_sidecar(amq_admin: SidecarThread, tmp_pat
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def scraped_value(prom: Address, metric: str, at_least: float, timeout: float = 60) -> float:
+    """The value Prometheus holds for ``metric`` once it reaches ``at_least``; AssertionError
+    (with the last value) after ``timeout`` seconds."""
+    query = urllib.parse.urlencode({"query": metric})
+    deadline = time.monotonic() + timeout
+    value = None
+    while time.monotonic() < deadline:
+        try:
+            code, _, body = http_get(prom, f"/api/v1/query?{query}")
+        except OSError:
+            code, body = 0, b""
+        if code == 200:
+            result = json.loads(body)["data"]["result"]
+            if result:
+                value = float(result[0]["value"][1])
+                if value >= at_least:
+                    return value
+        time.sleep(0.25)
+    raise AssertionError(f"{metric} = {value} after {timeout} s, expected >= {at_least}")
+
+
+def scrape_target(prom: Address) -> dict[str, Any]:
+    """Prometheus' one active target."""
+    _, _, body = http_get(prom, "/api/v1/targets")
+    (target,) = json.loads(body)["data"]["activeTargets"]
+    assert isinstance(target, dict)
+    return target
+
+
+def test_a_real_prometheus_scrapes_the_sidecar(amq_admin: SidecarThread, tmp_path: Path) -> None:
+    # The metric this test causes: sessions accepted (three app connections).
+    for _ in range(3):
+        with client(amq_admin.address):
+            pass
+    expected = amq_admin.statistics().sessions_total
+    with prometheus(tmp_path, admin_address(amq_admin)) as prom:
+        value = scraped_value(prom, "mq_sidecar_sessions_accepted_total", expected)
+        assert value >= expected, (value, expected)
+        target = scrape_target(prom)
+        assert target["health"] == "up", target
 
 
 # --------------------------------------------------------------------------------------
