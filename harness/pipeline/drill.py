@@ -30,6 +30,7 @@ not set itself up (broker, sidecar or Spark did not start); 130 when interrupted
 from __future__ import annotations
 
 import contextlib
+import http.client
 import importlib.util
 import math
 import secrets
@@ -290,12 +291,12 @@ class Drill:
         except (SidecarError, OSError) as exc:
             raise DrillError(f"mq-sidecar did not start: {exc}") from exc
         for sidecar, role in ((producer, "producer"), (consumer, "consumer")):
-            monitor = EventMonitor(role, port=sidecar.port)
+            monitor = EventMonitor(role, port=sidecar.admin_port)
             self.state.monitors.append(monitor)
             try:
                 monitor.start()
-            except Exception as exc:  # stomp.py's ConnectFailedException, TimeoutError
-                raise DrillError(f"control channel of the {role} sidecar: {exc}") from exc
+            except (OSError, http.client.HTTPException) as exc:
+                raise DrillError(f"event stream of the {role} sidecar: {exc}") from exc
         self.say(
             f"mq-sidecar for the producer pid {producer.pid} on 127.0.0.1:{producer.port} "
             f"(admin {producer.admin_port}), for the consumer pid {consumer.pid} on "

@@ -1,25 +1,26 @@
-"""A control-channel subscriber: every session's RECONNECTING/FAILOVER/DISCONNECT events.
+"""An event watcher: every session's RECONNECTING/FAILOVER/DISCONNECT events of one sidecar.
 
-One stomp.py connection to a sidecar subscribes to ``/mq-sidecar/events`` with
-``mq-sidecar-scope:all`` (docs/behaviour.md, "Control channel"): it then gets the events of every
-session of that sidecar, its own included. Event bodies are the JSON of
-``proxy.events.SessionEvent`` (``session_id``, ``from_broker``, ``to_broker``, ``outage_ms``,
+It reads the sidecar's ``GET /events`` (Server-Sent Events on the admin plane, docs/operations.md,
+"Admin plane"): an operator's view of every session, which needs no STOMP session of its own
+(the in-band ``mq-sidecar-scope:all`` subscription is only for an app that authenticated with
+the sidecar's ``client_login``: docs/behaviour.md, "Control channel"). Event bodies are the JSON
+of ``proxy.events.SessionEvent`` (``session_id``, ``from_broker``, ``to_broker``, ``outage_ms``,
 ``replayed_frames``, ``duplicates_hidden``, ``redeliveries_hidden``, ``timestamp`` in Unix
 seconds...).
 """
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import json
+import socket
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["EVENTS_DESTINATION", "EventMonitor", "ObservedEvent"]
-
-#: The sidecar's default ``events_destination``.
-EVENTS_DESTINATION = "/mq-sidecar/events"
+__all__ = ["EventMonitor", "ObservedEvent"]
 
 
 @dataclass(frozen=True)
@@ -37,55 +38,66 @@ class ObservedEvent:
 
 
 class EventMonitor:
-    """Subscribes to every session's events on the sidecar at ``host:port``.
+    """Reads every session's events from the sidecar whose admin plane is at ``host:port``.
 
-    ``name`` labels the events (e.g. ``producer``). ``start()`` waits for the subscription's
-    RECEIPT (raises ``TimeoutError`` after ``timeout`` seconds); ``close()`` disconnects.
+    ``name`` labels the events (e.g. ``producer``). ``start()`` waits until the stream is open
+    (raises ``OSError``/``TimeoutError`` after ``timeout`` seconds); ``close()`` ends it. A
+    reader thread parses the stream (``event: KIND`` / ``data: JSON`` / blank line).
     """
 
     def __init__(
-        self, name: str, *, host: str = "127.0.0.1", port: int = 61613, timeout: float = 30.0
+        self,
+        name: str,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 9464,
+        timeout: float = 30.0,
+        token: str | None = None,
     ) -> None:
-        import stomp  # noqa: PLC0415
-
         self.name = name
         self.timeout = timeout
         self._lock = threading.Lock()
         self._events: list[ObservedEvent] = []
-        self._subscribed = threading.Event()
-        self._closed = threading.Event()
-        self.conn: Any = stomp.Connection12([(host, port)], heartbeats=(0, 0))
-        self.conn.set_listener("events", self)
+        self._conn = http.client.HTTPConnection(host, port, timeout=timeout)
+        self._headers = {"Accept": "text/event-stream"}
+        if token is not None:
+            self._headers["Authorization"] = f"Bearer {token}"
+        self._thread: threading.Thread | None = None
 
-    def on_message(self, frame: Any) -> None:
-        if frame.headers.get("destination") != EVENTS_DESTINATION:
-            return
+    def start(self) -> None:
+        """Open ``GET /events`` and start reading it."""
+        self._conn.request("GET", "/events", headers=self._headers)
+        response = self._conn.getresponse()
+        if response.status != 200:
+            raise OSError(f"{self.name}: GET /events answered {response.status}")
+        if self._conn.sock is not None:
+            self._conn.sock.settimeout(None)  # idle streams only carry keep-alive comments
+        self._thread = threading.Thread(
+            target=self._read, args=(response,), name=f"events-{self.name}", daemon=True
+        )
+        self._thread.start()
+
+    def _read(self, response: http.client.HTTPResponse) -> None:
+        data: list[str] = []
         try:
-            body = json.loads(frame.body)
+            while line := response.readline():
+                text = line.decode("utf-8", "replace").rstrip("\r\n")
+                if text.startswith("data:"):
+                    data.append(text[5:].strip())
+                elif not text and data:
+                    self._record("\n".join(data))
+                    data = []
+        except (OSError, ValueError, http.client.HTTPException):
+            pass  # closed by close(), or the sidecar went away
+
+    def _record(self, text: str) -> None:
+        try:
+            body = json.loads(text)
         except ValueError:
             return
         if isinstance(body, dict):
             with self._lock:
                 self._events.append(ObservedEvent(self.name, time.monotonic(), body))
-
-    def on_receipt(self, frame: Any) -> None:
-        if frame.headers.get("receipt-id") == "events-sub":
-            self._subscribed.set()
-
-    def on_disconnected(self) -> None:
-        self._closed.set()
-
-    def start(self) -> None:
-        """Connect and subscribe with ``mq-sidecar-scope:all``."""
-        self.conn.connect(wait=True)
-        self.conn.subscribe(
-            EVENTS_DESTINATION,
-            id="events",
-            ack="auto",
-            headers={"mq-sidecar-scope": "all", "receipt": "events-sub"},
-        )
-        if not self._subscribed.wait(self.timeout):
-            raise TimeoutError(f"{self.name}: no RECEIPT for the events subscription")
 
     def events(self, kind: str | None = None) -> list[ObservedEvent]:
         """The events received so far (of ``kind`` only, if given), in arrival order."""
@@ -93,8 +105,11 @@ class EventMonitor:
             return [e for e in self._events if kind is None or e.kind == kind]
 
     def close(self, timeout: float = 10.0) -> None:
-        """DISCONNECT and wait (bounded) for the connection to close."""
-        if self.conn.is_connected():
-            self.conn.disconnect()
-            if not self._closed.wait(timeout):
-                self.conn.transport.disconnect_socket()
+        """End the stream and wait (bounded) for the reader thread."""
+        sock = self._conn.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        self._conn.close()
+        if self._thread is not None:
+            self._thread.join(timeout)

@@ -64,7 +64,11 @@ class Consumer(stomp.ConnectionListener):  # type: ignore[misc]
     """A stomp.py consumer that records every body and ACKs each MESSAGE as it arrives."""
 
     def __init__(
-        self, address: tuple[str, int], destination: str, ack: str = "client-individual"
+        self,
+        address: tuple[str, int],
+        destination: str,
+        ack: str = "client-individual",
+        credentials: tuple[str, str] | None = None,
     ) -> None:
         self.bodies: list[str] = []
         self.errors: list[Received] = []
@@ -72,7 +76,7 @@ class Consumer(stomp.ConnectionListener):  # type: ignore[misc]
         self.conn = stomp.Connection12([address], heartbeats=(0, 0), vhost="/")
         self.conn.set_listener("consumer", self)
         self.ack_mode = ack
-        self.conn.connect(wait=True)
+        self.conn.connect(*(credentials or (None, None)), wait=True)
         self._subscribed = threading.Event()
         self._closed = threading.Event()
         self.conn.subscribe(destination=destination, id="c", ack=ack, headers={"receipt": "csub"})
@@ -109,10 +113,17 @@ class Consumer(stomp.ConnectionListener):  # type: ignore[misc]
 class Producer(threading.Thread):
     """Sends ``n`` messages (each with a receipt) from a thread; records receipts and errors."""
 
-    def __init__(self, address: tuple[str, int], destination: str, n: int, **headers: str) -> None:
+    def __init__(
+        self,
+        address: tuple[str, int],
+        destination: str,
+        n: int,
+        credentials: tuple[str, str] | None = None,
+        **headers: str,
+    ) -> None:
         super().__init__(name="producer", daemon=True)
         self.client = Client(address)
-        self.client.connect()
+        self.client.connect(*(credentials or (None, None)))
         self.destination = destination
         self.n = n
         self.headers = headers
@@ -154,13 +165,21 @@ def run_transfer(
     sidecar: SidecarThread, n: int, fault: Any, *, at_fraction: float = 0.4, timeout: float = 120.0
 ) -> tuple[Consumer, Producer, Client]:
     """Producer and consumer through the sidecar; ``fault()`` runs once the consumer has
-    received ``at_fraction`` of ``n``; returns when everything arrived (or the timeout)."""
+    received ``at_fraction`` of ``n``; returns when everything arrived (or the timeout).
+
+    The control client subscribes to its own session's events, or to every session's when the
+    sidecar has a ``client_login`` (which every client then presents: the rule of
+    ``mq-sidecar-scope:all``, docs/behaviour.md, "Control channel")."""
+    config = sidecar.config
+    credentials = None
+    if config.client_login is not None and config.client_passcode is not None:
+        credentials = (config.client_login, config.client_passcode.reveal())
     control = Client(sidecar.address)
-    control.connect()
-    subscribe_events(control, every_session=True)
+    control.connect(*(credentials or (None, None)))
+    subscribe_events(control, every_session=credentials is not None)
     dest = unique()
-    consumer = Consumer(sidecar.address, dest)
-    producer = Producer(sidecar.address, dest, n, persistent="true")
+    consumer = Consumer(sidecar.address, dest, credentials=credentials)
+    producer = Producer(sidecar.address, dest, n, credentials, persistent="true")
     producer.start()
     wait_until(lambda: consumer.count() >= n * at_fraction, timeout)
     fault()
@@ -183,6 +202,8 @@ def test_kill9_primary_takeover_is_transparent(activemq_pair: ActiveMQPairFactor
     config = sidecar_config(
         f"failover:({primary.stomp_url},{backup.stomp_url})",
         upstream_heartbeat="1000,1000",
+        client_login="ops",  # the control client watches every session (mq-sidecar-scope:all)
+        client_passcode="ops-secret",
         **FAST,
     )
     n = 20_000
