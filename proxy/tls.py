@@ -29,6 +29,7 @@ from config import Broker, Config
 __all__ = [
     "DIAGNOSIS_SECONDS",
     "PLAIN_PORT",
+    "SILENT_AFTER_HANDSHAKE",
     "TLS_PORT",
     "PeerCertificate",
     "TlsFailed",
@@ -376,6 +377,11 @@ PLAIN_PORT = (
     "(use stomp:// for it)"
 )
 TLS_PORT = "the broker answered in TLS: this is a TLS port (use stomp+ssl:// for it)"
+#: A TLS leg closed or reset after the handshake, before any byte came back.
+SILENT_AFTER_HANDSHAKE = (
+    "TLS: the broker closed the connection after the handshake without a word (the way a "
+    "TLS 1.3 broker refuses a missing or untrusted client certificate: check tls_cert_file)"
+)
 #: How long a diagnosis (:func:`answers_tls`, :func:`answers_stomp`) may take: a listener
 #: answers its first bytes in milliseconds; a hung broker must not slow the round much.
 DIAGNOSIS_SECONDS = 0.5

@@ -27,6 +27,7 @@ from proxy.tls import (
     CLOSED_IN_HANDSHAKE,
     DIAGNOSIS_SECONDS,
     PLAIN_PORT,
+    SILENT_AFTER_HANDSHAKE,
     TLS_PORT,
     TlsFailed,
     TlsTracker,
@@ -470,6 +471,11 @@ async def _tls_reason(
     if broker.tls:
         config = open_stream.config if isinstance(open_stream, BrokerStreams) else None
         reason = None if exc is None else tls_failure(exc, broker, config)
+        if reason is None and wire is not None and wire.bytes_in == 0:
+            # Under TLS 1.3 a broker refuses our certificate (or its absence) with an alert
+            # after the handshake; the connection's reset can overtake that alert (a reset
+            # discards what the kernel has not handed over yet).
+            reason = SILENT_AFTER_HANDSHAKE
         if reason is not None and isinstance(open_stream, BrokerStreams):
             open_stream.after_handshake(broker, reason)
         return reason
