@@ -28,8 +28,16 @@ from proxy._version import VERSION
 from proxy.admin_http import TokenUnavailable, read_token
 from proxy.app import ListenError, serve
 from proxy.logs import configure_logging
+from proxy.tls import TlsFailed, client_context
 
-__all__ = ["COMMAND_GROUP", "HARNESS_COMMANDS", "load_or_exit", "main", "run_sidecar"]
+__all__ = [
+    "COMMAND_GROUP",
+    "HARNESS_COMMANDS",
+    "load_or_exit",
+    "main",
+    "run_sidecar",
+    "unusable_files",
+]
 
 F = TypeVar("F", bound=Callable[..., object])
 
@@ -95,15 +103,35 @@ def load_or_exit(config_path: Path | None, overrides: Mapping[str, object | None
         sys.exit(2)
 
 
+def unusable_files(config: Config) -> list[str]:
+    """One line per file option that cannot be used now: the ``admin_token_file``, and the TLS
+    files (``tls_ca_file``, ``tls_cert_file``, ``tls_key_file``, ``tls_key_password_file``:
+    one client context is built as a connect would). The daemon reads them again at every
+    request and every connect (a rotated Secret applies without a restart); this is the
+    start-up check that a typo in a path ends the start, not every connect."""
+    problems: list[str] = []
+    if config.admin_token_file is not None:
+        try:
+            read_token(config.admin_token_file)
+        except TokenUnavailable as unreadable:
+            problems.append(str(unreadable))
+    tls = next((b for b in config.brokers if b.tls), None)
+    if tls is not None:
+        try:
+            client_context(tls, config)
+        except TlsFailed as failed:
+            problems.append(str(failed))
+    return problems
+
+
 def run_sidecar(config: Config) -> None:
     """Run the daemon with ``config`` until SIGTERM/SIGINT; exit 1 if it cannot listen, or
-    cannot read the ``admin_token_file`` it is given (read again at every request later)."""
+    a file it is given cannot be used (:func:`unusable_files`)."""
     configure_logging(config.log_level, config.log_format)
-    try:
-        if config.admin_token_file is not None:
-            read_token(config.admin_token_file)
-    except TokenUnavailable as unreadable:
-        click.echo(f"mq-sidecar: {unreadable}", err=True)
+    problems = unusable_files(config)
+    for problem in problems:
+        click.echo(f"mq-sidecar: {problem}", err=True)
+    if problems:
         sys.exit(1)
     try:
         trio.run(lambda: serve(config, handle_signals=True))
@@ -186,6 +214,11 @@ def check_config(
     """Validate the configuration without running; print it (credentials redacted)."""
     config = load_or_exit(config_path, _flags(listen, admin_listen, brokers, log_level, log_format))
     click.echo(json.dumps(config.redacted(), indent=2, sort_keys=True))
+    problems = unusable_files(config)
+    for problem in problems:
+        click.echo(f"mq-sidecar: {problem}", err=True)
+    if problems:
+        sys.exit(1)
     click.echo(f"mq-sidecar: configuration OK ({len(config.brokers)} broker(s))", err=True)
 
 

@@ -200,3 +200,19 @@ def test_demo_starts_a_broker_and_the_sidecar(tmp_path: Path) -> None:
         ["pgrep", "-f", str(tmp_path)], capture_output=True, text=True, check=False
     )
     assert java.stdout.strip() == ""
+
+
+@pytest.mark.parametrize("command", ["run", "check-config"])
+def test_unusable_tls_files_end_the_start_with_one_line_each(command: str, tmp_path: Path) -> None:
+    """A typo in a TLS path ends the start with the option and the file named, not a
+    tls_error at every connect (the files are read again at every connect later)."""
+    missing = tmp_path / "no-such-ca.pem"
+    result = run_cli(
+        command,
+        "--brokers",
+        "stomp+ssl://127.0.0.1:61614",
+        env={"MQ_SIDECAR_TLS_CA_FILE": str(missing)},
+    )
+    assert result.returncode == 1, result
+    assert f"mq-sidecar: TLS: tls_ca_file {missing}: no such file\n" in result.stderr
+    assert "Traceback" not in result.stderr
