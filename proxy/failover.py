@@ -3,28 +3,39 @@
 :func:`connect_by_policy` makes rounds over the brokers in the order the
 :class:`~proxy.policy.ReconnectPolicy` gives (current broker first: reattach; then the others:
 failover), sleeping the policy's jittered delay before each round but the first of a session's
-initial connection, until one broker accepts the session or the policy is exhausted. A broker
-that refuses the login is reported and skipped for that round; the backoff between rounds keeps
-a refusing broker list from spinning (docs/behaviour.md, "Broker list and reconnect policy").
-A first connection goes on past its attempts until ``initial_connect_period`` has passed.
+initial connection, until one broker accepts the session or the policy is exhausted. A first
+connection goes on past its attempts until ``initial_connect_period`` has passed.
+
+A broker that refuses the login (answers CONNECT with an ERROR) fails that attempt and the
+round moves on ("try the next", DESIGN.md 3.2); it is then skipped for a cool-down by every
+session sending it the same CONNECT (:class:`proxy.reconnects.Refusals`), its refusal standing
+as its answer. A round in which every broker refused, now or within its cool-down, ends the
+connection at once with the broker's reason; a round in which some broker was only unreachable
+goes on by the policy, the refusing ones tried again as each cool-down ends (docs/behaviour.md,
+"Broker list and reconnect policy").
 
 :class:`ReconnectBoard` is what the sessions of one sidecar share: they report their
-reconnects there, and a first connection waits there for the outcome of the others' reconnects
-instead of racing them.
+reconnects there, a first connection waits there for the outcome of the others' reconnects
+instead of racing them, and the brokers' refusals are kept there.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
+import logging
 import random
+import secrets
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import trio
 
 from config import Broker
+from protocol import Frame
 from proxy.policy import ReconnectPolicy
-from proxy.reconnects import ReconnectTally
+from proxy.reconnects import ReconnectTally, Refusals
 from proxy.upstream import (
     ConnectFailed,
     TlsConnectFailed,
@@ -34,6 +45,11 @@ from proxy.upstream import (
 )
 
 __all__ = ["Attempt", "ReconnectBoard", "ReconnectExhausted", "connect_by_policy"]
+
+log = logging.getLogger("mq_sidecar.failover")
+
+#: Refusals are kept per (broker index, CONNECT identity: :meth:`ReconnectBoard.identity`).
+RefusalKey = tuple[int, bytes]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +66,8 @@ class Attempt:
 class ReconnectExhausted(Exception):
     """The policy gave up: ``attempts`` were made over ``rounds`` rounds in ``elapsed``
     seconds; ``last`` is the last failure (a refusal is preferred, it carries the broker's
-    words)."""
+    words). ``refused``: it gave up because every broker of the last round refused the
+    CONNECT (now or within its cool-down), not because attempts or time ran out."""
 
     def __init__(
         self,
@@ -58,8 +75,12 @@ class ReconnectExhausted(Exception):
         rounds: int,
         elapsed: float,
         last: UpstreamUnavailable | None,
+        *,
+        refused: bool = False,
     ) -> None:
         detail = f": {last}" if last is not None else ""
+        if refused:
+            detail = f": every broker refused the CONNECT{detail}"
         super().__init__(
             f"gave up after {len(attempts)} attempt(s) in {rounds} round(s) over "
             f"{elapsed:.1f} s{detail}"
@@ -68,6 +89,7 @@ class ReconnectExhausted(Exception):
         self.rounds = rounds
         self.elapsed = elapsed
         self.last = last
+        self.refused = refused
 
 
 class ReconnectBoard:
@@ -78,13 +100,33 @@ class ReconnectBoard:
     The counts are a :class:`~proxy.reconnects.ReconnectTally` (pure); this adds one trio
     Event, set and replaced on a change while someone waits. Nothing is queued: a waiter
     reads the tally when it wakes, so memory does not grow with sessions or outcomes. The
-    sidecar owns one (``proxy.app.Sidecar.reconnects``); a Session built alone gets its own.
+    brokers' refusals are a :class:`~proxy.reconnects.Refusals` (at most 256 entries) keyed
+    by broker index and :meth:`identity`. The sidecar owns one
+    (``proxy.app.Sidecar.reconnects``); a Session built alone gets its own.
     """
 
     def __init__(self) -> None:
         self.tally = ReconnectTally()
+        self.refusals: Refusals[RefusalKey, UpstreamRefused] = Refusals()
         self._changed = trio.Event()
         self._waiters = 0
+        self._identity_key = secrets.token_bytes(32)
+
+    def identity(self, connect: Frame) -> bytes:
+        """What makes two sessions' CONNECTs to a broker the same for its refusals: a keyed
+        digest (HMAC-SHA256 with a key of this board's, never shown) of every header but
+        ``heart-beat``: login and passcode, host (RabbitMQ's vhost), client-id... Only a
+        session that would send the very same CONNECT skips a broker that refused one; the
+        credentials are not kept, nor a digest that could be checked against a guess."""
+        mac = hmac.new(self._identity_key, digestmod=hashlib.sha256)
+        for name, value in sorted(connect.headers):
+            if name == "heart-beat":
+                continue
+            for part in (name, value):
+                data = part.encode("utf-8", "surrogateescape")
+                mac.update(len(data).to_bytes(4, "big"))
+                mac.update(data)
+        return mac.digest()
 
     @property
     def reconnecting(self) -> int:
@@ -160,11 +202,20 @@ async def connect_by_policy(
     on_attempt: Callable[[Attempt], None] | None = None,
     initial_period: float | None = None,
     board: ReconnectBoard | None = None,
+    identity: Callable[[Broker], bytes] | None = None,
+    on_skip: Callable[[Broker, UpstreamRefused], None] | None = None,
 ) -> tuple[Upstream, int, list[Attempt]]:
     """Connect to a broker: returns ``(upstream, broker index, attempts)``.
 
     No round starts once the policy gives up (:meth:`ReconnectPolicy.give_up_at`): a delay
     that would end past that point is cut short and the policy gives up instead.
+
+    Refusals: a broker that answers CONNECT with an ERROR is skipped, while its cool-down
+    (:meth:`ReconnectPolicy.refusal_cooldown`) runs, by every connection that would send it
+    the same CONNECT (the same ``identity``), its refusal counting as its answer (no
+    attempt, ``on_skip``). After a round in which every broker refused, now or within its
+    cool-down, the policy gives up at once (``ReconnectExhausted.refused``); a round in
+    which any broker was unreachable goes on by the policy.
 
     With a ``board``, a reconnect is counted on it while it runs and every success is
     reported to it; a first connection (``initial``) consults it: while other sessions are
@@ -184,10 +235,14 @@ async def connect_by_policy(
         on_attempt: called after every attempt (logs, metrics).
         initial_period: seconds a first connection goes on after its attempts are spent
             (``initial_connect_period``; None: the attempts alone).
-        board: the sidecar's :class:`ReconnectBoard` (None: no sharing).
+        board: the sidecar's :class:`ReconnectBoard` (None: no sharing; refusals are then
+            kept for this call only).
+        identity: the CONNECT identity ``connect_one`` presents to a broker
+            (:meth:`ReconnectBoard.identity` of its CONNECT frame); None: one identity for all.
+        on_skip: called for every broker skipped because its refusal stands (metrics).
 
     Raises:
-        ReconnectExhausted: the policy's attempts or period ran out.
+        ReconnectExhausted: every broker refused, or the policy's attempts or period ran out.
     """
     walk = _Walk(
         brokers,
@@ -198,6 +253,8 @@ async def connect_by_policy(
         initial_period=initial_period,
         board=board,
         on_attempt=on_attempt,
+        identity=identity,
+        on_skip=on_skip,
     )
     if board is None:
         return await walk.run(current)
@@ -225,6 +282,8 @@ class _Walk:
         initial_period: float | None,
         board: ReconnectBoard | None,
         on_attempt: Callable[[Attempt], None] | None,
+        identity: Callable[[Broker], bytes] | None,
+        on_skip: Callable[[Broker, UpstreamRefused], None] | None,
     ) -> None:
         self.brokers = brokers
         self.policy = policy
@@ -233,12 +292,18 @@ class _Walk:
         self.initial = initial
         self.initial_period = initial_period if initial else None
         self.board = board if initial else None  # only a first connection waits on it
+        self.refusals: Refusals[RefusalKey, UpstreamRefused] = (
+            board.refusals if board is not None else Refusals()
+        )
+        self.identity = identity
         self.on_attempt = on_attempt
+        self.on_skip = on_skip
         self.started = trio.current_time()
         self.attempts: list[Attempt] = []
-        self.failures: list[UpstreamUnavailable] = []
+        self.last_failure: UpstreamUnavailable | None = None
+        self.last_refusal: UpstreamRefused | None = None  # preferred: the broker's words
         self.rounds = 0
-        self.refused = False  # every broker of the last round refused the login
+        self.refused = False  # every broker of the last round refused (now or standing)
 
     def _left(self) -> float | None:
         """Seconds until the policy gives up (None: never)."""
@@ -252,10 +317,11 @@ class _Walk:
 
     def _give_up_if_exhausted(self) -> None:
         if self._left() == 0.0:
-            refused = [f for f in self.failures if isinstance(f, UpstreamRefused)]
-            last = refused[-1] if refused else (self.failures[-1] if self.failures else None)
+            last = self.last_refusal or self.last_failure
             elapsed = trio.current_time() - self.started
-            raise ReconnectExhausted(self.attempts, self.rounds, elapsed, last)
+            raise ReconnectExhausted(
+                self.attempts, self.rounds, elapsed, last, refused=self.refused
+            )
 
     async def _pause(self, seconds: float, *, until_idle: bool) -> int | None:
         """Wait ``seconds`` (never past the give-up point); with a board, return early with
@@ -290,20 +356,50 @@ class _Walk:
             refused = True
             for index in policy.order(len(self.brokers), first, self.rng):
                 broker = self.brokers[index]
+                key = (index, b"" if self.identity is None else self.identity(broker))
+                standing = self.refusals.claim(key, trio.current_time())
+                if standing is not None:  # refused lately: that is its answer for now
+                    self.last_refusal = standing
+                    if self.on_skip is not None:
+                        self.on_skip(broker, standing)
+                    continue
                 try:
                     upstream = await self.connect_one(broker)
                 except UpstreamUnavailable as exc:
-                    attempt = Attempt(broker.label, _outcome(exc), exc.reason)
-                    refused = refused and attempt.outcome == "refused"
-                    self._record(attempt)
-                    self.failures.append(exc)
+                    refused = refused and isinstance(exc, UpstreamRefused)
+                    self._failed(key, broker, exc)
                     continue
+                except BaseException:  # cancelled (or a bug): the others may try it again
+                    self.refusals.settled(key)
+                    raise
+                self.refusals.accepted(key)
                 server = upstream.connected.get("server") or ""
                 self._record(Attempt(broker.label, "connected", server))
                 return upstream, index, self.attempts
             self.rounds += 1
             self.refused = refused
             first = current
+
+    def _failed(self, key: RefusalKey, broker: Broker, exc: UpstreamUnavailable) -> None:
+        """Record a failed attempt; a refusal starts (or joins) the broker's cool-down."""
+        self._record(Attempt(broker.label, _outcome(exc), exc.reason))
+        self.last_failure = exc
+        if not isinstance(exc, UpstreamRefused):
+            self.refusals.settled(key)
+            return
+        self.last_refusal = exc
+        cooldown = self.refusals.refused(key, exc, trio.current_time(), self.policy)
+        entry = self.refusals.get(key)
+        if cooldown is not None and entry is not None and entry.count == 1:
+            # Once per broker and CONNECT until it accepts one (attempts are counted in
+            # metrics). Not the broker's words: ActiveMQ's name the login (DESIGN.md 3.8);
+            # they reach the app, in its ERROR or its DISCONNECT event.
+            log.warning(
+                "broker %s refused a CONNECT; sessions sending the same CONNECT skip it for "
+                "%g s, longer while it keeps refusing",
+                broker.label,
+                cooldown,
+            )
 
     def _record(self, attempt: Attempt) -> None:
         self.attempts.append(attempt)

@@ -98,6 +98,13 @@ class Metrics:
             ["broker", "outcome"],
         )
         self._connect = _children(self._connect_attempts, self.brokers, ConnectOutcome)
+        self._refusal_skips = counter(
+            "upstream_refusal_skips",
+            "Connection attempts not made: the broker refused the same CONNECT within its "
+            "cool-down, by broker.",
+            ["broker"],
+        )
+        self._refusal_skip = {b: self._refusal_skips.labels(b) for b in self.brokers}
         self._probes = counter(
             "broker_probes",
             "Readiness probes of a broker (a STOMP CONNECT by the admin plane), by outcome.",
@@ -207,6 +214,14 @@ class Metrics:
         child = self._connect.get((broker, outcome))
         if child is None:  # a broker not in the configuration: still bounded by the caller
             child = self._connect[broker, outcome] = self._connect_attempts.labels(broker, outcome)
+        child.inc()
+
+    def refusal_skip(self, broker: str) -> None:
+        """A session skipped ``broker``: it refused the same CONNECT within its cool-down
+        (proxy.failover); its refusal stood as its answer."""
+        child = self._refusal_skip.get(broker)
+        if child is None:  # a broker not in the configuration: still bounded by the caller
+            child = self._refusal_skip[broker] = self._refusal_skips.labels(broker)
         child.inc()
 
     def probe(self, broker: str, outcome: ProbeOutcome) -> None:

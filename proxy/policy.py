@@ -114,14 +114,22 @@ class ReconnectPolicy:
         ``initial_connect_period``; None or 0: none) makes a first connection go on after its
         attempts are spent until that period has passed: it gives up once *both* its rounds
         and its period are spent, so the attempts still count when they outlast the period
-        (-1 stays unlimited). ``refused``: every broker of the last round refused the login;
-        brokers that answer "no" are not waited for, so the period does not apply.
-        ``reconnect_period`` bounds every connection, the first one too.
+        (-1 stays unlimited). ``reconnect_period`` bounds every connection, the first one too.
+
+        ``refused``: every broker of the last round refused the login (answered CONNECT with
+        an ERROR, or did so within its cool-down, :meth:`refusal_cooldown`): give up at once,
+        whatever the attempts and periods left. A broker that says "no" is an answer, not an
+        outage: waiting for it does not help, and the app should hear the broker's reason
+        now, not after ``reconnect_period`` (issue 16; Qpid JMS's failover provider stops
+        reconnecting on a security failure "to avoid a spinning reconnect cycle that can
+        never complete"). A round in which some broker was only unreachable is not refused.
         """
+        if refused:
+            return 0.0
         limit = self.initial_connect_attempts if initial else self.reconnect_attempts
         at: float | None = None
         if limit != -1 and rounds_done >= limit:
-            extend = initial and initial_period is not None and initial_period > 0 and not refused
+            extend = initial and initial_period is not None and initial_period > 0
             at = initial_period if extend else 0.0
         if self.reconnect_period is not None:
             at = self.reconnect_period if at is None else min(at, self.reconnect_period)
@@ -142,6 +150,29 @@ class ReconnectPolicy:
             rounds_done, initial=initial, initial_period=initial_period, refused=refused
         )
         return at is not None and elapsed >= at
+
+    def refusal_cooldown(self, refusals: int) -> float:
+        """Seconds a broker is skipped after its ``refusals``-th refusal in a row of one
+        CONNECT (the same credentials), counted once per cool-down: :meth:`backoff` of that
+        number, ``min(retry_interval * multiplier ** (refusals - 1), max_retry_interval)``,
+        without jitter.
+
+        Exponential from ``retry_interval``: a refusal that goes away by itself (a broker
+        still loading its users, ActiveMQ refusing a ``client-id`` whose old connection it has
+        not dropped yet) costs little, one that stays is tried less and less often. Capped
+        at ``max_retry_interval``, the longest the operator lets the policy wait between two
+        tries of a broker: a refusing broker is never tried more often than that once its
+        refusals persist (one CONNECT per cool-down per broker and credentials for the whole
+        sidecar, :class:`proxy.reconnects.Refusals`), and a credential fixed on the broker
+        (a user created, a Secret rotated) is noticed within that time, as a broker coming
+        back is. No jitter: the sessions' own round delays are jittered already.
+
+        Raises:
+            ValueError: ``refusals`` is below 1.
+        """
+        if refusals < 1:
+            raise ValueError(f"refusals start at 1, got {refusals}")
+        return self.backoff(refusals)
 
     def order(self, brokers: int, current: int | None, rng: random.Random) -> list[int]:
         """Indexes of the brokers to try in one round.

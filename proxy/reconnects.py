@@ -9,16 +9,29 @@ cancelled or done (:meth:`ReconnectTally.end`). A new session's first connection
 tally: while others are reconnecting it waits for their outcome and then tries first the
 broker that answered (docs/behaviour.md, "Broker list and reconnect policy").
 
-This module keeps the counts only: integers, no queue, no clock, no trio. The waiting (a trio
-Event woken on every change) is :class:`proxy.failover.ReconnectBoard`, which owns one tally;
-the sidecar owns one board (``proxy.app.Sidecar.reconnects``).
+They also share what brokers answered: a broker that refused a CONNECT (an ERROR in answer,
+typically the credentials) is skipped for a cool-down by every session that would send it the
+same CONNECT (:class:`Refusals`), so three hundred sessions failing over together do not each
+try a broker that already said no.
+
+This module keeps the counts only: integers and the latest refusals, no queue, no clock, no
+trio (times are the caller's, in seconds). The waiting (a trio Event woken on every change) is
+:class:`proxy.failover.ReconnectBoard`, which owns one tally and one :class:`Refusals`; the
+sidecar owns one board (``proxy.app.Sidecar.reconnects``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
-__all__ = ["ReconnectTally", "Seen"]
+from proxy.policy import ReconnectPolicy
+
+__all__ = ["ReconnectTally", "Refusal", "Refusals", "Seen"]
+
+K = TypeVar("K", bound=Hashable)
+R = TypeVar("R")
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,3 +99,99 @@ class ReconnectTally:
         latest = self._latest_up
         broker = latest[1] if latest is not None and latest[0] > generation else None
         return Seen(broker, self.reconnecting == 0)
+
+
+@dataclass(slots=True)
+class Refusal(Generic[R]):
+    """A broker's standing refusal of one CONNECT (:class:`Refusals`).
+
+    Attributes:
+        error: the latest refusal (the broker's ERROR, as the caller keeps it).
+        count: cool-downs so far: refusals in a row, one per cool-down (refusals of attempts
+            that were under way when a cool-down began count in that one).
+        until: end of the current cool-down, in the caller's seconds.
+        trying: a session is trying the broker again after the cool-down; until it has the
+            answer, the refusal stands for everyone else.
+    """
+
+    error: R
+    count: int
+    until: float
+    trying: bool = False
+
+
+class Refusals(Generic[K, R]):
+    """Which brokers refused which CONNECT lately, and until when they are skipped.
+
+    Keyed by whatever names "this broker, this CONNECT" to the caller (the sidecar: broker
+    index and a keyed digest of the CONNECT headers, so only a session presenting the same
+    credentials to the same broker skips it). The life of one key:
+
+    * :meth:`claim` before an attempt: returns the standing refusal (skip the broker and count
+      that as its answer) while the cool-down runs or another session is trying it again;
+      else None, and the caller tries (the key is now being tried).
+    * then exactly one of :meth:`refused` (a new cool-down, longer by the policy,
+      :meth:`ReconnectPolicy.refusal_cooldown`), :meth:`accepted` (forgotten: the next
+      refusal starts again from the shortest cool-down) or :meth:`settled` (no answer:
+      unreachable, timed out, cancelled; the refusal no longer stands, the count is kept).
+
+    At most ``limit`` keys are kept; a new one beyond it evicts the one refused longest ago
+    (its sessions then try that broker once more). Memory: ``limit`` entries, whatever the
+    number of sessions or attempts.
+    """
+
+    __slots__ = ("_entries", "limit")
+
+    def __init__(self, limit: int = 256) -> None:
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        self.limit = limit
+        self._entries: dict[K, Refusal[R]] = {}  # oldest refusal first
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: K) -> Refusal[R] | None:
+        """The entry of ``key`` (read-only use: tests, ``/status``), or None."""
+        return self._entries.get(key)
+
+    def claim(self, key: K, now: float) -> R | None:
+        """Before an attempt at ``now``: the refusal that still stands for ``key`` (skip the
+        broker), or None (try it; if it had refused before, the others now skip it until
+        this attempt ends: one CONNECT at a time to a broker known to refuse)."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        if entry.trying or now < entry.until:
+            return entry.error
+        entry.trying = True
+        return None
+
+    def refused(self, key: K, error: R, now: float, policy: ReconnectPolicy) -> float | None:
+        """The attempt for ``key`` was refused at ``now`` with ``error``.
+
+        Returns the cool-down it starts, in seconds; None when one was already running (an
+        attempt under way when another one's refusal began it: same cool-down, latest words).
+        """
+        entry = self._entries.pop(key, None)
+        if entry is not None and now < entry.until:
+            entry.error = error
+            self._entries[key] = entry
+            return None
+        count = 1 if entry is None else entry.count + 1
+        cooldown = policy.refusal_cooldown(count)
+        if entry is None and len(self._entries) >= self.limit:
+            del self._entries[next(iter(self._entries))]
+        self._entries[key] = Refusal(error, count, now + cooldown)
+        return cooldown
+
+    def accepted(self, key: K) -> None:
+        """The broker accepted the CONNECT of ``key``: its refusals are forgotten."""
+        self._entries.pop(key, None)
+
+    def settled(self, key: K) -> None:
+        """The attempt for ``key`` ended without an answer (unreachable, timeout, TLS error,
+        cancelled): the refusal no longer stands for the others; its count is kept."""
+        entry = self._entries.get(key)
+        if entry is not None:
+            entry.trying = False

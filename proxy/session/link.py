@@ -26,6 +26,7 @@ from proxy.session.restore import Restorer
 from proxy.upstream import (
     StreamOpener,
     Upstream,
+    UpstreamRefused,
     UpstreamUnavailable,
     connect_frame,
     connect_upstream,
@@ -122,6 +123,16 @@ class Link:
                 attempt.detail,
             )
 
+    def _identity(self, broker: Broker) -> bytes:
+        """What this session's CONNECT to ``broker`` is for the brokers' refusals: sessions
+        sending the same one share the broker's cool-down (proxy.failover)."""
+        return self.reconnects.identity(self.connect_frame(broker))
+
+    def _log_skip(self, broker: Broker, refusal: UpstreamRefused) -> None:
+        core = self.core
+        core.metrics.refusal_skip(broker.label)
+        log.debug("session %s: broker %s skipped: %s", core.id, broker.label, refusal.reason)
+
     async def _loop(self, task_status: trio.TaskStatus[None]) -> None:
         core = self.core
         state = core.state
@@ -147,6 +158,8 @@ class Link:
                         on_attempt=self._log_attempt,
                         initial_period=core.durations.initial_connect_period,
                         board=self.reconnects,
+                        identity=self._identity,
+                        on_skip=self._log_skip,
                     )
                 except ReconnectExhausted as exc:
                     if first:

@@ -290,15 +290,19 @@ async def test_a_refusing_broker_is_skipped_within_the_round(
 
 
 @pytest.mark.parametrize("initial", [True, False])
-async def test_refusing_brokers_do_not_make_the_loop_spin(
+async def test_a_round_of_refusals_ends_the_connection_at_once(
     autojump_clock: trio.testing.MockClock, initial: bool
 ) -> None:
-    """Like trio's EMFILE test: count the attempts in a fixed time."""
+    """Every broker says no: no second round, whatever attempts and periods are left
+    (the loop cannot spin on refusals either: there is no next round)."""
     script = Script(default="refused")
-    with trio.move_on_after(2.2):
+    with pytest.raises(ReconnectExhausted) as info:
         await run(script, constant(0.5), current=None if initial else 0, initial=initial)
-    firsts = [0.0, 0.5, 1.0, 1.5, 2.0] if initial else [0.5, 1.0, 1.5, 2.0]
-    assert script.times() == [t for t in firsts for _ in (A, B)]
+    first = 0.0 if initial else 0.5
+    assert script.times() == [first, first]
+    assert info.value.refused
+    assert info.value.rounds == 1
+    assert script.elapsed == first  # at once after the round
 
 
 # -- giving up --------------------------------------------------------------------------------

@@ -144,11 +144,12 @@ async def test_a_drain_stops_a_first_connect_at_once(
     await running.app.wait_closed()
 
 
-async def test_a_login_refused_in_every_round_is_not_retried_for_the_period(
+async def test_a_login_refused_by_every_broker_is_not_retried_for_the_period(
     autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, network: Network
 ) -> None:
     """Brokers that answer CONNECT with an ERROR are up and say no: waiting does not help,
-    so the app gets the broker's own ERROR after its three rounds, not after the period."""
+    so the app gets the broker's own ERROR after that one round, not after its three rounds
+    or the period (issue 16)."""
     broker = network.add("broker", 61001)
     broker.refuse = "Authentication failed"
     config = make_config(broker, **ISSUE, initial_connect_period=30_000)
@@ -157,8 +158,8 @@ async def test_a_login_refused_in_every_round_is_not_retried_for_the_period(
 
     error = await running.app.wait_error()
     assert error.get("message") == "Authentication failed"
-    assert running.app.arrival(lambda f: f.command is Command.ERROR) - sent == pytest.approx(0.3)
-    assert broker.connects == 3
+    assert running.app.arrival(lambda f: f.command is Command.ERROR) - sent == pytest.approx(0.0)
+    assert broker.connects == 1
 
 
 # -- waiting for the other sessions' reconnects --------------------------------------------------
@@ -290,6 +291,7 @@ def test_give_up_at_needs_both_the_attempts_and_the_period_spent() -> None:
     assert give_up_at(3, initial=True, initial_period=30.0) == 30.0
     assert give_up_at(3, initial=True, initial_period=None) == 0.0  # the old rule
     assert give_up_at(3, initial=True, initial_period=30.0, refused=True) == 0.0
+    assert give_up_at(1, initial=True, initial_period=30.0, refused=True) == 0.0  # issue 16
     assert give_up_at(3, initial=False, initial_period=30.0) == 300.0  # reconnects: -1
     short = ReconnectPolicy(initial_connect_attempts=3, reconnect_period=10.0)
     # reconnect_period bounds a first connection too
