@@ -40,6 +40,7 @@ from tests.deploy.test_monitoring import (
     label_values,
     metric_names,
     panel_queries,
+    rules,
     variable_queries,
 )
 from tests.faultproxy import FaultProxy
@@ -232,3 +233,17 @@ def test_the_failover_shows_on_the_dashboard(scraped: Scraped) -> None:
     days = last("Broker TLS certificate expiry")
     assert list(days) == [(scraped.second,)]
     assert CERT_DAYS - 1 < days[scraped.second,] <= CERT_DAYS, days
+
+
+def test_alert_conditions_after_the_failover(scraped: Scraped) -> None:
+    """The alert rules' expressions (monitoring/alerts.yaml) on the same real data: each one
+    runs, and the only condition that holds is MQSidecarBrokerUnreachable's, for the first
+    broker (it answered, now it refuses; its `for: 10m` has not passed)."""
+    holding: dict[str, list[dict[str, str]]] = {}
+    for rule in rules():
+        series = scraped.evaluate(rule["expr"], instant=True)
+        if series:
+            holding.setdefault(rule["alert"], []).extend(labels for labels, _ in series)
+    assert set(holding) == {"MQSidecarBrokerUnreachable"}, holding
+    (labels,) = holding["MQSidecarBrokerUnreachable"]
+    assert (labels["job"], labels["broker"]) == ("mq-sidecar", scraped.first)
