@@ -79,6 +79,9 @@ class ReconnectExhausted(Exception):
         refused: bool = False,
     ) -> None:
         detail = f": {last}" if last is not None else ""
+        if isinstance(last, UpstreamRefused):
+            more = _more_words(last.error)
+            detail += f" ({more})" if more else ""
         if refused:
             detail = f": every broker refused the CONNECT{detail}"
         super().__init__(
@@ -179,6 +182,40 @@ class ReconnectBoard:
         finally:
             self._waiters -= 1
         return None
+
+
+#: First words of the body of ActiveMQ's ERROR to a CONNECT whose ``client-id`` it still holds
+#: for another connection (``Broker: B - Client: X already connected from tcp://...``): javax
+#: in 5.x, jakarta in 6.x.
+_CLIENT_ID_IN_USE = ("javax.jms.InvalidClientIDException", "jakarta.jms.InvalidClientIDException")
+
+
+def _lasting(exc: UpstreamUnavailable) -> bool:
+    """Whether ``exc`` is a refusal that waiting does not change (credentials, vhost...).
+
+    Not ActiveMQ's refusal of a ``client-id`` still held by another connection: ActiveMQ
+    drops a closed connection asynchronously, so a CONNECT right after the sidecar closed its
+    old leg to that broker (a reattach) meets it about one time in three (measured with 5.17:
+    6 of 20 immediate reconnects); it goes away within milliseconds, like a broker restarting.
+    Such a refusal fails the attempt like an unreachable broker: no cool-down, and not a
+    refusal of the round."""
+    if not isinstance(exc, UpstreamRefused):
+        return False
+    return not exc.error.body.lstrip().startswith(tuple(p.encode() for p in _CLIENT_ID_IN_USE))
+
+
+def _more_words(error: Frame) -> str:
+    """What a broker's refusal says beyond its ``message`` header: the first line of its body
+    when that line is not in the message (RabbitMQ: ``Bad CONNECT`` and ``Access refused for
+    user 'app'``; ActiveMQ's body is a stack trace under the message), at most 200
+    characters; else ``""``."""
+    message = error.get("message")
+    if not message:  # the body is the reason already (UpstreamRefused)
+        return ""
+    line = error.body[:1024].decode("utf-8", "replace").strip().partition("\n")[0].strip()
+    if not line or line in message or message in line:
+        return ""
+    return line[:200]
 
 
 def _outcome(exc: UpstreamUnavailable) -> str:
@@ -366,7 +403,7 @@ class _Walk:
                 try:
                     upstream = await self.connect_one(broker)
                 except UpstreamUnavailable as exc:
-                    refused = refused and isinstance(exc, UpstreamRefused)
+                    refused = refused and _lasting(exc)
                     self._failed(key, broker, exc)
                     continue
                 except BaseException:  # cancelled (or a bug): the others may try it again
@@ -381,10 +418,11 @@ class _Walk:
             first = current
 
     def _failed(self, key: RefusalKey, broker: Broker, exc: UpstreamUnavailable) -> None:
-        """Record a failed attempt; a refusal starts (or joins) the broker's cool-down."""
+        """Record a failed attempt; a lasting refusal starts (or joins) the broker's
+        cool-down."""
         self._record(Attempt(broker.label, _outcome(exc), exc.reason))
         self.last_failure = exc
-        if not isinstance(exc, UpstreamRefused):
+        if not isinstance(exc, UpstreamRefused) or not _lasting(exc):
             self.refusals.settled(key)
             return
         self.last_refusal = exc

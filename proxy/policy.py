@@ -158,8 +158,8 @@ class ReconnectPolicy:
         without jitter.
 
         Exponential from ``retry_interval``: a refusal that goes away by itself (a broker
-        still loading its users, ActiveMQ refusing a ``client-id`` whose old connection it has
-        not dropped yet) costs little, one that stays is tried less and less often. Capped
+        still loading its users) costs little, one that stays is tried less and less often.
+        Capped
         at ``max_retry_interval``, the longest the operator lets the policy wait between two
         tries of a broker: a refusing broker is never tried more often than that once its
         refusals persist (one CONNECT per cool-down per broker and credentials for the whole

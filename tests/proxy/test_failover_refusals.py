@@ -198,6 +198,63 @@ async def test_every_broker_refusing_ends_a_reconnect_after_that_round(
     )
 
 
+@pytest.mark.parametrize(
+    ("headers", "body", "words"),
+    [
+        # RabbitMQ: the message says little, the body's first line says who was refused
+        (
+            (("message", "Bad CONNECT"),),
+            b"Access refused for user 'app'\n",
+            "CONNECT refused: Bad CONNECT (Access refused for user 'app')",
+        ),
+        # ActiveMQ: a stack trace under the message, whose first line repeats it
+        (
+            (("message", "User name [app] or password is invalid."),),
+            b"java.lang.SecurityException: User name [app] or password is invalid.\n\tat x\n",
+            "CONNECT refused: User name [app] or password is invalid.",
+        ),
+        ((), b"no message header\n", "CONNECT refused: no message header"),
+    ],
+)
+def test_the_reason_given_up_with_carries_the_brokers_words(
+    headers: tuple[tuple[str, str], ...], body: bytes, words: str
+) -> None:
+    refusal = UpstreamRefused(B, Frame(Command.ERROR, headers, body))
+    exc = ReconnectExhausted([], 1, 0.25, refusal, refused=True)
+    assert str(exc) == (
+        "gave up after 0 attempt(s) in 1 round(s) over 0.2 s: every broker refused the "
+        f"CONNECT: {B.label}: {words}"
+    )
+
+
+async def test_activemqs_client_id_still_in_use_is_not_a_lasting_refusal(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A reattach to the only broker right after the sidecar closed its leg: ActiveMQ still
+    holds the ``client-id`` (it drops closed connections asynchronously) and refuses once.
+    Not the end, no cool-down: the next round gets in."""
+    in_use = Frame(
+        Command.ERROR,
+        (("message", "Broker: amq - Client: X already connected from tcp://127.0.0.1:4"),),
+        b"javax.jms.InvalidClientIDException: Broker: amq - Client: X already connected\n\tat",
+    )
+    board = ReconnectBoard()
+
+    class InUseOnce(Script):
+        async def __call__(self, broker: Broker) -> Upstream:
+            if not self.calls:
+                self.calls.append((trio.current_time(), broker.label))
+                raise UpstreamRefused(broker, in_use)
+            return await super().__call__(broker)
+
+    script = InUseOnce({A: ["up"]})
+    _, index, attempts = await walk(script, brokers=(A,), board=board)
+    assert script.times() == pytest.approx([0.1, 0.3])  # the next round, as for a down one
+    assert index == 0
+    assert [a.outcome for a in attempts] == ["refused", "connected"]
+    assert board.refusals.get((0, b"app")) is None
+
+
 async def test_a_down_broker_coming_back_refusing_makes_the_round_of_refusals(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
