@@ -14,6 +14,12 @@ With ``tls=`` (a ``testbed.tls.TlsListener``) the broker also has a ``stomp+ssl`
 connector on ``tls_port``; at start the PEM files become PKCS12 stores in ``conf/``: the key
 store (server chain and key) with ``openssl pkcs12 -export``, the trust store (the client CA)
 with ``keytool -importcert`` (Java reads only keytool's trusted-certificate entries).
+
+With ``auth=`` (user name -> password) the broker checks logins with ActiveMQ's
+``simpleAuthenticationPlugin`` (no anonymous access): a STOMP CONNECT with another login or a
+wrong passcode is answered with an ERROR (``User name [x] or password is invalid.``) and the
+connection closed. The readiness probe logs in as the first user. Change ``auth`` and
+``start()`` again (after ``kill()`` or ``stop()``) to restart the broker with other users.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import re
 import shutil
 import subprocess
 import time
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 from xml.sax.saxutils import quoteattr
@@ -126,7 +133,9 @@ class ActiveMQ(BrokerProcess):
     the java executable (default: ``java`` on PATH); ``tls`` a ``TlsListener``: adds a
     ``stomp+ssl`` transport connector on ``tls_port`` (default: a free port), with
     ``transport.needClientAuth=true`` when ``tls.require_client_cert``, else
-    ``transport.wantClientAuth=true`` when ``tls.client_ca`` is given; ``stomp_ssl_url``.
+    ``transport.wantClientAuth=true`` when ``tls.client_ca`` is given; ``stomp_ssl_url``;
+    ``auth`` the users (name -> password) the broker lets log in, with
+    ``simpleAuthenticationPlugin``; None (the default): no login checked.
 
     No JMX, no advisories, no scheduler, no web console; persistent; STOMP only (no
     OpenWire, no ``stomp+nio``).
@@ -150,9 +159,11 @@ class ActiveMQ(BrokerProcess):
         java: str | None = None,
         tls: TlsListener | None = None,
         tls_port: int | None = None,
+        auth: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(name, workdir, stomp_port=stomp_port or free_port())
         self.tls = tls
+        self.auth = auth
         if tls is not None:
             while tls_port is None or tls_port == self.stomp_port:
                 tls_port = free_port()
@@ -174,6 +185,10 @@ class ActiveMQ(BrokerProcess):
         xml = (files / "activemq.xml").read_text()
         if self.tls is not None:
             xml = self._with_tls(xml, self.tls)
+        self.login, self.passcode = None, None
+        if self.auth is not None:
+            xml = _fill_marker(xml, "plugins", _simple_authentication(self.auth))
+            self.login, self.passcode = next(iter(self.auth.items()), (None, None))
         (self.conf_dir / "activemq.xml").write_text(xml)
         for d in (self.data_dir, self.base_dir / "tmp", self.store_dir):
             d.mkdir(parents=True, exist_ok=True)
@@ -199,12 +214,8 @@ class ActiveMQ(BrokerProcess):
         elif tls.client_ca is not None:
             uri += "?transport.wantClientAuth=true"
         connector = f'<transportConnector name="stomp+ssl" uri={quoteattr(uri)}/>'
-        for marker, element in (("sslContext", context), ("stomp+ssl", connector)):
-            tag = f"<!-- testbed:{marker} -->"
-            if tag not in xml:
-                raise BrokerError(f"activemq.xml lacks the marker {tag}")
-            xml = xml.replace(tag, element)
-        return xml
+        xml = _fill_marker(xml, "sslContext", context)
+        return _fill_marker(xml, "stomp+ssl", connector)
 
     def _make_stores(self, tls: TlsListener) -> tuple[Path, Path | None]:
         """Make ``conf/tls-keystore.p12`` and (with a client CA) ``conf/tls-truststore.p12``
@@ -349,6 +360,29 @@ class ActiveMQ(BrokerProcess):
                 )
             time.sleep(0.01)
         return time.monotonic() - started
+
+
+def _fill_marker(xml: str, marker: str, element: str) -> str:
+    """``xml`` with the comment ``<!-- testbed:MARKER -->`` replaced by ``element``."""
+    tag = f"<!-- testbed:{marker} -->"
+    if tag not in xml:
+        raise BrokerError(f"activemq.xml lacks the marker {tag}")
+    return xml.replace(tag, element)
+
+
+def _simple_authentication(users: Mapping[str, str]) -> str:
+    """The ``<plugins>`` element that lets exactly ``users`` (name -> password) log in
+    (ActiveMQ "Security": simpleAuthenticationPlugin; no authorization map, so a logged-in
+    user may use every destination)."""
+    entries = "".join(
+        f"<authenticationUser username={quoteattr(user)} password={quoteattr(password)} "
+        'groups="users"/>'
+        for user, password in users.items()
+    )
+    return (
+        '<plugins><simpleAuthenticationPlugin anonymousAccessAllowed="false">'
+        f"<users>{entries}</users></simpleAuthenticationPlugin></plugins>"
+    )
 
 
 def start_activemq_pair(
