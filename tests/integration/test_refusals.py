@@ -151,7 +151,7 @@ def test_every_broker_refusing_after_a_kill_tells_the_app_within_one_round(
             while not refuses(amq, "app-pw"):  # from here on, every broker refuses
                 assert time.monotonic() < deadline, "ActiveMQ did not come back"
                 time.sleep(0.005)
-            all_refuse = time.monotonic()
+            probed = time.monotonic()
             app.expect("ERROR", timeout=WAIT)
             wait_until(lambda: not sidecar.statistics().sessions)
     finally:
@@ -166,15 +166,15 @@ def test_every_broker_refusing_after_a_kill_tells_the_app_within_one_round(
     assert "every broker refused the CONNECT" in detail
     assert RMQ_WORDS in detail or AMQ_WORDS in detail
     assert error["message"].startswith("mq-sidecar lost the broker connection")
-    assert disconnect_at <= error_at
+    # ActiveMQ refused the sidecar once: in its last round. Every broker refused from the
+    # moment ActiveMQ did, to the sidecar or to this test's probe, whichever came first.
+    amq_label = f"127.0.0.1:{amq.stomp_port}"
+    (amq_refused,) = [at for at, b, o in attempts.attempts if (b, o) == (amq_label, "refused")]
+    all_refuse = min(probed, amq_refused)
     # While ActiveMQ was down, RabbitMQ refused and the session went on.
     before = [a for a in attempts.attempts if a[0] < all_refuse]
     assert {outcome for _, _, outcome in before} >= {"unreachable", "refused"}
-    assert killed < disconnect_at
-    # Once ActiveMQ refused too: one more round (one attempt at ActiveMQ), then the end.
-    after = [a for a in attempts.attempts if a[0] >= all_refuse]
-    amq_label = f"127.0.0.1:{amq.stomp_port}"
-    assert [(b, o) for _, b, o in after if b == amq_label] == [(amq_label, "refused")]
+    assert killed < all_refuse <= disconnect_at <= error_at
     last_refusal = max(at for at, _, outcome in attempts.attempts if outcome == "refused")
     assert disconnect_at - all_refuse < 5.0  # one round (<= 0.5 s here), not 300 s
     print(
