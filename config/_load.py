@@ -381,6 +381,7 @@ def _validate(cfg: Config, settings: Mapping[str, _Setting], skip: set[str]) -> 
         "max_header_line_bytes",
         "max_subscriptions",
         "max_unacked",
+        "max_transaction_size",
         "max_sessions",
     ):
         check(name, getattr(cfg, name) > 0, "must be > 0")

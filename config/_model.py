@@ -259,6 +259,11 @@ class Config:
         max_header_line_bytes: Longest header line, bytes, > 0.
         max_subscriptions: Most live subscriptions per app session, > 0.
         max_unacked: Most delivered-but-unacked messages per app session, > 0.
+        max_transaction_size: Bytes a session's open transactions may hold, > 0: the SENDs
+            kept to re-run them after a failover (``transaction_failover = replay``), 256 per
+            message an ACK settled in one, 512 per open transaction. A frame that would go
+            past it gets an ERROR naming the option and its transaction is aborted upstream
+            (docs/behaviour.md, "Transactions").
         max_sessions: Most app sessions at once, > 0; the next app's ``CONNECT`` is
             answered with an ``ERROR`` naming the option. Each session holds two sockets
             (app and broker), so the file descriptor limit must allow twice this.
@@ -312,6 +317,7 @@ class Config:
     max_header_line_bytes: int = 65_536
     max_subscriptions: int = 1000
     max_unacked: int = 10_000
+    max_transaction_size: int = 16_777_216  # 16 MiB
     max_sessions: int = 1000
     events_destination: str = "/mq-sidecar/events"
     failover_mode: FailoverMode = FailoverMode.TRANSPARENT

@@ -217,6 +217,12 @@ _ROWS = (
     Option("max_header_line_bytes", "int", "longest header line, bytes, > 0", "bytes"),
     Option("max_subscriptions", "int", "most subscriptions per app session, > 0"),
     Option("max_unacked", "int", "most delivered-but-unacked messages per app session, > 0"),
+    Option(
+        "max_transaction_size",
+        "int",
+        "bytes a session's open transactions may hold for replay, > 0",
+        "bytes",
+    ),
     Option("max_sessions", "int", "most app sessions at once, > 0 (two sockets each)"),
     Option(
         "events_destination",

@@ -60,6 +60,9 @@ class Entry:
             have taken effect there (a broker can store a frame and die before its RECEIPT).
         answered: the app's receipt was answered (RECEIPT, or ERROR after ``call_timeout``).
         confirmed: a RECEIPT covered it; dropped: removed unconfirmed (:meth:`drop`).
+        deferred: the broker answers its receipt only after the app does something more (a
+            SEND or ACK in a transaction on RabbitMQ: at COMMIT), so waiting for it cannot make
+            room (:attr:`ConfirmationWindow.receipts_pending` leaves it out).
         context: what the session needs to replay it (:class:`EntryContext`: the
             transaction a frame belongs to, an UNSUBSCRIBE that removes a durable
             subscription or one passed through as it is), or None.
@@ -78,6 +81,7 @@ class Entry:
     confirmed: bool = False
     dropped: bool = False
     context: EntryContext | None = field(default=None)
+    deferred: bool = False
 
     @property
     def label(self) -> str:
@@ -123,6 +127,7 @@ class ConfirmationWindow:
         self._receipt_threshold = max(1, int(max_bytes * receipt_fraction))
         self._entries: deque[Entry] = deque()
         self._by_receipt: dict[str, Entry] = {}
+        self._deferred = 0  # entries of _by_receipt whose receipt is deferred
         # Entries with an app receipt, in order, for first_unanswered() in O(1): answered,
         # confirmed or dropped ones leave from the left (_skip_settled). Made on first use (a
         # deque costs 600 bytes even empty; a session of fire-and-forget SENDs needs none).
@@ -145,12 +150,24 @@ class ConfirmationWindow:
 
     @property
     def receipts_pending(self) -> int:
-        """Receipts requested for entries in the window and not answered yet. With none,
-        nothing will make room: the entries were sent without a receipt of their own (the
-        frame after each was already read), so a frame that does not fit must go in after
+        """Receipts requested for entries in the window and not answered yet, but for the
+        deferred ones (:attr:`Entry.deferred`). With none, nothing will make room: the entries
+        were sent without a receipt of their own (the frame after each was already read), or
+        their receipts wait for the app's COMMIT, so a frame that does not fit must go in after
         them anyway; being larger than the rest of the window it passes the receipt
-        threshold, and its receipt confirms them and itself."""
-        return len(self._by_receipt)
+        threshold, and its receipt confirms them and itself. (What a transaction holds past
+        the window is bounded by ``max_transaction_size``.)"""
+        return len(self._by_receipt) - self._deferred
+
+    def _register(self, receipt: str, entry: Entry) -> None:
+        self._by_receipt[receipt] = entry
+        self._deferred += entry.deferred
+
+    def _unregister(self, receipt: str) -> Entry | None:
+        entry = self._by_receipt.pop(receipt, None)
+        if entry is not None:
+            self._deferred -= entry.deferred
+        return entry
 
     def append(
         self,
@@ -162,6 +179,7 @@ class ConfirmationWindow:
         context: EntryContext | None = None,
         size: int | None = None,
         receipt_id: str | None = None,
+        deferred: bool = False,
     ) -> Entry:
         """Add a frame; returns its entry (with the sidecar's receipt header set if one is
         requested: when ``want_receipt``, when the app asked for one, or when the bytes since
@@ -170,7 +188,7 @@ class ConfirmationWindow:
         ``size`` is :func:`frame_size` of ``frame`` if the caller has it already.
         ``receipt_id``: the id to request, when one is requested, if no pending entry uses it
         and it cannot be mistaken for the sidecar's own (``<session>-...``); else the
-        sidecar's ``<receipt_prefix><seq>``."""
+        sidecar's ``<receipt_prefix><seq>``. ``deferred``: see :attr:`Entry.deferred`."""
         self._seq += 1
         if size is None:
             size = frame_size(frame)
@@ -192,10 +210,12 @@ class ConfirmationWindow:
             self._unreceipted = 0
         else:
             self._unreceipted += size
-        entry = Entry(self._seq, frame, size, app_receipt, receipt, now, context=context)
+        entry = Entry(
+            self._seq, frame, size, app_receipt, receipt, now, context=context, deferred=deferred
+        )
         self._entries.append(entry)
         if receipt is not None:
-            self._by_receipt[receipt] = entry
+            self._register(receipt, entry)
         if app_receipt is not None:
             if self._awaiting is None:
                 self._awaiting = deque()
@@ -209,7 +229,7 @@ class ConfirmationWindow:
         Confirms the receipted entry and every earlier entry that has no receipt pending of
         its own (see the module docstring on out-of-order receipts).
         """
-        target = self._by_receipt.pop(receipt, None)
+        target = self._unregister(receipt)
         if target is None:
             return None
         confirmed: list[Entry] = []
@@ -239,14 +259,14 @@ class ConfirmationWindow:
         receipt = f"{self.receipt_prefix}{entry.seq}"
         entry.receipt = receipt
         entry.frame = entry.frame.with_header("receipt", receipt)
-        self._by_receipt[receipt] = entry
+        self._register(receipt, entry)
 
     def drop(self, entry: Entry) -> None:
         """Remove an entry without a receipt: never sent and given up (``call_timeout``), or
         made moot by a reconnect (an ACK for a delivery of the old link)."""
         self._entries.remove(entry)
         if entry.receipt is not None:
-            self._by_receipt.pop(entry.receipt, None)
+            self._unregister(entry.receipt)
         self.bytes -= entry.size
         entry.dropped = True
         self._skip_settled()
@@ -267,6 +287,7 @@ class ConfirmationWindow:
         entries = list(self._entries)
         self._entries.clear()
         self._by_receipt.clear()
+        self._deferred = 0
         self._awaiting = None
         self.bytes = 0
         for entry in entries:
@@ -299,7 +320,7 @@ class ConfirmationWindow:
             bytes=self.bytes,
             max_bytes=self.max_bytes,
             unsent=sum(1 for e in self._entries if not e.sent),
-            receipts_pending=len(self._by_receipt),
+            receipts_pending=self.receipts_pending,
             confirmed_total=self.confirmed_total,
             out_of_order=self.out_of_order,
         )

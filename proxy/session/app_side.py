@@ -13,11 +13,13 @@ the sidecar itself must refuse (its own limits and ids) gets an ERROR:
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
 import trio
 
 import protocol
+from config import TransactionFailover
 from protocol import Command, ConnectionClosed, Frame
 from proxy.session.confirmations import Confirmations
 from proxy.session.control import SCOPE_HEADER, ControlChannel, scope_refused
@@ -28,15 +30,22 @@ from proxy.tracking import (
     ARTEMIS_DUPLICATE_ID,
     DUPLICATE_ID_HEADER,
     PASS_THROUGH,
+    TRANSACTION_OVERHEAD,
     DurableRemoval,
     ForBroker,
     FrameRejected,
     SessionError,
+    Transaction,
 )
 from proxy.vocabulary import ClientErrorReason
+from proxy.window import frame_size
 from proxy.wire import HeartBeatTimeout, TransportLost
 
 __all__ = ["AppSide"]
+
+#: How many transactions aborted by the sidecar a session remembers (their later frames are
+#: refused by the sidecar; an older one's go to the broker, which no longer knows it).
+_ABORTED_REMEMBERED = 64
 
 #: A command handler: (frame, idle) -> True when the app's DISCONNECT has been handled.
 _Handler = Callable[[Frame, bool], Awaitable[bool]]
@@ -57,6 +66,9 @@ class AppSide:
         self.control = control
         self.confirmations = confirmations
         self._dup_seq = 0
+        #: Transactions the sidecar aborted (max_transaction_size), newest last, at most
+        #: :data:`_ABORTED_REMEMBERED`: their later frames are the sidecar's to refuse.
+        self._aborted: OrderedDict[str, str] = OrderedDict()
         self._handlers: dict[Command, _Handler] = {
             Command.SEND: self._send,
             Command.SUBSCRIBE: self._subscribe,
@@ -110,8 +122,6 @@ class AppSide:
                 except protocol.RemoteProtocolError as exc:
                     upcoming = None  # reported when read again, after this frame
                     core.app_broke = exc
-                if core.app_hold is not None:
-                    await core.frame_boundary()  # a failback holds the app (session.link)
                 if isinstance(event, Frame) and await self._dispatch(event, upcoming is None):
                     return
                 if upcoming is None:
@@ -127,6 +137,8 @@ class AppSide:
         try:
             if handler is None:  # CONNECT/STOMP again: protocol.Connection rejects these first
                 raise SessionError(f"unexpected {frame.command} frame")
+            if self._aborted and frame.get("transaction") in self._aborted:
+                return await self._in_aborted_transaction(frame)
             return await handler(frame, idle)
         except ForBroker as exc:
             log.debug("session %s: %s goes to the broker as it is", core.id, exc)
@@ -198,10 +210,64 @@ class AppSide:
         if tx is not None and tx.rolled_back:
             await self.out.answer_locally(app_receipt)  # COMMIT will fail, ABORT succeeds
             return False
+        keep = self._replay_transactions
+        charge = keep or self._held_until_commit
+        if tx is not None and charge:
+            await self._within_transaction_budget(tx, frame_size(up), idle)
         entry = await self.confirmations.submit(up, app_receipt=app_receipt, idle=idle, context=tx)
         if tx is not None:
-            tx.entries.append(entry)
+            tx.sent(entry, keep=keep, charge=charge)
         return False
+
+    @property
+    def _held_until_commit(self) -> bool:
+        """The broker confirms a transaction's SENDs and ACKs only at its COMMIT (RabbitMQ,
+        docs/brokers.md, "Receipts"): the window holds them until then."""
+        return not self.core.cumulative_receipts
+
+    async def _in_aborted_transaction(self, frame: Frame) -> bool:
+        """A frame naming a transaction the sidecar aborted: its ABORT is answered (and the
+        transaction forgotten), anything else refused naming why. The broker no longer knows
+        the transaction (RabbitMQ answers "Bad transaction" without the frame's receipt id,
+        which would leave the frame unconfirmed in the window for good)."""
+        tx = frame.get("transaction") or ""
+        if frame.command is Command.ABORT:
+            del self._aborted[tx]
+            await self.out.answer_locally(frame.get("receipt"))
+            return False
+        raise FrameRejected(f"{frame.command} in transaction '{tx}': {self._aborted[tx]}")
+
+    @property
+    def _replay_transactions(self) -> bool:
+        """``transaction_failover = replay``: a transaction's SENDs are kept to re-run it."""
+        return self.core.config.transaction_failover is TransactionFailover.REPLAY
+
+    async def _within_transaction_budget(self, tx: Transaction, cost: int, idle: bool) -> None:
+        """Abort ``tx`` upstream and refuse the app's frame when ``cost`` more bytes would take
+        the session's open transactions past ``max_transaction_size`` (bytes; what they hold
+        to be re-run after a failover: docs/behaviour.md, "Transactions").
+
+        Raises:
+            FrameRejected: naming the option; the transaction is aborted (the broker forgets
+                its frames, the app holds again what its ACKs settled).
+        """
+        state = self.core.state
+        assert state is not None
+        limit = self.core.config.max_transaction_size
+        if state.transaction_bytes.used + cost <= limit:
+            return
+        held = state.transaction_bytes.used
+        abort = Frame(Command.ABORT, (("transaction", tx.id),))
+        state.end(abort, now=trio.current_time())
+        tx.end = await self.confirmations.submit(abort, app_receipt=None, idle=idle, context=tx)
+        why = (
+            f"transaction '{tx.id}' aborted: its frames would take the session's open "
+            f"transactions past max_transaction_size ({limit} bytes; {held} held)"
+        )
+        self._aborted[tx.id] = why
+        if len(self._aborted) > _ABORTED_REMEMBERED:
+            self._aborted.popitem(last=False)
+        raise FrameRejected(why)
 
     async def _subscribe(self, frame: Frame, idle: bool) -> bool:
         core = self.core
@@ -294,6 +360,11 @@ class AppSide:
         tx = state.transaction_of(frame)
         settled = state.settle(bare, upstream_version=upstream_version, now=trio.current_time())
         core.acks_freed.set()
+        if tx is not None and not tx.rolled_back:
+            # The settle charged its deliveries; the ACK frames count when held until COMMIT.
+            frames = (*settled.more, settled.to_broker) if settled.to_broker else settled.more
+            held = sum(map(frame_size, frames)) if self._held_until_commit else 0
+            await self._within_transaction_budget(tx, held, idle)
         if settled.to_broker is None or (tx is not None and tx.rolled_back):
             await self.out.answer_locally(app_receipt)
             return False
@@ -307,12 +378,20 @@ class AppSide:
                 context=tx,
             )
             if tx is not None:
-                tx.entries.append(entry)
+                # re-run from the app's state, not from its frames
+                tx.sent(entry, keep=False, charge=self._held_until_commit)
         return False
 
     async def _begin(self, frame: Frame, idle: bool) -> bool:
         state = self.core.state
         assert state is not None
+        limit = self.core.config.max_transaction_size
+        if state.transaction_bytes.used + TRANSACTION_OVERHEAD > limit:
+            raise FrameRejected(
+                f"BEGIN of transaction {frame.get('transaction')!r} refused: the session's "
+                f"open transactions hold {state.transaction_bytes.used} bytes, "
+                f"max_transaction_size is {limit}"
+            )
         tx = state.begin(frame)
         tx.begin = await self.confirmations.submit(
             frame.without("receipt"), app_receipt=frame.get("receipt"), idle=idle, context=tx

@@ -82,12 +82,17 @@ class Confirmations:
         # (found by the differential harness: a large SEND after one waited for the window
         # forever): there the sidecar asks none (the app's own is still passed on), and the
         # COMMIT's receipt confirms them.
-        if (
+        deferred = (
             not core.cumulative_receipts
             and isinstance(context, Transaction)
             and frame.command in _DEFERRED_IN_TRANSACTION
-        ):
-            want: bool | None = False
+        )
+        want: bool | None
+        if deferred:
+            # Never the sidecar's own (at half the window it would wait for the COMMIT the
+            # app cannot send: a transaction larger than the window stalled); the app's own,
+            # when it asked, is requested and passed on at COMMIT.
+            want = None if app_receipt is None else True
         else:
             want = (
                 idle
@@ -98,11 +103,11 @@ class Confirmations:
             want = None
         if core.send_lock.locked():  # a restore is writing the window: append after it
             async with core.send_lock:
-                entry = self._append(frame, app_receipt, want, context, size)
+                entry = self._append(frame, app_receipt, want, context, size, deferred=deferred)
         else:
             # _append never checkpoints, so nothing can come between the append and the
             # queueing; taking the lock would only cost a trip through the scheduler.
-            entry = self._append(frame, app_receipt, want, context, size)
+            entry = self._append(frame, app_receipt, want, context, size, deferred=deferred)
         upstream = core.upstream
         if upstream is not None and upstream.needs_flush:
             await self.flush_upstream()
@@ -115,6 +120,8 @@ class Confirmations:
         want_receipt: bool | None,
         context: EntryContext | None,
         size: int,
+        *,
+        deferred: bool = False,
     ) -> Entry:
         """Append to the window and, when the leg is up, queue the frame on it (no I/O: the
         app relay flushes at the end of the app's burst)."""
@@ -131,14 +138,13 @@ class Confirmations:
             context=context,
             size=size,
             receipt_id=copied,
+            deferred=deferred,
         )
         if app_receipt is not None:
             core.window_changed()  # a receipt for the call_timeout watch (appends make no room)
         core.metrics.frame_to_broker(frame.command, len(frame.body))
         upstream = core.upstream
         if core.link_ready and upstream is not None:
-            if core.state is not None:  # the order the leg names temporary destinations
-                core.state.temps.note(entry.frame)
             try:
                 entry.sent_at = now
                 upstream.queue(entry.frame)
@@ -173,6 +179,8 @@ class Confirmations:
                 metrics.receipt_roundtrip(now - entry.sent_at)
             if entry.frame.command is Command.COMMIT:
                 metrics.transaction(TransactionOutcome.COMMITTED)
+                if isinstance(entry.context, Transaction):
+                    entry.context.finished()
             if entry.app_receipt is not None and not entry.answered:
                 entry.answered = True
                 metrics.frame_to_app(Command.RECEIPT, 0)

@@ -33,6 +33,7 @@ from proxy.tracking.records import (
     DUPLICATE_ID_HEADER,
     PASS_THROUGH,
     SIDECAR_RECEIPT,
+    TRANSACTION_OVERHEAD,
     AckMode,
     Delivered,
     Delivery,
@@ -44,6 +45,7 @@ from proxy.tracking.records import (
     Settled,
     Subscription,
     Transaction,
+    TransactionBytes,
 )
 from proxy.tracking.state import SessionState
 
@@ -53,6 +55,7 @@ __all__ = [
     "DUPLICATE_ID_HEADER",
     "PASS_THROUGH",
     "SIDECAR_RECEIPT",
+    "TRANSACTION_OVERHEAD",
     "AckMode",
     "Delivered",
     "Delivery",
@@ -65,4 +68,5 @@ __all__ = [
     "Settled",
     "Subscription",
     "Transaction",
+    "TransactionBytes",
 ]

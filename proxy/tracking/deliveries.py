@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from protocol import Command, Frame
-from proxy.tracking.links import TempNames
 from proxy.tracking.records import (
     ARTEMIS_DUPLICATE_ID,
     DUPLICATE_ID_HEADER,
@@ -50,7 +49,6 @@ class Deliveries:
     _deliveries: dict[str, Delivery]
     _stale: OrderedDict[str, None]
     _next_ack: int
-    temps: TempNames
 
     @property
     def unacked(self) -> int:
@@ -154,8 +152,6 @@ class Deliveries:
         if sub is None:
             if upstream_sub in self.removing:
                 return Delivered(None, hidden="unsubscribed")
-            if upstream_sub is not None and self.temps.seen(upstream_sub, message):
-                return Delivered(None)  # the sidecar's own probe (proxy.tracking.links)
             if dup_id is None and not message.has("receipt"):
                 return Delivered(message)
             # Not the app's subscription (a temp-queue reply): unchanged but for the ids.
@@ -219,7 +215,6 @@ class Deliveries:
             # ActiveMQ's end-of-browse marker (a ``browser:true`` subscription) carries no
             # ``ack`` and needs none: the app gets none either, and nothing is tracked or
             # acknowledged (found by the differential harness).
-            sub.browse_ended = True
             return Delivered(out)
         if sub.ack is AckMode.AUTO:
             if identity is not None:
@@ -382,7 +377,7 @@ class Deliveries:
             if d.identity is not None:
                 self._remember(sub, d.identity, status, now, generation=d.generation)
             if tx is not None and tx in self.transactions:
-                self.transactions[tx].acked.append(d)
+                self.transactions[tx].settled(d)
         if sub.local:
             return Settled(None, local=True)
         if sub.ack is AckMode.CLIENT:

@@ -19,7 +19,9 @@ __all__ = [
     "PASS_THROUGH",
     "SEEN_MAX",
     "SEEN_SECONDS",
+    "SETTLED_DELIVERY_COST",
     "SIDECAR_RECEIPT",
+    "TRANSACTION_OVERHEAD",
     "AckMode",
     "Delivered",
     "Delivery",
@@ -31,6 +33,7 @@ __all__ = [
     "Settled",
     "Subscription",
     "Transaction",
+    "TransactionBytes",
     "ack_ident",
 ]
 
@@ -135,14 +138,6 @@ class Subscription:
     # identity -> (generation, "acked" | "nacked" | "delivered", seen at)
     seen: OrderedDict[str, tuple[int, str, float]] = field(default_factory=OrderedDict)
     sweep_at: float = float("-inf")  # when ``seen`` is next checked for expired identities
-    #: A queue browser (ActiveMQ ``browser:true``): it gets what the queue held, then a
-    #: ``browser:end`` MESSAGE (``browse_ended``); a new leg never makes it again
-    #: (SessionState.new_link).
-    browser: bool = False
-    browse_ended: bool = False
-    #: Left behind by a failover (a browser): no broker has it; the app's UNSUBSCRIBE and ACKs
-    #: are answered by the sidecar (``local`` is set too), a SUBSCRIBE with its id replaces it.
-    dormant: bool = False
 
 
 @dataclass(eq=False)
@@ -188,27 +183,91 @@ class PassThrough(EntryContext):
 PASS_THROUGH = PassThrough()
 
 
+#: Bytes one open transaction is charged besides its frames (the object, its id, its lists):
+#: so that a flood of BEGINs without COMMIT is bounded by ``max_transaction_size`` too.
+TRANSACTION_OVERHEAD = 512
+#: Bytes charged per delivery an ACK/NACK settled in an open transaction (the delivery is kept
+#: to hold it again after an ABORT, or show it again after a rollback).
+SETTLED_DELIVERY_COST = 256
+
+
+@dataclass(eq=False, slots=True)
+class TransactionBytes:
+    """What a session's open transactions hold, in bytes (``used``), against its
+    ``max_transaction_size``: the frames kept to re-run them after a failover plus the
+    charges above. One per session, shared by its transactions."""
+
+    used: int = 0
+
+
 @dataclass(eq=False)
 class Transaction(EntryContext):
-    """A transaction and its window entries: the BEGIN, the SEND/ACK/NACK frames sent in it
-    and the COMMIT/ABORT that ends it (each knows whether the broker confirmed it).
+    """A transaction and what the session keeps of it: the BEGIN, the SEND entries it must be
+    able to re-run on a new broker (``replay`` mode only: ``rollback`` mode never re-runs
+    them), the COMMIT/ABORT that ends it (each knows whether the broker confirmed it).
 
     ``acked`` are the deliveries its ACKs settled: held again after an ABORT, shown again
     after a failover rolls the transaction back.
     ``rolled_back``: a failover rolled it back (``rollback`` mode); its COMMIT answers an ERROR.
+    ``frames``: SEND/ACK/NACK frames sent in it. ``held_bytes``: what it is charged in
+    ``budget`` (:data:`TRANSACTION_OVERHEAD`, the kept SENDs' sizes,
+    :data:`SETTLED_DELIVERY_COST` per settled delivery), returned by :meth:`release`.
     """
 
     id: str
+    budget: TransactionBytes = field(default_factory=TransactionBytes)
     begin: Entry | None = None
     entries: list[Entry] = field(default_factory=list)
     end: Entry | None = None
     acked: list[Delivery] = field(default_factory=list)
     rolled_back: bool = False
+    frames: int = 0
+    held_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        self._charge(TRANSACTION_OVERHEAD)
 
     @property
     def dirty(self) -> bool:
         """Work was done in it (Qpid draft: a "dirty" session cannot fail over silently)."""
-        return bool(self.entries)
+        return self.frames > 0
+
+    def sent(self, entry: Entry, *, keep: bool, charge: bool | None = None) -> None:
+        """A SEND/ACK/NACK of this transaction went into the window; ``keep`` it (a SEND in
+        ``replay`` mode) to re-run it on a new broker. Its size is charged when kept, or with
+        ``charge`` (the window holds it until COMMIT: RabbitMQ answers its receipt only then);
+        ``charge`` defaults to ``keep``."""
+        self.frames += 1
+        if keep:
+            self.entries.append(entry)
+        if keep if charge is None else charge:
+            self._charge(entry.size)
+
+    def settled(self, delivery: Delivery) -> None:
+        """An ACK/NACK in this transaction settled ``delivery``."""
+        self.acked.append(delivery)
+        self._charge(SETTLED_DELIVERY_COST)
+
+    def forget_settled(self) -> list[Delivery]:
+        """Return and clear :attr:`acked`, uncharging it."""
+        acked, self.acked = self.acked, []
+        self._charge(-SETTLED_DELIVERY_COST * len(acked))
+        return acked
+
+    def release(self) -> None:
+        """It ended (COMMIT/ABORT): give back everything it was charged."""
+        self._charge(-self.held_bytes)
+
+    def finished(self) -> None:
+        """Nothing of it will be re-run (an ABORT, or a COMMIT the broker confirmed): drop the
+        kept SENDs now. Each entry refers back to the transaction (its ``context``), so
+        without this the frames would wait for the cyclic garbage collector: a steady
+        transactional producer measured up to 120 MiB of dead frames between collections."""
+        self.entries = []
+
+    def _charge(self, nbytes: int) -> None:
+        self.held_bytes += nbytes
+        self.budget.used += nbytes
 
 
 @dataclass(frozen=True, slots=True)

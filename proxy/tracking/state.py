@@ -6,9 +6,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator
 
-from protocol import Command, Frame
+from protocol import Frame
 from proxy.tracking.deliveries import Deliveries
-from proxy.tracking.links import LinkEnd, TempNames, misses_messages
 from proxy.tracking.records import (
     ACK_MODES,
     DUPLICATE_ID_HEADER,
@@ -18,6 +17,7 @@ from proxy.tracking.records import (
     SessionError,
     Subscription,
     Transaction,
+    TransactionBytes,
 )
 
 __all__ = ["SessionState"]
@@ -58,6 +58,8 @@ class SessionState(Deliveries):
         self.auto_ack_mode = AckMode.CLIENT_INDIVIDUAL
         self.subscriptions: dict[str, Subscription] = {}  # by upstream id
         self.transactions: dict[str, Transaction] = {}
+        #: What the open transactions hold, bytes (against ``max_transaction_size``).
+        self.transaction_bytes = TransactionBytes()
         self._internal: set[str] = set()
         self._deliveries: dict[str, Delivery] = {}  # app key -> delivery (all subscriptions)
         self._stale: OrderedDict[str, None] = OrderedDict()  # strict mode: superseded ack keys
@@ -67,10 +69,6 @@ class SessionState(Deliveries):
         self._next_sub = 0
         self.duplicates_hidden = 0
         self.redeliveries_hidden = 0
-        #: Temporary destinations and their broker-side names (proxy.tracking.links).
-        self.temps = TempNames()
-        #: The current link's broker browses (ActiveMQ Classic ``browser:true``).
-        self.browsers = False
 
     # -- links ------------------------------------------------------------------------------
 
@@ -80,9 +78,7 @@ class SessionState(Deliveries):
         stable_message_ids: bool,
         client_ack_per_subscription: bool = False,
         acks_ignore_subscription: bool = False,
-        server: str = "",
-        connection_id: str | None = None,
-    ) -> LinkEnd:
+    ) -> None:
         """A new upstream connection: deliveries of older links are stale from now on.
 
         ``client_ack_per_subscription``: a ``client`` ACK on this link settles only its own
@@ -90,34 +86,13 @@ class SessionState(Deliveries):
         :class:`Subscription`); SUBSCRIBEs replayed on it say so (:meth:`upstream_subscribe`).
         ``acks_ignore_subscription``: the broker settles a STOMP 1.1 ACK by its ``message-id``
         whatever its ``subscription`` says (RabbitMQ), so the session does too.
-        ``server``, ``connection_id``: the new link's CONNECTED ``server`` header and ActiveMQ's
-        id of the connection (None: not known), for the names of temporary destinations
-        (:class:`proxy.tracking.links.TempNames`).
-
-        Returns what the end of the old link did (:class:`~proxy.tracking.links.LinkEnd`):
-        its browsers that had delivered something are never made again (a new SUBSCRIBE would
-        restart the browse from the queue's head, silently showing the app its messages
-        again): they stay *dormant* (ActiveMQ keeps a finished browser until UNSUBSCRIBE), and
-        those whose ``browser:end`` had not come are reported interrupted (Qpid client
-        failover draft, "Queue Browsers": an exception to the app). A browser that delivered
-        nothing yet is made again: the app sees one whole browse.
         """
-        interrupted: list[Subscription] = []
-        if self.browsers:
-            for sub in self.subscriptions.values():
-                if sub.browser and not sub.local and (sub.browse_ended or sub.arrivals):
-                    sub.local = sub.dormant = True
-                    if not sub.browse_ended:
-                        interrupted.append(sub)
-        self.browsers = server.startswith("ActiveMQ/")
         self.generation += 1
         self.acks_ignore_subscription = acks_ignore_subscription
         self.stable_message_ids = stable_message_ids
         self.auto_ack_mode = (
             AckMode.CLIENT if client_ack_per_subscription else AckMode.CLIENT_INDIVIDUAL
         )
-        temps = self.temps.new_link(self.generation, server=server, connection_id=connection_id)
-        return LinkEnd(tuple(interrupted), temps)
 
     def identity(self, message: Frame) -> str | None:
         """The identity of a message (module docstring), or None when it has none."""
@@ -158,9 +133,6 @@ class SessionState(Deliveries):
         if ack_header not in ACK_MODES:
             raise ForBroker(f"SUBSCRIBE with ack mode {ack_header!r}")
         ack = AckMode(ack_header)
-        left = self.subscriptions.get(app_id or "")
-        if left is not None and left.dormant:  # a browser a failover left: replaced
-            self.unsubscribe(Frame(Command.UNSUBSCRIBE, (("id", left.upstream_id),)))
         if len(self.subscriptions) >= self.max_subscriptions:
             raise SessionError(
                 f"too many subscriptions: this session already has {self.max_subscriptions} "
@@ -193,7 +165,6 @@ class SessionState(Deliveries):
             ack=ack,
             frame=upstream,
             local=local,
-            browser=frame.get("browser") == "true",
         )
         return upstream
 
@@ -239,12 +210,7 @@ class SessionState(Deliveries):
 
     def local_subscriptions(self) -> list[Subscription]:
         """The control-channel subscriptions (never sent upstream)."""
-        return [s for s in self.subscriptions.values() if s.local and not s.dormant]
-
-    def missing_messages(self) -> list[Subscription]:
-        """The live non-durable topic subscriptions: those that miss what is published while
-        no broker has them (:func:`proxy.tracking.links.misses_messages`)."""
-        return [s for s in self.subscriptions.values() if misses_messages(s)]
+        return [s for s in self.subscriptions.values() if s.local]
 
     def iter_subscribe_frames(self) -> Iterator[Frame]:
         """The SUBSCRIBE frames that recreate every live broker subscription, in order."""
@@ -261,7 +227,7 @@ class SessionState(Deliveries):
         tx = frame.get("transaction")
         if tx is None or tx in self.transactions:
             raise ForBroker(f"BEGIN of transaction {tx!r}")
-        opened = self.transactions[tx] = Transaction(tx)
+        opened = self.transactions[tx] = Transaction(tx, self.transaction_bytes)
         return opened
 
     def end(self, frame: Frame, *, now: float) -> Transaction:
@@ -271,12 +237,14 @@ class SessionState(Deliveries):
         if tx is None or tx not in self.transactions:
             raise ForBroker(f"{frame.command} of transaction {tx!r}, not open")
         ended = self.transactions.pop(tx)
+        acked = ended.forget_settled()
         if frame.command == "ABORT":
             # The broker keeps what the transaction acknowledged unacknowledged (ActiveMQ
             # StompSubscription.onStompAbort); so does the sidecar: the app holds them again.
-            for d in ended.acked:
+            for d in acked:
                 self._restore_delivery(d, now)
-            ended.acked.clear()
+            ended.finished()  # an aborted transaction is never re-run
+        ended.release()
         return ended
 
     def transaction_of(self, frame: Frame) -> Transaction | None:
@@ -295,7 +263,6 @@ class SessionState(Deliveries):
         """A failover rolled ``tx`` back (``rollback`` mode): the messages its ACKs settled
         will come back and must be shown again (GigaSpaces/JMS: redelivered after rollback)."""
         tx.rolled_back = True
-        for d in tx.acked:
+        for d in tx.forget_settled():
             if d.identity is not None:
                 d.subscription.seen.pop(d.identity, None)
-        tx.acked.clear()

@@ -16,7 +16,6 @@ PURE = [
     "tracking/records.py",
     "tracking/state.py",
     "tracking/deliveries.py",
-    "tracking/links.py",
     "reconnects.py",
     "window.py",
     "replay.py",

@@ -48,7 +48,7 @@ class Sim:
         self._dup += 1
         entry = self._submit(frame.with_header(DUPLICATE_ID_HEADER, f"S-{self._dup}"), owner)
         if owner is not None:
-            owner.entries.append(entry)
+            owner.sent(entry, keep=True)
         return entry
 
     def subscribe(self, sub_id: str, destination: str = "/queue/in", **extra: str) -> Entry:
@@ -96,7 +96,7 @@ class Sim:
         assert settled.to_broker is not None
         entry = self._submit(settled.to_broker, owner)
         if owner is not None:
-            owner.entries.append(entry)
+            owner.sent(entry, keep=False)
         return entry
 
     def begin(self, tx: str) -> Entry:

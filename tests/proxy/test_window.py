@@ -445,3 +445,30 @@ def test_an_entry_confirmed_by_a_later_receipt_gets_none_of_its_own() -> None:
     assert second.receipt is not None
     assert w.confirm(second.receipt) == [first, second]
     assert first.confirmed
+
+
+def test_deferred_receipts_are_not_waited_for() -> None:
+    """A transaction's SENDs on RabbitMQ: the app's receipts are requested but answered only at
+    COMMIT, so they cannot make room; a full window of them reports no receipt to wait for (the
+    session then lets the next frame in, bounded by max_transaction_size), and the COMMIT's
+    receipt confirms them all."""
+    w = window(1000)
+    for i in range(5):
+        w.append(send(300), app_receipt=f"a{i}", want_receipt=True, now=0.0, deferred=True)
+    assert not w.has_room(300)
+    assert w.receipts_pending == 0
+    assert w.statistics().receipts_pending == 0
+    w.append(send(300), app_receipt=None, want_receipt=None, now=0.0, deferred=True)
+    commit = w.append(send(100), app_receipt="c", want_receipt=True, now=0.0)
+    assert w.receipts_pending == 1
+    assert commit.receipt is not None
+    # RabbitMQ answers the deferred receipts at COMMIT, before the COMMIT's own.
+    for i in range(5):
+        first = next(e for e in w if e.app_receipt == f"a{i}")
+        assert first.receipt is not None
+        w.confirm(first.receipt)
+    assert w.receipts_pending == 1
+    confirmed = w.confirm(commit.receipt)
+    assert confirmed is not None
+    assert len(w) == 0
+    assert w.receipts_pending == 0
