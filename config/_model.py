@@ -219,8 +219,8 @@ class Config:
             rounds even when ``initial_connect_attempts`` are spent, >= 0; 0 = the attempts
             alone bound it. It gives up once *both* are spent (the attempts and this
             period), or at ``reconnect_period``; a round in which every broker refused the
-            login is not retried for the period (docs/behaviour.md, "Broker list and
-            reconnect policy"). 30000 ms covers an ActiveMQ shared-store takeover even at
+            login ends it at once, as it ends a reconnect (docs/behaviour.md, "Broker list
+            and reconnect policy"). 30000 ms covers an ActiveMQ shared-store takeover even at
             ActiveMQ's default 10 s lock poll (docs/brokers.md, "Takeover and hung
             brokers") or a broker pod's restart, and stays within the 30 s an app's
             blocking call is commonly allowed (Artemis ``callTimeout``). No Artemis or
