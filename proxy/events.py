@@ -57,6 +57,19 @@ class SessionEvent:
     to_broker: str | None = None
     attempts: int = 0
     outage_ms: int | None = None
+    #: Unix seconds: when the old leg was lost, and (FAILOVER) when the session was restored.
+    outage_start: float | None = None
+    outage_end: float | None = None
+    #: FAILOVER: the temporary destinations the old leg had made, as (the app's name, the
+    #: broker-side name on the old leg, on the new one); None: not known, or not made yet.
+    temp_destinations: tuple[tuple[str, str | None, str | None], ...] = ()
+    #: FAILOVER: browsers whose browse it cut short, as (subscription id, destination).
+    browsers_interrupted: tuple[tuple[str | None, str], ...] = ()
+    #: FAILOVER: non-durable topic subscriptions, which missed what was published between
+    #: ``outage_start`` and ``outage_end``, as (subscription id, destination).
+    topics_missed: tuple[tuple[str | None, str], ...] = ()
+    #: FAILOVER of a failback (``priority_backup``): ms the app's next frame was held.
+    app_held_ms: int | None = None
     reattached: bool = False
     replayed_frames: int = 0
     transactions_replayed: tuple[str, ...] = ()
@@ -73,6 +86,14 @@ class SessionEvent:
         out = dataclasses.asdict(self)
         out["event"] = str(out.pop("kind"))
         out["renamed_destinations"] = [list(p) for p in self.renamed_destinations]
+        out["temp_destinations"] = [
+            {"destination": d, "old": old, "new": new} for d, old, new in self.temp_destinations
+        ]
+        for key, subs in (
+            ("browsers_interrupted", self.browsers_interrupted),
+            ("topics_missed", self.topics_missed),
+        ):
+            out[key] = [{"subscription": s, "destination": d} for s, d in subs]
         return out
 
     def to_json(self) -> str:

@@ -15,8 +15,9 @@ have any knowledge of messages already sent or acknowledged"), so the sidecar re
    in flight is answered with an ERROR "in doubt". An ABORTed transaction is never re-created.
 3. the window's unconfirmed frames are replayed in order, except those made moot by the new
    leg: ACK/NACK of a delivery of the old leg (the redelivery is settled by identity when it
-   arrives, :meth:`SessionState.deliver`), and UNSUBSCRIBE of a subscription the new broker
-   never had.
+   arrives, :meth:`SessionState.deliver`), UNSUBSCRIBE of a subscription the new broker
+   never had, and the SUBSCRIBE of a browser the old leg had started (never made again:
+   :meth:`SessionState.new_link`).
 
 Entries that are dropped rather than replayed still owe the app its RECEIPT (``answer``) or an
 ERROR (``in_doubt``): nothing is dropped silently.
@@ -135,14 +136,16 @@ def plan_replay(
 def _moot(entry: Entry, state: SessionState, last_subscribe: dict[str | None, Entry]) -> bool:
     """An entry whose effect the new leg already has, or can never need: an ACK/NACK of a
     delivery of the old leg, a SUBSCRIBE since cancelled or superseded by a later one with
-    the same id, an UNSUBSCRIBE of a subscription the new broker never had (but not one that
-    removes a durable subscription, nor the pass-through kind)."""
+    the same id or of a browser left dormant, an UNSUBSCRIBE of a subscription the new
+    broker never had (but not one that removes a durable subscription, nor the pass-through
+    kind)."""
     command = entry.frame.command
     if command in (Command.ACK, Command.NACK):
         return True
     if command is Command.SUBSCRIBE:
         sub_id = entry.frame.get("id")
-        return sub_id not in state.subscriptions or last_subscribe.get(sub_id) is not entry
+        sub = state.subscriptions.get(sub_id or "")
+        return sub is None or sub.dormant or last_subscribe.get(sub_id) is not entry
     return command is Command.UNSUBSCRIBE and not isinstance(
         entry.context, PassThrough | DurableRemoval
     )

@@ -122,6 +122,8 @@ class AppSide:
                 except protocol.RemoteProtocolError as exc:
                     upcoming = None  # reported when read again, after this frame
                     core.app_broke = exc
+                if core.app_hold is not None:
+                    await core.frame_boundary()  # a failback holds the app (session.link)
                 if isinstance(event, Frame) and await self._dispatch(event, upcoming is None):
                     return
                 if upcoming is None:

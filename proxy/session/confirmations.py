@@ -145,6 +145,8 @@ class Confirmations:
         core.metrics.frame_to_broker(frame.command, len(frame.body))
         upstream = core.upstream
         if core.link_ready and upstream is not None:
+            if core.state is not None:  # the order the leg names temporary destinations
+                core.state.temps.note(entry.frame)
             try:
                 entry.sent_at = now
                 upstream.queue(entry.frame)

@@ -128,6 +128,9 @@ class SessionCore:
         #: Set when the app settles messages or unsubscribes (the broker relay may wait for
         #: it when ``max_unacked`` messages are outstanding).
         self.acks_freed = trio.Event()
+        #: Set while a ``priority_backup`` failback holds the app's frames (proxy.session.link;
+        #: :meth:`frame_boundary`); set and cleared when the hold ends.
+        self.app_hold: trio.Event | None = None
         self.disconnect_entry: Entry | None = None  # the app's DISCONNECT, once submitted
         self.disconnected = trio.Event()  # its receipt arrived
         self.reconnect_attempts: list[Attempt] = []  # of the reconnect in progress
@@ -189,3 +192,11 @@ class SessionCore:
             await self._window_event.wait()
         finally:
             self._window_waiters -= 1
+
+    async def frame_boundary(self) -> None:
+        """The app side between two frames (called while :attr:`app_hold` is set): a failback
+        holds the app's next frame here until the session runs on the first broker, unless a
+        transaction is open (then the app goes on to its COMMIT or ABORT)."""
+        hold = self.app_hold
+        if hold is not None and self.state is not None and not self.state.transactions:
+            await hold.wait()

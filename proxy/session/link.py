@@ -1,6 +1,6 @@
 """The upstream link of one session: connect by policy, and on the loss of a leg reconnect
 (reattach or fail over), restore and relay again, until the session ends; ``priority_backup``
-failback at a quiet point; the goodbye to the broker.
+failback within a bounded time, holding the app briefly; the goodbye to the broker.
 
 The link task is the only reader of the current leg. Each leg gets a nursery of its own for its
 heart-beats, the sidecar's ACK writer, the restore and the failback watch; the leg is gone when
@@ -8,6 +8,8 @@ that nursery is.
 """
 
 from __future__ import annotations
+
+import time
 
 import trio
 
@@ -22,7 +24,8 @@ from proxy.session.control import ControlChannel
 from proxy.session.core import GOODBYE_TIMEOUT, SessionCore, log
 from proxy.session.ending import Loss
 from proxy.session.phase import Phase
-from proxy.session.restore import Restorer
+from proxy.session.restore import Restorer, start_link
+from proxy.tracking.links import LinkEnd
 from proxy.upstream import (
     StreamOpener,
     Upstream,
@@ -34,7 +37,13 @@ from proxy.upstream import (
 from proxy.vocabulary import ConnectOutcome, FailoverReason
 from proxy.wire import TransportLost
 
-__all__ = ["Link"]
+__all__ = ["FAILBACK_HOLD", "Link"]
+
+#: Seconds a failback may hold the app's frames while the backup confirms what it was sent;
+#: past it the move is given up (and tried again ``max_retry_interval`` later).
+FAILBACK_HOLD = 2.0
+#: Seconds between looks at the session while a failback waits for its moment.
+_FAILBACK_POLL = 0.005
 
 
 class Link:
@@ -62,6 +71,7 @@ class Link:
         self.reconnects = reconnects
         self._relay_scope = trio.CancelScope()  # per leg; cancelled to fail back
         self._failback: Upstream | None = None
+        self._held_since: float | None = None  # a failback holds the app (trio seconds)
         self._started = False  # the first connection was reported to the caller
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -78,6 +88,7 @@ class Link:
             if not self._started and core.ending is not None:
                 task_status.started()
         finally:
+            self._release_app()
             upstream, core.upstream = core.upstream, None
             core.link_ready = False
             if upstream is not None:
@@ -140,6 +151,7 @@ class Link:
         first = True
         loss = Loss(0.0, None, "")
         failback: Upstream | None = None
+        end = LinkEnd()
         while True:
             core.reconnect_attempts = []
             attempts: list[Attempt] = []
@@ -174,15 +186,13 @@ class Link:
             core.stomp10_rabbitmq = upstream.stomp10_rabbitmq
             core.receipts_copied = upstream.copies_receipt_into_messages
             self.acks.reset()  # ack ids of the old leg mean nothing on this one
+            if not first:
+                end = await self.restorer.begin(upstream)
             async with trio.open_nursery() as leg:
                 leg.start_soon(upstream.keep_alive)
                 leg.start_soon(self.acks.flush_loop, upstream)
                 if first:
-                    state.new_link(
-                        stable_message_ids=upstream.stable_message_ids,
-                        client_ack_per_subscription=upstream.client_ack_per_subscription,
-                        acks_ignore_subscription=upstream.acks_ignore_subscription,
-                    )
+                    start_link(state, upstream, core.connect)
                     core.link_ready = True
                     if core.phase is Phase.HANDSHAKE:
                         core.advance(Phase.RUNNING)
@@ -191,7 +201,7 @@ class Link:
                 else:
                     # The restore writes while the relay reads: a broker blocked writing
                     # RECEIPTs we do not read would stop reading what we replay (deadlock).
-                    leg.start_soon(self.restorer.restore_quietly, upstream, attempts, loss)
+                    leg.start_soon(self._restore, upstream, attempts, loss, end)
                 if core.policy.priority_backup and index != 0:
                     leg.start_soon(self._watch_first_broker)
                 self._relay_scope = trio.CancelScope()
@@ -227,44 +237,117 @@ class Link:
                     core.id,
                     loss_reason,
                     from_broker=lost_from,
+                    outage_start=time.time(),
                 )
             )
 
-    def quiet(self) -> bool:
-        """A point where the session can move to another broker without anything in flight:
-        no open transaction, an empty window, nothing unacknowledged (priority_backup)."""
-        core = self.core
-        state = core.state
-        return (
-            state is not None
-            and core.link_ready
-            and not state.transactions
-            and len(core.window) == 0
-            and state.unacked == 0
-            and not self.acks.pending
-        )
+    async def _restore(
+        self, upstream: Upstream, attempts: list[Attempt], loss: Loss, end: LinkEnd
+    ) -> None:
+        """Restore the session on the new leg; then a failback's hold of the app ends."""
+        try:
+            await self.restorer.restore_quietly(
+                upstream, attempts, loss, end, held_since=self._held_since
+            )
+        finally:
+            self._release_app()
 
     async def _watch_first_broker(self) -> None:
         """``priority_backup`` (ActiveMQ priorityBackup): while on a backup, try the first
-        broker every ``max_retry_interval``; once it accepts and the session is quiet, make
-        that connection the session's next leg (a FAILOVER event with reason "failback")."""
+        broker every ``max_retry_interval``; once it accepts, move there at a frame boundary
+        with the window drained (:meth:`_hold_app`), and that connection becomes the session's
+        next leg (RECONNECTING and FAILOVER events with reason "failback to the first
+        broker"). A session that keeps sending moves too: its app is held for the time the
+        backup takes to confirm what it was sent, at most :data:`FAILBACK_HOLD`."""
         core = self.core
         first = core.config.brokers[0]
         while True:
             await trio.sleep(core.policy.max_retry_interval)
-            if not self.quiet():
-                continue
             try:
                 candidate = await self._connect_one(first)
             except UpstreamUnavailable:
                 continue
-            if not self.quiet():
-                await candidate.aclose()
+            moving = False
+            try:
+                moving = await self._hold_app()
+            finally:
+                if not moving:  # goodbye to the first broker; tried again later
+                    with trio.move_on_after(GOODBYE_TIMEOUT, shield=True):
+                        await self.disconnect(candidate)
+                    await candidate.aclose()
+            if not moving:
                 continue
             log.info("session %s: first broker %s is back; failing back", core.id, first.label)
             self._failback = candidate
-            self._relay_scope.cancel()
+            await self._leave_backup()
             return
+
+    async def _leave_backup(self) -> None:
+        """End the backup leg for a failback: a DISCONNECT, after which the broker answers
+        and closes, and the relay ends with it, having handed the app every frame it had
+        begun (cancelling it in the middle of a write to the app would end the app's
+        session: proxy.wire). A backup that does not close within ``GOODBYE_TIMEOUT`` is cut."""
+        core = self.core
+        upstream, state = core.upstream, core.state
+        if upstream is not None and state is not None:
+            goodbye = Frame(Command.DISCONNECT, (("receipt", state.new_internal_receipt()),))
+            try:
+                upstream.queue(goodbye)
+                await upstream.flush()
+            except (TransportLost, protocol.ProtocolError):
+                pass  # the relay sees the loss
+            with trio.move_on_after(GOODBYE_TIMEOUT):
+                await trio.sleep_forever()  # the relay ends, and the leg's nursery with it
+        self._relay_scope.cancel()
+
+    async def _hold_app(self) -> bool:
+        """Bring the session to a point where it can move: hold the app's next frame (outside
+        any transaction: :meth:`SessionCore.frame_boundary`) until the backup has confirmed
+        everything in the window and the sidecar's own ACKs are out. First, for up to
+        ``max_retry_interval``, wait for a moment when the app holds nothing unacknowledged
+        (its ACKs of the backup's deliveries would not reach the backup after the move).
+
+        Returns True with the app held (the restore on the first broker releases it), or
+        False, the app released, when the window did not drain within :data:`FAILBACK_HOLD`
+        (a transaction left open, a backup that stopped confirming)."""
+        core = self.core
+        state = core.state
+        assert state is not None
+        with trio.move_on_after(core.policy.max_retry_interval):
+            while state.unacked or state.transactions:
+                await self._session_changes()
+        self._held_since = trio.current_time()
+        core.app_hold = trio.Event()
+        with trio.move_on_after(FAILBACK_HOLD):
+            while not (
+                core.link_ready
+                and not state.transactions
+                and len(core.window) == 0
+                and not self.acks.pending
+            ):
+                await self._session_changes()
+            return True
+        log.info(
+            "session %s: failback given up: %d frame(s) unconfirmed after %.1f s",
+            core.id,
+            len(core.window),
+            FAILBACK_HOLD,
+        )
+        self._release_app()
+        return False
+
+    async def _session_changes(self) -> None:
+        """Wait for the window to change (a receipt, an app frame), or a moment: what a
+        failback waits for (transactions, deliveries, the sidecar's ACKs) signals nothing."""
+        with trio.move_on_after(_FAILBACK_POLL):
+            await self.core.window_change()
+
+    def _release_app(self) -> None:
+        """End a failback's hold of the app, if any."""
+        hold, self.core.app_hold = self.core.app_hold, None
+        self._held_since = None
+        if hold is not None:
+            hold.set()
 
     async def disconnect(self, upstream: Upstream) -> None:
         """Graceful goodbye to the broker: DISCONNECT with a receipt, wait for it (STOMP 1.2

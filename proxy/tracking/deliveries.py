@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from protocol import Command, Frame
+from proxy.tracking.links import TempNames
 from proxy.tracking.records import (
     ARTEMIS_DUPLICATE_ID,
     DUPLICATE_ID_HEADER,
@@ -49,6 +50,7 @@ class Deliveries:
     _deliveries: dict[str, Delivery]
     _stale: OrderedDict[str, None]
     _next_ack: int
+    temps: TempNames
 
     @property
     def unacked(self) -> int:
@@ -152,6 +154,8 @@ class Deliveries:
         if sub is None:
             if upstream_sub in self.removing:
                 return Delivered(None, hidden="unsubscribed")
+            if upstream_sub is not None and self.temps.seen(upstream_sub, message):
+                return Delivered(None)  # the sidecar's own probe (proxy.tracking.links)
             if dup_id is None and not message.has("receipt"):
                 return Delivered(message)
             # Not the app's subscription (a temp-queue reply): unchanged but for the ids.
@@ -215,6 +219,7 @@ class Deliveries:
             # ActiveMQ's end-of-browse marker (a ``browser:true`` subscription) carries no
             # ``ack`` and needs none: the app gets none either, and nothing is tracked or
             # acknowledged (found by the differential harness).
+            sub.browse_ended = True
             return Delivered(out)
         if sub.ack is AckMode.AUTO:
             if identity is not None:

@@ -138,6 +138,14 @@ class Subscription:
     # identity -> (generation, "acked" | "nacked" | "delivered", seen at)
     seen: OrderedDict[str, tuple[int, str, float]] = field(default_factory=OrderedDict)
     sweep_at: float = float("-inf")  # when ``seen`` is next checked for expired identities
+    #: A queue browser (ActiveMQ ``browser:true``): it gets what the queue held, then a
+    #: ``browser:end`` MESSAGE (``browse_ended``); a new leg never makes it again
+    #: (SessionState.new_link).
+    browser: bool = False
+    browse_ended: bool = False
+    #: Left behind by a failover (a browser): no broker has it; the app's UNSUBSCRIBE and ACKs
+    #: are answered by the sidecar (``local`` is set too), a SUBSCRIBE with its id replaces it.
+    dormant: bool = False
 
 
 @dataclass(eq=False)

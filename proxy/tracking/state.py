@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator
 
-from protocol import Frame
+from protocol import Command, Frame
 from proxy.tracking.deliveries import Deliveries
+from proxy.tracking.links import LinkEnd, TempNames, misses_messages
 from proxy.tracking.records import (
     ACK_MODES,
     DUPLICATE_ID_HEADER,
@@ -69,6 +70,10 @@ class SessionState(Deliveries):
         self._next_sub = 0
         self.duplicates_hidden = 0
         self.redeliveries_hidden = 0
+        #: Temporary destinations and their broker-side names (proxy.tracking.links).
+        self.temps = TempNames()
+        #: The current link's broker browses (ActiveMQ Classic ``browser:true``).
+        self.browsers = False
 
     # -- links ------------------------------------------------------------------------------
 
@@ -78,7 +83,9 @@ class SessionState(Deliveries):
         stable_message_ids: bool,
         client_ack_per_subscription: bool = False,
         acks_ignore_subscription: bool = False,
-    ) -> None:
+        server: str = "",
+        connection_id: str | None = None,
+    ) -> LinkEnd:
         """A new upstream connection: deliveries of older links are stale from now on.
 
         ``client_ack_per_subscription``: a ``client`` ACK on this link settles only its own
@@ -86,13 +93,34 @@ class SessionState(Deliveries):
         :class:`Subscription`); SUBSCRIBEs replayed on it say so (:meth:`upstream_subscribe`).
         ``acks_ignore_subscription``: the broker settles a STOMP 1.1 ACK by its ``message-id``
         whatever its ``subscription`` says (RabbitMQ), so the session does too.
+        ``server``, ``connection_id``: the new link's CONNECTED ``server`` header and ActiveMQ's
+        id of the connection (None: not known), for the names of temporary destinations
+        (:class:`proxy.tracking.links.TempNames`).
+
+        Returns what the end of the old link did (:class:`~proxy.tracking.links.LinkEnd`):
+        its browsers that had delivered something are never made again (a new SUBSCRIBE would
+        restart the browse from the queue's head, silently showing the app its messages
+        again): they stay *dormant* (ActiveMQ keeps a finished browser until UNSUBSCRIBE), and
+        those whose ``browser:end`` had not come are reported interrupted (Qpid client
+        failover draft, "Queue Browsers": an exception to the app). A browser that delivered
+        nothing yet is made again: the app sees one whole browse.
         """
+        interrupted: list[Subscription] = []
+        if self.browsers:
+            for sub in self.subscriptions.values():
+                if sub.browser and not sub.local and (sub.browse_ended or sub.arrivals):
+                    sub.local = sub.dormant = True
+                    if not sub.browse_ended:
+                        interrupted.append(sub)
+        self.browsers = server.startswith("ActiveMQ/")
         self.generation += 1
         self.acks_ignore_subscription = acks_ignore_subscription
         self.stable_message_ids = stable_message_ids
         self.auto_ack_mode = (
             AckMode.CLIENT if client_ack_per_subscription else AckMode.CLIENT_INDIVIDUAL
         )
+        temps = self.temps.new_link(self.generation, server=server, connection_id=connection_id)
+        return LinkEnd(tuple(interrupted), temps)
 
     def identity(self, message: Frame) -> str | None:
         """The identity of a message (module docstring), or None when it has none."""
@@ -133,6 +161,9 @@ class SessionState(Deliveries):
         if ack_header not in ACK_MODES:
             raise ForBroker(f"SUBSCRIBE with ack mode {ack_header!r}")
         ack = AckMode(ack_header)
+        left = self.subscriptions.get(app_id or "")
+        if left is not None and left.dormant:  # a browser a failover left: replaced
+            self.unsubscribe(Frame(Command.UNSUBSCRIBE, (("id", left.upstream_id),)))
         if len(self.subscriptions) >= self.max_subscriptions:
             raise SessionError(
                 f"too many subscriptions: this session already has {self.max_subscriptions} "
@@ -165,6 +196,7 @@ class SessionState(Deliveries):
             ack=ack,
             frame=upstream,
             local=local,
+            browser=frame.get("browser") == "true",
         )
         return upstream
 
@@ -210,7 +242,12 @@ class SessionState(Deliveries):
 
     def local_subscriptions(self) -> list[Subscription]:
         """The control-channel subscriptions (never sent upstream)."""
-        return [s for s in self.subscriptions.values() if s.local]
+        return [s for s in self.subscriptions.values() if s.local and not s.dormant]
+
+    def missing_messages(self) -> list[Subscription]:
+        """The live non-durable topic subscriptions: those that miss what is published while
+        no broker has them (:func:`proxy.tracking.links.misses_messages`)."""
+        return [s for s in self.subscriptions.values() if misses_messages(s)]
 
     def iter_subscribe_frames(self) -> Iterator[Frame]:
         """The SUBSCRIBE frames that recreate every live broker subscription, in order."""

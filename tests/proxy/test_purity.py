@@ -16,6 +16,7 @@ PURE = [
     "tracking/records.py",
     "tracking/state.py",
     "tracking/deliveries.py",
+    "tracking/links.py",
     "reconnects.py",
     "window.py",
     "replay.py",

@@ -1,5 +1,6 @@
-"""Session: connecting, giving up, and failing back, on scripted brokers and the mock clock:
-a login the broker refuses, reconnect attempts exhausted, ``priority_backup`` failback."""
+"""Session: connecting and giving up, on scripted brokers and the mock clock: a login the
+broker refuses, reconnect attempts exhausted (``priority_backup`` failback:
+test_session_failover_signals_failback.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from tests.proxy.scripted_broker import (
     Network,
     make_config,
     start_session,
-    wait_until,
 )
 
 QUEUE = "/queue/orders"
@@ -107,55 +107,3 @@ async def test_reconnect_exhausted_ends_the_session_naming_the_unconfirmed_frame
         backup.label,
     ]
     assert running.session.statistics().state == "closed"
-
-
-async def test_priority_backup_fails_back_to_the_first_broker_at_a_quiet_point(
-    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, network: Network
-) -> None:
-    """``priority_backup``: the first broker is down, the session runs on the backup. When
-    the first broker is back the session stays put while a frame is unconfirmed (not quiet;
-    it does not even try), and within ``max_retry_interval`` of the window emptying it moves
-    back: FAILOVER "failback to the first broker", a DISCONNECT to the backup, and the app's
-    next SEND goes to the first broker."""
-    primary = network.add("primary", 61001)
-    backup = network.add("backup", 61002)
-    primary.reachable = False
-    running = await start_session(
-        nursery,
-        network,
-        make_config(primary, backup, priority_backup=True, max_retry_interval=1000),
-    )
-    app, session = running.app, running.session
-    assert (await app.connect()).command is Command.CONNECTED
-    await app.subscribe_events()
-    assert session.statistics().broker == backup.label
-
-    backup.receipts = "hold"
-    await app.send(Command.SEND, {"destination": QUEUE, "receipt": "r1"}, b"one")
-    await backup.wait_for(Command.SEND)
-    primary.reachable = True
-    await trio.sleep(10)
-    assert primary.links == []  # not quiet: the first broker is not even tried
-    assert app.events() == []
-
-    released_at = trio.current_time()
-    await backup.link.release()
-    await app.wait_receipt("r1")
-    failover = await app.wait_event("FAILOVER")
-    assert failover["reason"] == "failback to the first broker"
-    assert failover["from_broker"] == backup.label
-    assert failover["to_broker"] == primary.label
-    assert failover["replayed_frames"] == 0
-    moved = app.arrival(lambda f: f.get("event") == "FAILOVER") - released_at
-    assert moved <= 1.0 + 0.1
-    await backup.signal.wait_until(lambda: backup.links[0].closed)
-    assert backup.link.commands()[-1] is Command.DISCONNECT
-
-    await app.send(Command.SEND, {"destination": QUEUE, "receipt": "r2"}, b"two")
-    await app.wait_receipt("r2")
-    assert [f.body for f in primary.link.received(Command.SEND)] == [b"two"]
-    assert [f.body for f in backup.link.received(Command.SEND)] == [b"one"]
-    await wait_until(lambda: session.statistics().broker == primary.label)
-    stats = session.statistics()
-    assert stats.failovers == 1
-    assert stats.state == "running"
