@@ -1,4 +1,4 @@
-"""Session events (RECONNECTING, FAILOVER, DISCONNECT) and the bus that fans them out.
+"""Session events (RECONNECTING, FAILOVER, DISCONNECT, OUTCOME) and the bus that fans them out.
 
 The events tell an app what happened to its broker connection, like the codes JMS clients give
 their ``ExceptionListener``/``FailoverEventListener`` (AMQ Broker 7.1 "Client Failover":
@@ -24,7 +24,9 @@ from dataclasses import dataclass, field
 
 import trio
 
-__all__ = ["EventBus", "EventBusStatistics", "EventKind", "SessionEvent"]
+from proxy.vocabulary import FrameOutcome, OutcomeCause
+
+__all__ = ["EventBus", "EventBusStatistics", "EventKind", "FrameReport", "SessionEvent"]
 
 
 class EventKind(enum.StrEnum):
@@ -37,6 +39,43 @@ class EventKind(enum.StrEnum):
     FAILOVER = "FAILOVER"
     #: Reconnecting failed for good; the app's connection is closed.
     DISCONNECT = "DISCONNECT"
+    #: App frames that did not end plainly confirmed, each named with its outcome
+    #: (:class:`FrameReport`; docs/behaviour.md, "Frame outcomes").
+    OUTCOME = "OUTCOME"
+
+
+@dataclass(frozen=True, slots=True)
+class FrameReport:
+    """One app frame that did not end plainly confirmed, as an OUTCOME event names it.
+
+    ``receipt``: the app's receipt id (None if it asked for none); ``mq_sidecar_id``: the
+    duplicate-detection id of a SEND (the app's own, else the sidecar's ``<session>-<n>``);
+    ``seq``: its number in the session's stream to the broker (0: it never got one);
+    ``transaction``: the transaction it belongs to, if any; ``outcome`` and ``cause`` from
+    :mod:`proxy.vocabulary`.
+    """
+
+    command: str
+    receipt: str | None
+    mq_sidecar_id: str | None
+    seq: int
+    transaction: str | None
+    outcome: FrameOutcome
+    cause: OutcomeCause
+
+    @property
+    def label(self) -> str:
+        """The frame's shortest name: its receipt id, else its ``mq-sidecar-id``, else
+        ``COMMAND #seq`` (the names in a DISCONNECT event's ``frames_lost``)."""
+        return self.receipt or self.mq_sidecar_id or f"{self.command} #{self.seq}"
+
+    def describe(self) -> str:
+        """The frame as a log line or an ERROR names it: :attr:`label`, with the
+        ``mq-sidecar-id`` too when it has a receipt id as well, and its outcome."""
+        name = self.label
+        if self.receipt is not None and self.mq_sidecar_id is not None:
+            name += f" (mq-sidecar-id {self.mq_sidecar_id})"
+        return f"{name}: {self.outcome}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,9 +84,10 @@ class SessionEvent:
 
     Times: ``timestamp`` is Unix seconds; ``outage_ms`` is milliseconds from the loss of the
     old leg to the restored session. Broker fields are labels (``host:port``), never
-    credentials. ``frames_lost`` lists the ids (the app's receipt ids, or ``<COMMAND> #<seq>``
-    for frames without one) of frames the broker never confirmed and the sidecar could not
-    replay.
+    credentials. ``frames_lost`` lists the names (:attr:`FrameReport.label`: the app's
+    receipt id, else a SEND's ``mq-sidecar-id``, else ``<COMMAND> #<seq>``) of frames the
+    broker never confirmed and the sidecar could not replay. ``frames``: OUTCOME only, the
+    frames it names (:class:`FrameReport`).
     """
 
     kind: EventKind
@@ -79,12 +119,14 @@ class SessionEvent:
     duplicates_hidden: int = 0
     frames_lost: tuple[str, ...] = ()
     renamed_destinations: tuple[tuple[str, str], ...] = ()
+    frames: tuple[FrameReport, ...] = ()
     timestamp: float = field(default_factory=time.time)
 
     def to_dict(self) -> dict[str, object]:
         """A JSON-able mapping with the field names as keys (``event`` for ``kind``)."""
         out = dataclasses.asdict(self)
         out["event"] = str(out.pop("kind"))
+        out["frames"] = [dataclasses.asdict(f) for f in self.frames]
         out["renamed_destinations"] = [list(p) for p in self.renamed_destinations]
         out["temp_destinations"] = [
             {"destination": d, "old": old, "new": new} for d, old, new in self.temp_destinations

@@ -14,8 +14,10 @@ import json
 import logging
 import sys
 import time
+from collections import Counter
 
 from proxy.events import EventKind, SessionEvent
+from proxy.vocabulary import FrameOutcome
 
 __all__ = ["STRUCTURED_FIELDS", "JsonFormatter", "configure_logging", "log_session_event"]
 
@@ -23,6 +25,9 @@ __all__ = ["STRUCTURED_FIELDS", "JsonFormatter", "configure_logging", "log_sessi
 STRUCTURED_FIELDS = ("session", "broker", "event")
 
 _events_log = logging.getLogger("mq_sidecar.events")
+#: Frames an OUTCOME event's log line names at most; the rest follow on lines of their own,
+#: as many as needed (each frame is named, and no line grows with the window).
+OUTCOME_NAMES_PER_LINE = 100
 
 
 class JsonFormatter(logging.Formatter):
@@ -91,20 +96,48 @@ def _event_message(e: SessionEvent) -> str:
     )
 
 
-def log_session_event(event: SessionEvent) -> None:
-    """Log one session event as one line on ``mq_sidecar.events`` (with session and broker).
+def _outcome_lines(e: SessionEvent) -> list[str]:
+    """An OUTCOME event's lines: the counts by outcome and the first frames' names, then the
+    other frames' names, :data:`OUTCOME_NAMES_PER_LINE` a line."""
+    counts = Counter(str(f.outcome) for f in e.frames)
+    by_outcome = ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items()))
+    names = [f.describe() for f in e.frames]
+    step = OUTCOME_NAMES_PER_LINE
+    head = f"session {e.session_id}: OUTCOME: {len(names)} frame(s) ({by_outcome}): {e.reason}"
+    lines = []
+    for start in range(0, len(names), step):
+        chunk = ", ".join(names[start : start + step])
+        if start == 0:
+            lines.append(f"{head}: {chunk}")
+        else:
+            lines.append(f"session {e.session_id}: OUTCOME (continued): {chunk}")
+    return lines or [head]
 
-    RECONNECTING is a warning, FAILOVER (the session runs again) info, DISCONNECT an error.
+
+def log_session_event(event: SessionEvent) -> None:
+    """Log one session event on ``mq_sidecar.events`` (with session and broker): one line,
+    or for an OUTCOME event naming many frames, one line per :data:`OUTCOME_NAMES_PER_LINE`.
+
+    RECONNECTING is a warning, FAILOVER (the session runs again) info, DISCONNECT an error;
+    OUTCOME is info when every frame was replayed, else a warning.
     """
-    level = {
-        EventKind.RECONNECTING: logging.WARNING,
-        EventKind.FAILOVER: logging.INFO,
-        EventKind.DISCONNECT: logging.ERROR,
-    }[event.kind]
-    broker = event.to_broker if event.kind is EventKind.FAILOVER else event.from_broker
-    _events_log.log(
-        level,
-        "%s",
-        _event_message(event),
-        extra={"session": event.session_id, "broker": broker, "event": str(event.kind)},
-    )
+    kind = event.kind
+    if kind is EventKind.OUTCOME:
+        replayed = all(f.outcome is FrameOutcome.REPLAYED for f in event.frames)
+        level = logging.INFO if replayed else logging.WARNING
+        lines = _outcome_lines(event)
+    else:
+        level = {
+            EventKind.RECONNECTING: logging.WARNING,
+            EventKind.FAILOVER: logging.INFO,
+            EventKind.DISCONNECT: logging.ERROR,
+        }[kind]
+        lines = [_event_message(event)]
+    broker = event.to_broker if kind is EventKind.FAILOVER else event.from_broker
+    for line in lines:
+        _events_log.log(
+            level,
+            "%s",
+            line,
+            extra={"session": event.session_id, "broker": broker, "event": str(kind)},
+        )

@@ -36,7 +36,9 @@ from proxy.vocabulary import (
     ClientErrorReason,
     ConnectOutcome,
     Direction,
+    DrainResult,
     FailoverReason,
+    FrameOutcome,
     OutageOutcome,
     ProbeOutcome,
     TransactionOutcome,
@@ -163,6 +165,20 @@ class Metrics:
             "Frames the broker never confirmed and the sidecar could not replay "
             "(reported to the app in its DISCONNECT event).",
         )
+        self._frame_outcomes = counter(
+            "frame_outcomes",
+            "App frames that did not end plainly confirmed, by outcome (each named to its app "
+            "by receipt id and mq-sidecar-id in an OUTCOME event).",
+            ["outcome"],
+        )
+        self._frame_outcome = {o: self._frame_outcomes.labels(o) for o in FrameOutcome}
+        self._drains = counter(
+            "drains",
+            "Sessions drained on SIGTERM, by result: completed (everything confirmed before "
+            "drain_timeout) or deadline (something still unconfirmed, named to the app).",
+            ["result"],
+        )
+        self._drain = {r: self._drains.labels(r) for r in DrainResult}
         self._client_errors = counter(
             "client_protocol_errors",
             "App frames or sessions refused for the app's own fault, by reason.",
@@ -271,6 +287,14 @@ class Metrics:
     def frames_lost(self, count: int) -> None:
         """``count`` frames were never confirmed and could not be replayed."""
         self._lost.inc(count)
+
+    def frame_outcome(self, outcome: FrameOutcome, count: int = 1) -> None:
+        """``count`` app frames ended as ``outcome`` (and were named to their app)."""
+        self._frame_outcome[outcome].inc(count)
+
+    def drain(self, result: DrainResult) -> None:
+        """A session's drain on SIGTERM ended with ``result``."""
+        self._drain[result].inc()
 
     def client_protocol_error(self, reason: ClientErrorReason) -> None:
         """An app frame is refused, or its session ended, for the app's own fault."""

@@ -14,8 +14,11 @@ __all__ = [
     "ClientErrorReason",
     "ConnectOutcome",
     "Direction",
+    "DrainResult",
     "FailoverReason",
+    "FrameOutcome",
     "OutageOutcome",
+    "OutcomeCause",
     "ProbeOutcome",
     "TransactionOutcome",
 ]
@@ -116,3 +119,70 @@ class ClientErrorReason(enum.StrEnum):
     INVALID_REQUEST = "invalid_request"
     #: The app was silent past its heart-beat tolerance.
     HEARTBEAT_TIMEOUT = "heartbeat_timeout"
+
+
+class FrameOutcome(enum.StrEnum):
+    """What became of an app frame that did not end plainly confirmed (label ``outcome`` of
+    ``mq_sidecar_frame_outcomes_total``; the ``outcome`` of each frame an OUTCOME event names,
+    the ``mq-sidecar-outcome`` header of the sidecar's ERROR about one frame; docs/behaviour.md,
+    "Frame outcomes").
+
+    After JEUS' Send/AcknowledgeException, which name the failed message, and the Qpid draft's
+    TransactionAborted (certainly not done) vs TransactionUnknown (may be done): each value
+    says whether the frame may have taken effect on a broker.
+    """
+
+    #: Sent to a broker that was lost before confirming it, and sent again on the new leg (a
+    #: consumer behind a sidecar sees one copy: ``mq-sidecar-id``); an ACK of the old leg is
+    #: applied again to the redelivery (``transparent`` mode). Its RECEIPT follows as usual.
+    REPLAYED = "replayed"
+    #: Part of a transaction rolled back at a failover (``transaction_failover = rollback``),
+    #: or by the broker when the session ended with it open: it did not take effect.
+    ROLLED_BACK = "rolled_back"
+    #: Reached a broker that was lost, or left, before confirming it: it may have taken effect
+    #: (stored there or not, nobody knows). An in-doubt COMMIT.
+    UNKNOWN = "unknown"
+    #: Never reached a broker and never will (dropped unsent), or an ACK the broker will not
+    #: apply (its message comes again): it did not take effect. Send it again if it matters.
+    LOST = "lost"
+    #: Not confirmed within ``call_timeout`` on a live leg: the app got an ERROR, and the
+    #: frame may still take effect.
+    TIMED_OUT = "timed_out"
+    #: Refused: the broker answered it with an ERROR (passed on to the app), or the sidecar
+    #: did (a stale ack id, a limit): it did not take effect.
+    REFUSED = "refused"
+
+
+class OutcomeCause(enum.StrEnum):
+    """Why a frame has a :class:`FrameOutcome` (the ``cause`` of each frame an OUTCOME event
+    names; not a metric label)."""
+
+    #: ``call_timeout`` passed without its RECEIPT.
+    CALL_TIMEOUT = "call_timeout"
+    #: The session was restored on a new leg (reattach, failover, failback).
+    FAILOVER = "failover"
+    #: The reconnect policy gave up (``reconnect_attempts`` / ``reconnect_period``).
+    RECONNECT_EXHAUSTED = "reconnect_exhausted"
+    #: Still unconfirmed when ``drain_timeout`` ran out (SIGTERM).
+    DRAIN_DEADLINE = "drain_deadline"
+    #: Open when the session ended on SIGTERM: the broker rolls it back at DISCONNECT.
+    DRAIN = "drain"
+    #: Still unconfirmed when the app's DISCONNECT ended the session.
+    APP_DISCONNECT = "app_disconnect"
+    #: The broker answered the frame with an ERROR.
+    BROKER_ERROR = "broker_error"
+    #: The sidecar answered the frame with an ERROR of its own (docs/behaviour.md, "ERROR
+    #: frames": a stale ack id, a rolled-back transaction's COMMIT, a limit).
+    SIDECAR_ERROR = "sidecar_error"
+
+
+class DrainResult(enum.StrEnum):
+    """How a session's drain on SIGTERM ended (label ``result`` of ``mq_sidecar_drains_total``;
+    docs/operations.md, "Running and stopping")."""
+
+    #: Everything the session had forwarded was confirmed (and handed to the app) before
+    #: ``drain_timeout``.
+    COMPLETED = "completed"
+    #: Something was still unconfirmed at ``drain_timeout``: named to the app as ``unknown``
+    #: or ``lost``.
+    DEADLINE = "deadline"

@@ -47,6 +47,7 @@ ALLOWED_LABELS = {
     "endpoint",
     "code",
     "version",
+    "result",
     "le",
 }
 
