@@ -21,10 +21,12 @@ import trio
 import protocol
 from config import TransactionFailover
 from protocol import Command, ConnectionClosed, Frame
+from proxy.events import FrameReport
 from proxy.session.confirmations import Confirmations
 from proxy.session.control import SCOPE_HEADER, ControlChannel, scope_refused
 from proxy.session.core import SessionCore, log
-from proxy.session.ending import Ending, error_frame
+from proxy.session.ending import Ending, error_frame, summary
+from proxy.session.outcomes import unsettled
 from proxy.session.to_app import AppOutput
 from proxy.tracking import (
     ARTEMIS_DUPLICATE_ID,
@@ -37,15 +39,22 @@ from proxy.tracking import (
     SessionError,
     Transaction,
 )
-from proxy.vocabulary import ClientErrorReason
+from proxy.vocabulary import ClientErrorReason, FrameOutcome, OutcomeCause
 from proxy.window import frame_size
 from proxy.wire import HeartBeatTimeout, TransportLost
 
-__all__ = ["AppSide"]
+__all__ = ["AppSide", "TransactionRolledBack"]
 
 #: How many transactions aborted by the sidecar a session remembers (their later frames are
 #: refused by the sidecar; an older one's go to the broker, which no longer knows it).
 _ABORTED_REMEMBERED = 64
+
+
+class TransactionRolledBack(FrameRejected):
+    """The COMMIT of a transaction a failover rolled back (``transaction_failover =
+    rollback``; GigaSpaces' TransactionRolledBackException): refused, outcome
+    ``rolled_back``."""
+
 
 #: A command handler: (frame, idle) -> True when the app's DISCONNECT has been handled.
 _Handler = Callable[[Frame, bool], Awaitable[bool]]
@@ -148,7 +157,9 @@ class AppSide:
             return False
         except FrameRejected as exc:
             core.metrics.client_protocol_error(ClientErrorReason.INVALID_REQUEST)
-            await self.out.send(error_frame(str(exc), receipt_id=frame.get("receipt")))
+            rolled_back = isinstance(exc, TransactionRolledBack)
+            outcome = FrameOutcome.ROLLED_BACK if rolled_back else FrameOutcome.REFUSED
+            await self._refuse(frame, str(exc), outcome)
             return False
         except SessionError as exc:
             core.metrics.client_protocol_error(ClientErrorReason.INVALID_REQUEST)
@@ -160,6 +171,26 @@ class AppSide:
                 )
             )
             return True
+
+    async def _refuse(self, frame: Frame, reason: str, outcome: FrameOutcome) -> None:
+        """The sidecar's ERROR refusing one app frame (the session goes on), and its OUTCOME
+        event: ``rolled_back`` for the COMMIT of a transaction a failover rolled back,
+        ``refused`` for the others (a stale ack id, a limit, a NACK to a STOMP 1.0 broker)."""
+        receipt = frame.get("receipt")
+        duplicate_id = frame.get(DUPLICATE_ID_HEADER) if frame.command is Command.SEND else None
+        await self.out.send(
+            error_frame(reason, receipt_id=receipt, outcome=outcome, duplicate_id=duplicate_id)
+        )
+        report = FrameReport(
+            command=str(frame.command),
+            receipt=receipt,
+            mq_sidecar_id=duplicate_id,
+            seq=0,
+            transaction=frame.get("transaction"),
+            outcome=outcome,
+            cause=OutcomeCause.SIDECAR_ERROR,
+        )
+        await self.control.report([report], reason)
 
     async def _pass_through(self, frame: Frame, idle: bool) -> None:
         """Send ``frame`` upstream as the app sent it, untracked (the window still maps the
@@ -408,7 +439,7 @@ class AppSide:
         tx = state.end(frame, now=trio.current_time())
         if tx.rolled_back:
             if frame.command is Command.COMMIT:
-                raise FrameRejected(
+                raise TransactionRolledBack(
                     f"transaction '{tx.id}' rolled back: the broker connection failed over "
                     "before COMMIT (transaction_failover = rollback); its messages will be "
                     "redelivered"
@@ -432,11 +463,12 @@ class AppSide:
         await self.confirmations.flush_upstream()
         with trio.move_on_after(core.durations.call_timeout):
             await core.disconnected.wait()
-        lost = [e.label for e in core.window if not e.confirmed]
+        lost = unsettled(core.window, OutcomeCause.APP_DISCONNECT)
         reason = "app disconnected"
         if lost:
             core.metrics.frames_lost(len(lost))
-            reason += f"; {len(lost)} frame(s) never confirmed: {', '.join(lost)}"
+            reason += f"; {summary(lost)}"
+            await self.control.report(lost, "the app disconnected before they were confirmed")
         core.end(Ending(reason, disconnect_upstream=False))
         return True
 

@@ -11,6 +11,7 @@ import trio
 
 import protocol
 from protocol import Command, ConnectionClosed, Frame, HeartBeat
+from proxy.events import FrameReport
 from proxy.session.acks import SidecarAcks
 from proxy.session.confirmations import Confirmations
 from proxy.session.core import ERROR_CLOSE_WINDOW, SessionCore, log
@@ -124,14 +125,14 @@ class BrokerSide:
         core = self.core
         error_receipt = frame.get("receipt-id")
         out = frame
+        refused: list[FrameReport] = []
         if error_receipt is not None:
-            out = await self.confirmations.confirm_by_error(frame, error_receipt)
-        log.warning(
-            "session %s: broker %s sent ERROR: %s",
-            core.id,
-            upstream.broker.label,
-            frame.get("message"),
-        )
+            out, refused = await self.confirmations.confirm_by_error(frame, error_receipt)
+        message = frame.get("message")
+        log.warning("session %s: broker %s sent ERROR: %s", core.id, upstream.broker.label, message)
         self._error_at = trio.current_time()
         core.metrics.frame_to_app(Command.ERROR, len(out.body))
         await self.out.send(out)
+        # The broker's ERROR reaches the app unchanged (transparency); the event names the
+        # frame it refused by its mq-sidecar-id too.
+        await self.confirmations.control.report(refused, f"the broker refused it: {message}")

@@ -1,6 +1,7 @@
 """The confirmation window at work: frames from the app enter the window and go upstream with
 the receipts the sidecar asks for; broker RECEIPTs confirm them and answer the app's receipts;
-a receipt the app waits for past ``call_timeout`` is answered with an ERROR.
+a receipt the app waits for past ``call_timeout`` is answered with an ERROR, and the frames of
+an ERROR are named in an OUTCOME event (docs/behaviour.md, "Frame outcomes").
 
 The window itself (:class:`proxy.window.ConfirmationWindow`) is pure bookkeeping; this module
 adds the I/O and the waiting (backpressure: while the window is full the app is not read).
@@ -13,12 +14,15 @@ import contextlib
 import trio
 
 from protocol import Command, Frame
+from proxy.events import FrameReport
+from proxy.session.control import ControlChannel
 from proxy.session.core import SessionCore, log
 from proxy.session.ending import error_frame
+from proxy.session.outcomes import report_of
 from proxy.session.phase import Phase
 from proxy.session.to_app import AppOutput
 from proxy.tracking import Transaction
-from proxy.vocabulary import TransactionOutcome
+from proxy.vocabulary import FrameOutcome, OutcomeCause, TransactionOutcome
 from proxy.window import Entry, EntryContext, frame_size
 from proxy.wire import TransportLost
 
@@ -43,11 +47,13 @@ _DEFERRED_IN_TRANSACTION = frozenset({Command.SEND, Command.ACK, Command.NACK})
 
 
 class Confirmations:
-    """Submitting app frames through the window, and confirming them."""
+    """Submitting app frames through the window, and confirming them; ``control`` tells the
+    app what became of the frames that were not plainly confirmed."""
 
-    def __init__(self, core: SessionCore, out: AppOutput) -> None:
+    def __init__(self, core: SessionCore, out: AppOutput, control: ControlChannel) -> None:
         self.core = core
         self.out = out
+        self.control = control
 
     async def submit(
         self,
@@ -195,10 +201,11 @@ class Confirmations:
                 await self.out.flush()
                 core.disconnected.set()
 
-    async def confirm_by_error(self, error: Frame, receipt: str) -> Frame:
+    async def confirm_by_error(self, error: Frame, receipt: str) -> tuple[Frame, list[FrameReport]]:
         """A broker ERROR that answers the frame carrying sidecar receipt ``receipt``: the
         entries before it are confirmed (answered locally), the one it answers is settled.
-        Returns the ERROR as the app gets it: with the app's receipt id, or without one."""
+        Returns the ERROR as the app gets it (with the app's receipt id, or without one), and
+        the report of the frame it refused (``refused``), for the OUTCOME event after it."""
         core = self.core
         confirmed = core.window.confirm(receipt) or []
         core.window_changed()
@@ -207,15 +214,19 @@ class Confirmations:
             if entry is not answered and entry.app_receipt and not entry.answered:
                 entry.answered = True
                 await self.out.answer_locally(entry.app_receipt)
+        refused = []
+        if answered is not None:
+            refused.append(report_of(answered, FrameOutcome.REFUSED, OutcomeCause.BROKER_ERROR))
         if answered is not None and answered.app_receipt and not answered.answered:
             answered.answered = True
-            return error.with_header("receipt-id", answered.app_receipt)
-        return error.without("receipt-id")
+            return error.with_header("receipt-id", answered.app_receipt), refused
+        return error.without("receipt-id"), refused
 
     async def watch_call_timeouts(self) -> None:
         """ERROR for every app receipt unconfirmed after ``call_timeout`` (Artemis
         "unblocking calls"; JEUS request-blocking-time): the app is never left waiting
-        forever, and a frame that was never sent is dropped. Runs until cancelled."""
+        forever, and a frame that was never sent is dropped. Every frame due at once is
+        answered together, and named in one OUTCOME event. Runs until cancelled."""
         core = self.core
         timeout = core.durations.call_timeout
         while True:
@@ -233,31 +244,64 @@ class Confirmations:
                 entry = None
                 await trio.sleep_until(deadline)
                 continue
-            entry.answered = True
-            state = "while reconnecting" if core.phase is Phase.RECONNECTING else "by the broker"
+            due: list[Entry] = []
+            while entry is not None and entry.enqueued_at + timeout <= trio.current_time():
+                entry.answered = True
+                due.append(entry)
+                entry = core.window.first_unanswered()
+            entry = None
+            await self._time_out(due)
+            del due
+
+    async def _time_out(self, due: list[Entry]) -> None:
+        """Answer ``due`` (past ``call_timeout``) with an ERROR each, and one OUTCOME event.
+
+        What was never sent is dropped first (under the send lock, so a restore cannot send
+        it meanwhile): ``lost``, or ``unknown`` if a broker lost before confirming it may have
+        it; what is on the live leg stays in the window: ``timed_out``, it may still be done.
+        """
+        core = self.core
+        async with core.send_lock:
+            for entry in due:
+                if not entry.sent and not entry.confirmed and not entry.dropped:
+                    core.window.drop(entry)
+            core.window_changed()
+        state = "while reconnecting" if core.phase is Phase.RECONNECTING else "by the broker"
+        reports = []
+        for entry in due:
+            command = entry.frame.command
+            if entry.confirmed:
+                # Its RECEIPT came while the send lock was awaited (marked answered, so the
+                # confirmation wrote none): it is plainly confirmed after all.
+                await self.out.answer_locally(entry.app_receipt)
+                continue
             if entry.sent:
-                detail = "it may still be"
+                outcome, detail = FrameOutcome.TIMED_OUT, "it may still be"
             elif entry.sent_before:
                 # Sent to a broker that was lost before confirming it: stored there or not,
                 # nobody knows; it is not replayed after this ERROR.
+                outcome = FrameOutcome.UNKNOWN
                 detail = (
                     "it reached a broker that was lost before confirming it, so it may have "
                     "taken effect; it is dropped and not replayed"
                 )
-                if entry.frame.command is Command.COMMIT:
+                if command is Command.COMMIT:
                     detail += " (the transaction's outcome is in doubt)"
             else:
-                detail = "it was never sent and is dropped"
+                outcome, detail = FrameOutcome.LOST, "it was never sent and is dropped"
+            report = report_of(entry, outcome, OutcomeCause.CALL_TIMEOUT)
+            reports.append(report)
             await self.out.send(
                 error_frame(
-                    f"{entry.frame.command} not confirmed {state} within "
-                    f"{core.config.call_timeout} ms",
+                    f"{command} not confirmed {state} within {core.config.call_timeout} ms",
                     receipt_id=entry.app_receipt,
-                    detail=f"{entry.frame.command} {entry.label} not confirmed; {detail}",
-                )
+                    detail=f"{command} {report.label} not confirmed; {detail}",
+                    outcome=outcome,
+                    duplicate_id=report.mq_sidecar_id,
+                ),
+                flush=False,
             )
-            if not entry.sent:
-                async with core.send_lock:
-                    if not entry.sent and not entry.confirmed:
-                        core.window.drop(entry)
-                        core.window_changed()
+        await self.out.flush()
+        await self.control.report(
+            reports, f"not confirmed {state} within call_timeout ({core.config.call_timeout} ms)"
+        )

@@ -1,6 +1,7 @@
-"""The control channel of one session: RECONNECTING/FAILOVER/DISCONNECT events published on
-the sidecar's bus (``GET /events``, other sessions) and delivered in band to the app's
-subscriptions of the reserved events destination, which never go upstream.
+"""The control channel of one session: RECONNECTING/FAILOVER/DISCONNECT/OUTCOME events
+published on the sidecar's bus (``GET /events``, the event log, other sessions) and delivered in
+band to the app's subscriptions of the reserved events destination, which never go upstream.
+An OUTCOME event names the app's frames that did not end plainly confirmed (:meth:`report`).
 
 Nobody reads what is not theirs: an app gets its own session's events, and every session's
 (``mq-sidecar-scope:all``) only when it authenticated with the sidecar's own ``client_login``
@@ -8,10 +9,13 @@ Nobody reads what is not theirs: an app gets its own session's events, and every
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Sequence
+
 import trio
 
 from protocol import Command, Frame
-from proxy.events import SessionEvent
+from proxy.events import EventKind, FrameReport, SessionEvent
 from proxy.session.core import SessionCore
 from proxy.session.ending import error_frame
 from proxy.session.to_app import AppOutput
@@ -51,6 +55,29 @@ class ControlChannel:
         the app learns of a failover before it sees a message of the new leg."""
         self.core.bus.publish(event)
         await self.deliver(event)
+
+    async def report(self, frames: Sequence[FrameReport], reason: str) -> None:
+        """Tell the app what became of ``frames`` (none: nothing to tell): one OUTCOME event
+        naming each by receipt id and ``mq-sidecar-id`` with its outcome, written to the app
+        before anything else happens on the session and logged once by the event log; each
+        counted in ``mq_sidecar_frame_outcomes_total{outcome}``."""
+        if not frames:
+            return
+        core = self.core
+        for outcome, count in Counter(f.outcome for f in frames).items():
+            core.metrics.frame_outcome(outcome, count)
+        broker: str | None = None
+        if core.upstream is not None:
+            broker = core.upstream.broker.label
+        elif core.loss is not None:
+            broker = core.loss.broker
+        elif core.broker_index is not None:
+            broker = core.config.brokers[core.broker_index].label
+        await self.publish(
+            SessionEvent(
+                EventKind.OUTCOME, core.id, reason, from_broker=broker, frames=tuple(frames)
+            )
+        )
 
     async def deliver(self, event: SessionEvent) -> None:
         """Write ``event`` to every control subscription of the app that wants it."""

@@ -8,32 +8,56 @@ hands it to :meth:`proxy.session.core.SessionCore.end`; the first one wins.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from protocol import Command, Frame
+from proxy.events import FrameReport
 from proxy.failover import ReconnectExhausted
+from proxy.tracking import DUPLICATE_ID_HEADER
 from proxy.upstream import UpstreamRefused, UpstreamUnavailable
-from proxy.vocabulary import FailoverReason
+from proxy.vocabulary import FailoverReason, FrameOutcome
 
 __all__ = [
+    "OUTCOME_HEADER",
+    "SUMMARY_NAMES",
     "Ending",
     "Loss",
+    "drained",
     "draining",
     "error_frame",
     "exhausted_initially",
     "no_broker",
+    "summary",
 ]
 
+#: Header of the sidecar's ERROR about one frame: that frame's :class:`FrameOutcome`
+#: (docs/behaviour.md, "Frame outcomes").
+OUTCOME_HEADER = "mq-sidecar-outcome"
 
-def error_frame(message: str, *, receipt_id: str | None = None, detail: str = "") -> Frame:
+
+def error_frame(
+    message: str,
+    *,
+    receipt_id: str | None = None,
+    detail: str = "",
+    outcome: FrameOutcome | None = None,
+    duplicate_id: str | None = None,
+) -> Frame:
     """An ERROR frame for the app: one-line ``message`` header, optional ``receipt-id``.
 
     STOMP 1.2 "ERROR": the ``message`` header is a short description, the body may hold more;
-    ``receipt-id`` is set when the frame that caused it asked for a receipt.
+    ``receipt-id`` is set when the frame that caused it asked for a receipt. An ERROR about
+    one frame also names its outcome (:data:`OUTCOME_HEADER`) and, for a SEND, its
+    ``mq-sidecar-id`` (``duplicate_id``).
     """
     headers: list[tuple[str, str]] = [("message", message)]
     if receipt_id is not None:
         headers.append(("receipt-id", receipt_id))
+    if outcome is not None:
+        headers.append((OUTCOME_HEADER, str(outcome)))
+    if duplicate_id is not None:
+        headers.append((DUPLICATE_ID_HEADER, duplicate_id))
     headers.append(("content-type", "text/plain"))
     return Frame(Command.ERROR, tuple(headers), (detail or message).encode() + b"\n")
 
@@ -69,6 +93,51 @@ def draining() -> Ending:
     return Ending(
         "sidecar shutting down",
         app_error=error_frame("mq-sidecar is shutting down; reconnect to continue"),
+    )
+
+
+#: Frames an ERROR's ``message`` header names at most (its body names them all): a header
+#: line stays short enough for any STOMP client's limits.
+SUMMARY_NAMES = 20
+
+
+def summary(reports: Sequence[FrameReport], *, limit: int | None = None) -> str:
+    """``N frame(s) not confirmed: <each frame and its outcome>`` for an ERROR or a log line:
+    every frame named (nothing unconfirmed is dropped silently, docs/behaviour.md), or the
+    first ``limit`` and how many more."""
+    shown = reports if limit is None else reports[:limit]
+    named = ", ".join(r.describe() for r in shown)
+    if len(shown) < len(reports):
+        named += f" and {len(reports) - len(shown)} more"
+    return f"{len(reports)} frame(s) not confirmed" + (f": {named}" if named else "")
+
+
+def drained(reports: Sequence[FrameReport]) -> Ending:
+    """The drain on SIGTERM is over: everything the session forwarded was confirmed and
+    handed to the app (``reports`` empty), or ``reports`` name what was not (``drain_timeout``
+    ran out, or a transaction was left open). DISCONNECT upstream, ERROR to the app naming
+    those frames (the first :data:`SUMMARY_NAMES` in its ``message``, all in its body)."""
+    if not reports:
+        return Ending(
+            "sidecar shutting down; every frame was confirmed",
+            app_error=error_frame(
+                "mq-sidecar is shutting down; reconnect to continue",
+                detail="mq-sidecar is shutting down (SIGTERM); every frame it took from this "
+                "connection was confirmed by the broker. Reconnect to continue.",
+            ),
+        )
+    every = "\n".join(r.describe() for r in reports)
+    return Ending(
+        f"sidecar shutting down; {len(reports)} frame(s) not confirmed (named in the OUTCOME "
+        "event)",
+        app_error=error_frame(
+            f"mq-sidecar is shutting down; {summary(reports, limit=SUMMARY_NAMES)}",
+            detail="mq-sidecar is shutting down (SIGTERM); these frames were not confirmed "
+            "(unknown: it reached the broker, which did not confirm it, so it may have taken "
+            "effect; lost: it never reached a broker; rolled_back: its transaction was open "
+            f"and the broker rolls it back):\n{every}",
+        ),
+        level=logging.WARNING,
     )
 
 

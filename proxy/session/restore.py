@@ -26,13 +26,15 @@ from proxy.failover import Attempt, ReconnectExhausted
 from proxy.replay import ReplayPlan, plan_replay
 from proxy.session.control import ControlChannel
 from proxy.session.core import GOODBYE_TIMEOUT, SessionCore, log
-from proxy.session.ending import Ending, Loss, error_frame
+from proxy.session.ending import SUMMARY_NAMES, Ending, Loss, error_frame
+from proxy.session.ending import summary as frames_summary
+from proxy.session.outcomes import after_restore, unsettled
 from proxy.session.phase import Phase
 from proxy.session.to_app import AppOutput
 from proxy.tracking import SessionState
 from proxy.tracking.links import LinkEnd, probe_end
 from proxy.upstream import Upstream
-from proxy.vocabulary import OutageOutcome, TransactionOutcome
+from proxy.vocabulary import FrameOutcome, OutageOutcome, OutcomeCause, TransactionOutcome
 from proxy.window import Entry
 from proxy.wire import TransportLost
 
@@ -200,9 +202,14 @@ class Restorer:
                             f"transaction outcome in doubt: the broker connection was lost before "
                             f"{entry.frame.command} was confirmed",
                             receipt_id=entry.app_receipt,
+                            outcome=FrameOutcome.UNKNOWN,
                         )
                     )
             await self._interrupted(end)
+            await self.control.report(
+                after_restore(plan, core.config.failover_mode),
+                f"restored on {upstream.broker.label} after: {loss.reason}",
+            )
 
     async def _interrupted(self, end: LinkEnd) -> None:
         """An ERROR on each browser whose browse the failover cut short (the session stays)."""
@@ -325,12 +332,14 @@ class Restorer:
         # Stop taking frames from the app first: one submitted while the event is written
         # would be in neither the event's nor the ERROR's list of lost frames.
         core.app_scope.cancel()
-        lost = [e.label for e in core.window.drop_all()]
+        reports = unsettled(core.window.drop_all(), OutcomeCause.RECONNECT_EXHAUSTED)
+        lost = [r.label for r in reports]
         core.window_changed()
-        core.loss = None
         core.metrics.outage(trio.current_time() - loss.at, OutageOutcome.DISCONNECTED)
         core.metrics.frames_lost(len(lost))
         reason = f"{loss.reason}; reconnect {exc}"
+        await self.control.report(reports, reason)  # before the DISCONNECT, the last event
+        core.loss = None
         await self.control.publish(
             SessionEvent(
                 EventKind.DISCONNECT,
@@ -342,13 +351,13 @@ class Restorer:
                 outage_start=time.time() - (trio.current_time() - loss.at),
             )
         )
-        summary = f"{len(lost)} frame(s) not confirmed" + (f": {', '.join(lost)}" if lost else "")
+        summary = frames_summary(reports, limit=SUMMARY_NAMES)
         core.end(
             Ending(
                 f"reconnect exhausted: {reason}; {summary}",
                 app_error=error_frame(
                     f"mq-sidecar lost the broker connection and could not reconnect; {summary}",
-                    detail=f"{reason}\n{summary}",
+                    detail=f"{reason}\n{frames_summary(reports)}",
                 ),
                 disconnect_upstream=False,
                 level=logging.ERROR,

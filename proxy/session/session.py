@@ -119,7 +119,7 @@ class Session:
         self.acks = SidecarAcks(config.max_unacked)
         self.out = AppOutput(core, self.acks)
         self.control = ControlChannel(core, self.out)
-        self.confirmations = Confirmations(core, self.out)
+        self.confirmations = Confirmations(core, self.out, self.control)
         self.app_side = AppSide(core, self.out, self.control, self.confirmations)
         self.link = Link(
             core,

@@ -62,9 +62,10 @@ async def test_reconnect_exhausted_ends_the_session_naming_the_unconfirmed_frame
     autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, network: Network
 ) -> None:
     """Every broker down and ``reconnect_attempts = 2``: after two rounds over both brokers
-    the session gives up: a DISCONNECT event naming the frames the lost broker never confirmed
-    (the app's receipt id, else ``SEND #<seq>``), then an ERROR saying so, then the app's
-    connection is closed. No RECEIPT ever comes for them."""
+    the session gives up: an OUTCOME event naming each frame the lost broker never confirmed
+    by receipt id and mq-sidecar-id (``unknown``: it had them), a DISCONNECT event naming them
+    (the app's receipt id, else the SEND's ``mq-sidecar-id``), then an ERROR saying so, then
+    the app's connection is closed. No RECEIPT ever comes for them."""
     primary = network.add("primary", 61001)
     backup = network.add("backup", 61002)
     running = await start_session(
@@ -85,17 +86,24 @@ async def test_reconnect_exhausted_ends_the_session_naming_the_unconfirmed_frame
     with trio.fail_after(10):
         await running.done.wait()
 
+    (outcome,) = app.events("OUTCOME")
+    assert [(f["receipt"], f["mq_sidecar_id"], f["outcome"]) for f in outcome["frames"]] == [
+        ("r1", "s1-1", "unknown"),
+        (None, "s1-2", "unknown"),
+    ]
+    assert {f["cause"] for f in outcome["frames"]} == {"reconnect_exhausted"}
     disconnect = app.events("DISCONNECT")[0]
-    assert disconnect["frames_lost"] == ["r1", "SEND #2"]
+    assert disconnect["frames_lost"] == ["r1", "s1-2"]
     assert disconnect["attempts"] == 4  # 2 rounds x 2 brokers
     assert disconnect["from_broker"] == primary.label
     (error,) = app.errors()
     assert error.get("message") == (
         "mq-sidecar lost the broker connection and could not reconnect; "
-        "2 frame(s) not confirmed: r1, SEND #2"
+        "2 frame(s) not confirmed: r1 (mq-sidecar-id s1-1): unknown, s1-2: unknown"
     )
+    assert error.get("mq-sidecar-outcome") is None  # about several frames: in the message
     kinds = [f.get("event") or f.command for f in app.frames]
-    assert kinds[-3:] == ["RECONNECTING", "DISCONNECT", Command.ERROR]
+    assert kinds[-4:] == ["RECONNECTING", "OUTCOME", "DISCONNECT", Command.ERROR]
     assert app.receipt_ids() == ["events-sub"]
     # Backoff 100 ms before round 1, 200 ms before round 2 (no jitter), then it gives up.
     assert app.closed_at is not None

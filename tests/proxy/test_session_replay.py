@@ -109,7 +109,7 @@ async def test_unconfirmed_sends_are_replayed_on_the_backup_once_each(
     assert len(set(dup_ids(replayed))) == 3
     assert backup.link.commands() == [Command.CONNECT, Command.SEND, Command.SEND, Command.SEND]
 
-    reconnecting, failover = app.events()
+    reconnecting, failover, outcome = app.events()
     assert reconnecting["event"] == "RECONNECTING"
     assert reconnecting["from_broker"] == primary.label
     assert LOSS_REASONS[how] in reconnecting["reason"]
@@ -118,6 +118,11 @@ async def test_unconfirmed_sends_are_replayed_on_the_backup_once_each(
     assert failover["to_broker"] == backup.label
     assert failover["reattached"] is False
     assert failover["replayed_frames"] == 3
+    # Each replayed frame is named, by receipt id and mq-sidecar-id (docs: "Frame outcomes").
+    assert outcome["event"] == "OUTCOME"
+    assert [(f["receipt"], f["mq_sidecar_id"], f["outcome"]) for f in outcome["frames"]] == [
+        (r, d, "replayed") for r, d in zip(["r1", "r2", "r3"], dup_ids(sent), strict=True)
+    ]
     # The app hears of the failover before the replay's first RECEIPT.
     failover_at = app.index(lambda f: f.get("event") == "FAILOVER")
     assert failover_at < app.index(lambda f: f.get("receipt-id") == "r1")
