@@ -88,7 +88,7 @@ class Restorer:
         done = False
         with trio.move_on_after(core.durations.connect_timeout):
             with contextlib.suppress(TransportLost, protocol.ProtocolError):
-                done = await self._probe(upstream, frames, names)
+                done = await self._probe(upstream, frames)
         if not done:
             state.temps.probing = False
             log.warning(
@@ -99,7 +99,7 @@ class Restorer:
             )
         return end
 
-    async def _probe(self, upstream: Upstream, frames: list[Frame], names: list[str]) -> bool:
+    async def _probe(self, upstream: Upstream, frames: list[Frame]) -> bool:
         """Send the probe, read the leg until every name is known; whether they all are."""
         core = self.core
         assert core.state is not None
@@ -110,7 +110,7 @@ class Restorer:
         await upstream.flush()
         probe_id = frames[0].get("id") or ""
         try:
-            while not temps.probed(names):
+            while not temps.probed():
                 event = await upstream.receive_event()
                 if isinstance(event, ConnectionClosed):
                     return False

@@ -105,6 +105,7 @@ class TempNames:
         self._made = 0  # temporary destinations the current leg made (ActiveMQ's numbering)
         self._exact = True  # no name made on this leg was forgotten (TEMP_MAX)
         self._probe: str | None = None  # the probe subscription id on this leg, if any
+        self._probed: list[str] = []  # the names it asks for
         #: False once a probe failed: not tried again in this session.
         self.probing = True
 
@@ -127,6 +128,7 @@ class TempNames:
         self._made = 0
         self._exact = True
         self._probe = None
+        self._probed = []
         return made if old else ()
 
     def name_of(self, name: str) -> str | None:
@@ -214,6 +216,7 @@ class TempNames:
         if self._style != "rabbitmq" or not wanted or not self.probing:
             return []
         self._probe = probe_id
+        self._probed = wanted
         exchange = f"/exchange/amq.direct/{probe_id}"
         frames = [
             Frame(
@@ -230,9 +233,9 @@ class TempNames:
         )
         return frames
 
-    def probed(self, names: Iterable[str]) -> bool:
-        """Whether every one of ``names`` has its name on the current leg (the probe is done)."""
-        return all(self.name_of(n) is not None for n in names)
+    def probed(self) -> bool:
+        """Whether every name the probe asked for is known on the current leg (it is done)."""
+        return all(self.name_of(n) is not None for n in self._probed)
 
 
 def probe_end(probe_id: str) -> Frame:

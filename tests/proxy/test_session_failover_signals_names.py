@@ -115,3 +115,29 @@ def sub(destination: str, *headers: tuple[str, str], local: bool = False) -> Sub
 )
 def test_which_subscriptions_miss_messages(subscription: Subscription, misses: bool) -> None:
     assert misses_messages(subscription) is misses
+
+
+def test_a_probe_is_done_once_the_queues_it_asked_for_have_names() -> None:
+    """RabbitMQ: the probe asks only for temporary queues (a reply-to naming a temporary topic
+    makes something else there); it is done when those have their new names."""
+    names = TempNames()
+    names.new_link(1, server=RABBITMQ, connection_id=None)
+    names.note(send(("reply-to", "/temp-queue/r")))
+    names.note(send(("reply-to", "/temp-topic/t")))
+    made = names.new_link(2, server=RABBITMQ, connection_id=None)
+    frames = names.probe("p", [name for name, _ in made])
+    assert [f.get("reply-to") for f in frames] == [None, "/temp-queue/r"]
+    for frame in frames:
+        names.note(frame)
+    assert not names.probed()
+    answer = Frame(
+        Command.MESSAGE,
+        (
+            ("subscription", "p"),
+            ("reply-to", "/reply-queue/amq.gen-B2"),
+            ("mq-sidecar-temp", "/temp-queue/r"),
+        ),
+    )
+    assert names.seen("p", answer) is True  # the sidecar's own: hidden
+    assert names.probed()
+    assert names.name_of("/temp-queue/r") == "/reply-queue/amq.gen-B2"
