@@ -6,9 +6,11 @@ graceful shutdown.
 listener, starts the admin plane (``proxy.admin``: metrics, health, status, events) and the
 event log in the same nursery, reports the :class:`Sidecar` through ``task_status`` once both
 listeners are bound (tests and readiness wait on that, never on a sleep), accepts connections
-into a sessions nursery it owns, and on shutdown stops accepting, asks every session to drain
-(DISCONNECT upstream, ERROR to the app), and cancels whatever is still running when
-``drain_timeout`` has passed. The admin plane answers during the drain (``/readyz`` says
+into a sessions nursery it owns, and on shutdown stops accepting and asks every session to
+drain (:meth:`proxy.session.Session.request_drain`: no new frames from its app, the receipts of
+what is in flight handed over until ``drain_timeout``, what is still unconfirmed then named to
+the app, DISCONNECT upstream, ERROR to the app); a backstop cancels whatever still runs a few
+seconds after that deadline. The admin plane answers during the drain (``/readyz`` says
 "shutting down").
 
 The :class:`Sidecar` owns what sessions report into: the Prometheus ``registry`` (never the
@@ -43,8 +45,10 @@ from proxy.logs import log_session_event
 from proxy.metrics import Metrics
 from proxy.session import Session
 from proxy.session.ending import error_frame
+from proxy.session.session import DRAIN_GOODBYE_MAX
 from proxy.statistics import SidecarStatistics
 from proxy.upstream import BrokerStreams
+from proxy.vocabulary import DrainResult
 from proxy.wire import FrameStream, TransportLost
 
 __all__ = ["ListenError", "Sidecar", "SidecarStatistics", "serve"]
@@ -66,6 +70,9 @@ _REFUSAL_LIMITS = protocol.Limits(
 _REFUSAL_SEND_SECONDS = 2.0
 #: Seconds between log lines about refused connections (a flood is one line a minute).
 _REFUSAL_LOG_INTERVAL = 60.0
+#: Seconds past the drain's deadline and a session's goodbyes before whatever still runs is
+#: cancelled (a backstop: sessions end by themselves by then).
+_DRAIN_BACKSTOP_MARGIN = 0.25
 
 
 class _Refusals:
@@ -130,6 +137,8 @@ class Sidecar:
         self._counter = itertools.count(1)
         self.sessions_total = 0
         self._refusals = _Refusals()
+        #: When the drain's wait for receipts ends (trio seconds), once shutdown began.
+        self._drain_deadline: float | None = None
 
     def request_shutdown(self) -> None:
         """Begin a graceful shutdown (what SIGTERM/SIGINT do)."""
@@ -176,11 +185,35 @@ class Sidecar:
                     await trio.aclose_forcefully(listener)
             drain = self.config.durations.drain_timeout
             log.info("shutting down: draining %d session(s) within %g s", len(self.sessions), drain)
-            for session in list(self.sessions):
-                session.request_drain()
-            sessions_nursery.cancel_scope.deadline = trio.current_time() + drain
+            self._drain_deadline = trio.current_time() + drain
+            draining = list(self.sessions)
+            for session in draining:
+                session.request_drain(self._drain_deadline)
+            # A backstop that should never fire: each session ends by itself at the deadline
+            # and says its goodbyes within DRAIN_GOODBYE_MAX.
+            sessions_nursery.cancel_scope.deadline = (
+                self._drain_deadline + DRAIN_GOODBYE_MAX + _DRAIN_BACKSTOP_MARGIN
+            )
+        self._log_drain(draining)
         log.info("shutdown complete")
         self.stopped.set()
+
+    def _log_drain(self, sessions: list[Session]) -> None:
+        """One line on how the drain went (each session's frames are named in its own OUTCOME
+        event and log lines)."""
+        late = [s for s in sessions if s.drain_result is DrainResult.DEADLINE]
+        cut = [s for s in sessions if s.drain_result is None and s.core.ending is None]
+        if not late and not cut:
+            log.info("drain complete: every frame of %d session(s) confirmed", len(sessions))
+            return
+        log.warning(
+            "drain_timeout reached: %d of %d session(s) had %d frame(s) not confirmed (named "
+            "to their apps)%s",
+            len(late),
+            len(sessions),
+            sum(s.drain_unconfirmed for s in late),
+            f"; {len(cut)} session(s) cut off" if cut else "",
+        )
 
     async def _accept_loop(
         self, listener: trio.SocketListener, sessions_nursery: trio.Nursery
@@ -213,6 +246,8 @@ class Sidecar:
         )
         self.sessions.add(session)
         self.sessions_total += 1
+        if self._drain_deadline is not None:  # accepted just before the listener closed
+            session.request_drain(self._drain_deadline)
         try:
             await session.run()
         finally:

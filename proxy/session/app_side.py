@@ -78,6 +78,10 @@ class AppSide:
         #: Transactions the sidecar aborted (max_transaction_size), newest last, at most
         #: :data:`_ABORTED_REMEMBERED`: their later frames are the sidecar's to refuse.
         self._aborted: OrderedDict[str, str] = OrderedDict()
+        #: Around each wait for the app's next bytes: cancelled to stop reading (drain).
+        self._read_scope = trio.CancelScope()
+        #: Set when the drain has stopped the reading: every frame read is in the window.
+        self.reading_stopped = trio.Event()
         self._handlers: dict[Command, _Handler] = {
             Command.SEND: self._send,
             Command.SUBSCRIBE: self._subscribe,
@@ -90,16 +94,31 @@ class AppSide:
             Command.DISCONNECT: self._disconnect,
         }
 
+    def stop_reading(self) -> None:
+        """Take no more frames from the app (the drain on SIGTERM): the burst being handled
+        is finished (every frame read goes into the window), then :meth:`relay` returns and
+        sets :attr:`reading_stopped`. Call after setting ``core.drain_requested``."""
+        self._read_scope.cancel()
+
     async def relay(self) -> None:
         """Relay app → broker until the app leaves or breaks the protocol (the session
-        ends) or the app side is cancelled."""
+        ends), the drain stops the reading (:meth:`stop_reading`; the session goes on) or the
+        app side is cancelled."""
         core = self.core
         while True:
             # The burst read so far is handled: what it queued for the broker leaves in one
             # write, before we wait for the app again.
             await self.confirmations.flush_upstream()
+            if core.drain_requested:
+                # Hypercorn's and Envoy's drain: no new work, what is in flight finishes.
+                self.reading_stopped.set()
+                return
+            self._read_scope = trio.CancelScope()
             try:
-                event = await core.app.receive_event()
+                with self._read_scope:  # a cancelled read loses no byte (trio streams)
+                    event = await core.app.receive_event()
+                if self._read_scope.cancelled_caught:
+                    continue
             except HeartBeatTimeout as exc:
                 core.metrics.client_protocol_error(ClientErrorReason.HEARTBEAT_TIMEOUT)
                 core.end(

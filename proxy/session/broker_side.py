@@ -92,11 +92,19 @@ class BrokerSide:
         core = self.core
         state = core.state
         assert state is not None
-        while state.unacked >= state.max_unacked:
+        while state.unacked >= state.max_unacked and not core.drain_requested:
             # Bounded: stop reading the broker until the app acknowledges (max_unacked).
             await self.out.flush()
             core.acks_freed = trio.Event()
             await core.acks_freed.wait()
+        if core.drain_requested and self._acked_by_the_app(frame):
+            # Draining (SIGTERM): the app is no longer read, so it could not acknowledge
+            # this; held back and not acknowledged (every subscription the sidecar tracks is
+            # client-acked upstream), it goes back to the broker's queue at the DISCONNECT
+            # for another consumer (STOMP 1.2 "SUBSCRIBE ack Header"). The broker is still
+            # read, for the receipts the app waits for (docs/behaviour.md, "Drain").
+            core.held_back += 1
+            return
         decision = state.deliver(frame, upstream_version=upstream.version, now=trio.current_time())
         if decision.to_app is not None:
             core.metrics.frame_to_app(Command.MESSAGE, len(decision.to_app.body))
@@ -120,6 +128,15 @@ class BrokerSide:
             # The sidecar's ACK of an auto subscription's message goes only after the app
             # has it: held until the app's out-buffer is written (AppOutput.flush).
             await self.out.flush()
+
+    def _acked_by_the_app(self, message: Frame) -> bool:
+        """Whether ``message`` belongs to a subscription of the app's that the sidecar tracks
+        (so the broker waits for its ACK); not one passed through untracked, nor a reply to a
+        temporary queue, which may be ``auto`` upstream (holding those back would lose them)."""
+        state = self.core.state
+        assert state is not None
+        sub = state.subscriptions.get(message.get("subscription") or "")
+        return sub is not None and not sub.local
 
     async def _on_error(self, upstream: Upstream, frame: Frame) -> None:
         core = self.core

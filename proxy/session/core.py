@@ -120,6 +120,10 @@ class SessionCore:
         self.link_scope = trio.CancelScope()
         self.app_nursery: trio.Nursery | None = None  # while the app side runs
         self.drain_requested = False
+        #: When the drain's wait for receipts ends (trio seconds), once one is requested.
+        self.drain_deadline: float | None = None
+        #: MESSAGEs not shown to the app during the drain (back to the broker at DISCONNECT).
+        self.held_back = 0
         #: Appending to the window and sending happen under this lock, which a restore also
         #: holds while it replays: frames reach the broker in window order.
         self.send_lock = trio.Lock()

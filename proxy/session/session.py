@@ -52,6 +52,7 @@ from proxy.session.control import ControlChannel
 from proxy.session.core import GOODBYE_TIMEOUT, SessionCore, log
 from proxy.session.ending import (
     Ending,
+    drained,
     draining,
     error_frame,
     exhausted_initially,
@@ -59,14 +60,27 @@ from proxy.session.ending import (
 )
 from proxy.session.handshake import accept_connect, connected_frame
 from proxy.session.link import Link
+from proxy.session.outcomes import report_of, unsettled_outcome
 from proxy.session.phase import Phase
 from proxy.session.restore import Restorer
 from proxy.session.to_app import AppOutput
 from proxy.statistics import SessionStatistics
+from proxy.tracking import Transaction
 from proxy.upstream import BrokerStreams, StreamOpener, UpstreamUnavailable
+from proxy.vocabulary import DrainResult, FrameOutcome, OutcomeCause
+from proxy.window import Entry
 from proxy.wire import TransportLost, send_heartbeats
 
-__all__ = ["Session"]
+__all__ = ["DRAIN_GOODBYE_MAX", "Session"]
+
+#: Seconds the drain's report to the app (its OUTCOME event, the RECEIPTs queued) may take
+#: past the deadline: a write to a local app that reads takes microseconds; one that stopped
+#: reading gets its ERROR no sooner for waiting longer. With the goodbyes to the broker and to
+#: the app (GOODBYE_TIMEOUT each), a session ends at most DRAIN_GOODBYE_MAX after the deadline.
+DRAIN_REPORT_TIMEOUT = 0.5
+#: Seconds a drained session may take past the drain's deadline, at most: the report, the
+#: DISCONNECT's receipt, the app's ERROR (the chart's termination grace period covers it).
+DRAIN_GOODBYE_MAX = DRAIN_REPORT_TIMEOUT + 2 * GOODBYE_TIMEOUT
 
 #: Jitter and ``randomize`` draws of every session without an rng of its own: one generator
 #: for the process (2.5 KiB of Mersenne Twister state per session otherwise).
@@ -121,6 +135,10 @@ class Session:
         self.control = ControlChannel(core, self.out)
         self.confirmations = Confirmations(core, self.out, self.control)
         self.app_side = AppSide(core, self.out, self.control, self.confirmations)
+        #: How the drain on SIGTERM ended (None: no drain), and how many frames were still
+        #: unconfirmed at its deadline.
+        self.drain_result: DrainResult | None = None
+        self.drain_unconfirmed = 0
         self.link = Link(
             core,
             self.acks,
@@ -133,17 +151,87 @@ class Session:
 
     # -- public -------------------------------------------------------------------------------
 
-    def request_drain(self) -> None:
-        """Ask the session to end gracefully (SIGTERM): DISCONNECT upstream, ERROR to the app.
+    def request_drain(self, deadline: float | None = None) -> None:
+        """Drain the session (SIGTERM; hypercorn's and Envoy's drain): take no new frames from
+        the app, keep relaying what the broker sends back, wait until every frame forwarded
+        is confirmed and its RECEIPT handed to the app, or until ``deadline`` (trio seconds;
+        default ``drain_timeout`` from now); then DISCONNECT upstream and end with an ERROR
+        naming what is still unconfirmed (docs/behaviour.md, "Drain on SIGTERM").
 
+        A session reconnecting keeps trying until the deadline (a restore replays the window).
         A session still making its first connection (which may try for
-        ``initial_connect_period``) stops trying; one still reading its app's CONNECT ends
-        once it has it. Either way the app gets the drain's ERROR.
+        ``initial_connect_period``) stops trying, and one still reading its app's CONNECT ends
+        once it has it: neither has taken a frame. :attr:`drain_result` says how it ended.
         """
         core = self.core
+        if core.drain_requested:
+            return
         core.drain_requested = True
-        if core.app_nursery is not None or core.connect is not None:
-            core.end(draining())
+        if core.ending is not None or core.app_scope.cancel_called:
+            return  # ending already (its app side may be gone): nothing left to drain
+        if deadline is None:
+            deadline = trio.current_time() + core.durations.drain_timeout
+        core.drain_deadline = deadline
+        core.acks_freed.set()  # a relay waiting for the app's ACKs must read the broker again
+        if core.app_nursery is not None:
+            self.app_side.stop_reading()
+            core.app_nursery.start_soon(self._drain)
+        elif core.connect is not None:
+            self._drained_at_once()
+
+    def _drained_at_once(self) -> None:
+        """End a session that has forwarded nothing for its app yet (drain)."""
+        core = self.core
+        if core.ending is None:
+            self.drain_result = DrainResult.COMPLETED
+            core.metrics.drain(DrainResult.COMPLETED)
+        core.end(draining())
+
+    async def _drain(self) -> None:
+        """The drain of a session whose app side runs (:meth:`request_drain`)."""
+        core = self.core
+        assert core.drain_deadline is not None
+        with trio.move_on_at(core.drain_deadline):
+            await self.app_side.reading_stopped.wait()
+            # Short-circuits at the window's head, which each receipt takes away: O(1) a wake.
+            while any(not _left_open(e) for e in core.window):
+                await core.window_change()
+        # Past the deadline: what is unconfirmed is named (unknown: a broker has it, or may;
+        # lost: none ever had it); frames of a transaction the app left open are rolled back
+        # by the broker at the DISCONNECT (it was never committed).
+        reports = [
+            report_of(e, FrameOutcome.ROLLED_BACK, OutcomeCause.DRAIN)
+            if _left_open(e)
+            else report_of(e, unsettled_outcome(e), OutcomeCause.DRAIN_DEADLINE)
+            for e in core.window
+        ]
+        late = sum(1 for r in reports if r.cause is OutcomeCause.DRAIN_DEADLINE)
+        result = DrainResult.DEADLINE if late else DrainResult.COMPLETED
+        self.drain_result = result
+        self.drain_unconfirmed = late
+        core.metrics.drain(result)
+        if late:
+            core.metrics.frames_lost(late)
+        if core.held_back:
+            log.info(
+                "session %s: %d message(s) held back during the drain (back to the broker's "
+                "queue at the DISCONNECT)",
+                core.id,
+                core.held_back,
+            )
+        # Bounded: an app that stopped reading does not hold the shutdown up.
+        with trio.move_on_after(DRAIN_REPORT_TIMEOUT):
+            await self.control.report(
+                reports,
+                f"mq-sidecar is shutting down: not confirmed within drain_timeout "
+                f"({core.config.drain_timeout} ms)"
+                if late
+                else "mq-sidecar is shutting down with the transaction open",
+            )
+            # The RECEIPTs the relay queued leave now: end() cancels the relay, and a write
+            # cancelled half way would leave the app's connection unusable for the ERROR.
+            await self.out.flush()
+        core.end(drained(reports))
 
     def statistics(self) -> SessionStatistics:
         """Counters and state of this session."""
@@ -213,7 +301,7 @@ class Session:
     async def _serve(self) -> None:
         core = self.core
         if core.drain_requested:  # SIGTERM came while the app's CONNECT was read
-            core.end(draining())
+            self._drained_at_once()
             return
         async with trio.open_nursery() as nursery:
             try:
@@ -250,8 +338,8 @@ class Session:
         with core.app_scope:
             async with trio.open_nursery() as nursery:
                 core.app_nursery = nursery
-                if core.drain_requested:
-                    core.end(draining())
+                if core.drain_requested:  # SIGTERM came before the app side started
+                    self._drained_at_once()
                 nursery.start_soon(self._app_heartbeats)
                 nursery.start_soon(self.confirmations.watch_call_timeouts)
                 await self.app_side.relay()
@@ -261,3 +349,12 @@ class Session:
             await send_heartbeats(self.core.app)
         except TransportLost as exc:
             self.core.end(Ending(f"app connection lost: {exc}"))
+
+
+def _left_open(entry: Entry) -> bool:
+    """Whether ``entry`` belongs to a transaction the app has not ended: its frames may be
+    confirmed only at COMMIT (RabbitMQ), which the drain no longer reads, and the broker
+    rolls it back at the DISCONNECT (STOMP 1.2 "BEGIN": a transaction not committed is
+    "implicitly aborted if the client sends a DISCONNECT frame")."""
+    tx = entry.context
+    return isinstance(tx, Transaction) and tx.end is None

@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from config import OPTIONS
+from proxy.session.session import DRAIN_GOODBYE_MAX
 from testbed import ActiveMQ, free_port, wait_stomp
 from tests.deploy.support import (
     ADMIN_TOKEN_MOUNT,
@@ -933,3 +934,54 @@ def test_example_app_talks_through_the_sidecar(activemq: ActiveMQ) -> None:
     finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.communicate(timeout=30)
+
+
+# --- the drain on SIGTERM -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("drain_ms", [10_000, 4_500, 60_000])
+def test_the_app_outlives_nothing_it_needs_and_the_drain_fits_the_grace_period(
+    native: bool, drain_ms: int
+) -> None:
+    """How the chart keeps the app's last frames safe (docs/deploy.md, "Shutdown order"):
+
+    - native sidecar (an init container with ``restartPolicy: Always``): the kubelet sends it
+      SIGTERM only once the app container has exited (KEP-753), so the app's last frames and
+      their RECEIPTs go through a sidecar that is not draining; the sidecar has no preStop
+      hook (one would run at the start of the pod's termination, beside the app's);
+    - plain container: every container gets SIGTERM at once, so the sidecar's preStop sleeps
+      ``shutdownDelaySeconds`` first (the app closes its sessions), then it drains while the
+      app, still running, gets the receipts of what was in flight;
+    - either way the termination grace period covers that delay, ``drain_timeout`` and what a
+      session may take past the drain's deadline (``DRAIN_GOODBYE_MAX``: its report, the
+      DISCONNECT's receipt, the app's ERROR), so the kubelet kills neither container (SIGKILL)
+      before the sidecar has handed the app what it could.
+    """
+    args = (
+        *("--set", f"sidecar.native={str(native).lower()}"),
+        *("--set", f"config.drain_timeout={drain_ms}"),
+    )
+    docs = documents(render(*args))
+    assert tomllib.loads(config_toml(docs))["drain_timeout"] == drain_ms
+    specs = list(pod_specs(docs))
+    assert len(specs) == 2  # the example Deployment and the Spark executor template
+    for where, spec in specs:
+        container = sidecar(spec)
+        apps = [c for c in spec["containers"] if c is not container]
+        assert apps, where
+        if native:
+            assert container in spec["initContainers"], where
+            assert container["restartPolicy"] == "Always", where
+            assert "lifecycle" not in container, where
+            delay = 5  # sidecar.shutdownDelaySeconds: the app's own shutdown, before ours
+        else:
+            assert container in spec["containers"], where
+            assert "restartPolicy" not in container, where
+            delay = container["lifecycle"]["preStop"]["sleep"]["seconds"]
+            assert delay == 5, where
+        for app in apps:  # nothing delays the app's SIGTERM or kills it early
+            assert "lifecycle" not in app, where
+        grace = spec["terminationGracePeriodSeconds"]
+        assert grace >= delay + drain_ms / 1000 + DRAIN_GOODBYE_MAX, where
+        assert grace == delay + math.ceil(drain_ms / 1000) + 5, where

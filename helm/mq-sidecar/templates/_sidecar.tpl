@@ -30,7 +30,9 @@ exampleApp.enabled and sparkExecutor.enabled to false there if you do not want t
 */}}
 
 {{/* The termination grace period the sidecar needs: shutdownDelaySeconds for the app, then
-the drain (drain_timeout, rounded up to seconds), then 5 s of margin. An explicit
+the drain (drain_timeout, rounded up to seconds), then 5 s of margin, which covers what a
+drained session may take past the deadline (4.5 s at most: its report to the app, the
+DISCONNECT's receipt, its ERROR; docs/deploy.md, "Shutdown order"). An explicit
 sidecar.terminationGracePeriodSeconds below that is refused. */}}
 {{- define "mq-sidecar.terminationGracePeriodSeconds" -}}
 {{- $v := .values | default .root.Values -}}
