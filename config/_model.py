@@ -231,9 +231,10 @@ class Config:
             "Broker list and reconnect policy").
         randomize: Walk the broker list in random order. ActiveMQ ``randomize``
             (ActiveMQ default true; ours false, so list order = priority).
-        priority_backup: Return to the first broker when it is back, at a quiet
-            point. ActiveMQ ``priorityBackup`` (docs/behaviour.md, "Broker list and
-            reconnect policy").
+        priority_backup: Return to the first broker when it is back, within
+            ``max_retry_interval`` plus a brief hold of the app while the window drains.
+            ActiveMQ ``priorityBackup`` (docs/behaviour.md, "Broker list and reconnect
+            policy").
         call_timeout: ms a frame whose receipt the app waits for may stay
             unconfirmed during failover before the app gets an ``ERROR``, > 0.
             Artemis ``callTimeout`` (default 30000 ms); docs/behaviour.md, "During
