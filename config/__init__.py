@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from ._load import CONFIG_ENV, load_config
 from ._model import (
+    REDACTED,
     Broker,
     Config,
     ConfigError,
@@ -38,6 +39,7 @@ __all__ = (
     "ENV_PREFIX",
     "FAILOVER_OPTIONS",
     "OPTIONS",
+    "REDACTED",
     "Broker",
     "Config",
     "ConfigError",

@@ -80,7 +80,7 @@ class ReconnectExhausted(Exception):
     ) -> None:
         detail = f": {last}" if last is not None else ""
         if isinstance(last, UpstreamRefused):
-            more = _more_words(last.error)
+            more = last.redact(_more_words(last.error))
             detail += f" ({more})" if more else ""
         if refused:
             detail = f": every broker refused the CONNECT{detail}"

@@ -14,6 +14,7 @@ attempt like a refused one.
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 import trio
 
 import protocol
-from config import Broker, Config
+from config import REDACTED, Broker, Config
 from protocol import Command, ConnectionClosed, Frame, HeartBeat
 from proxy.tls import (
     CLOSED_IN_HANDSHAKE,
@@ -82,10 +83,21 @@ class UpstreamRefused(UpstreamUnavailable):
     (issue 2: "a broker that refuses the login: the app gets the broker's ERROR message").
     """
 
-    def __init__(self, broker: Broker, error: Frame) -> None:
+    def __init__(self, broker: Broker, error: Frame, *, login: str | None = None) -> None:
+        self.login = login
         message = error.get("message") or error.body.decode("utf-8", "replace").strip()
-        super().__init__(broker, f"CONNECT refused: {message or 'ERROR without message'}")
+        message = self.redact(message or "ERROR without message")
+        super().__init__(broker, f"CONNECT refused: {message}")
         self.error = error
+
+    def redact(self, text: str) -> str:
+        """``text`` with the CONNECT's login shown as ``***`` wherever the broker quoted it
+        (ActiveMQ "User name [app] or password is invalid", RabbitMQ "Access refused for user
+        'app'"): the reason goes to logs, events and ``/status``, where no credential may
+        appear (docs/configuration.md, "Credentials"). The app's ERROR is the broker's own."""
+        if not self.login:
+            return text
+        return re.sub(rf"(?<!\w){re.escape(self.login)}(?!\w)", REDACTED, text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -415,7 +427,7 @@ async def connect_upstream(
                 if isinstance(event, ConnectionClosed):
                     raise _ClosedEarly(wire)
                 if event.command is Command.ERROR:
-                    raise UpstreamRefused(broker, event)
+                    raise UpstreamRefused(broker, event, login=connect.get("login"))
                 connected = event
                 break
     except trio.TooSlowError:

@@ -162,9 +162,13 @@ def test_every_broker_refusing_after_a_kill_tells_the_app_within_one_round(
     event = json.loads(body)
     reason = event["reason"]
     assert "every broker refused the CONNECT" in reason
-    assert RMQ_WORDS in reason or AMQ_WORDS in reason
+    # the brokers' words, with the login they quote redacted (no credential in events)
+    shown = (RMQ_WORDS.replace("'app'", "'***'"), AMQ_WORDS.replace("[app]", "[***]"))
+    assert any(words in reason for words in shown), reason
+    assert "[app]" not in reason
+    assert "'app'" not in reason
     assert "every broker refused the CONNECT" in detail
-    assert RMQ_WORDS in detail or AMQ_WORDS in detail
+    assert any(words in detail for words in shown), detail
     assert error["message"].startswith("mq-sidecar lost the broker connection")
     # ActiveMQ refused the sidecar once: in its last round. Every broker refused from the
     # moment ActiveMQ did, to the sidecar or to this test's probe, whichever came first.

@@ -408,6 +408,9 @@ async def _walk_in(
 # -- sessions on scripted brokers --------------------------------------------------------------
 
 WORDS = "User name [app] or password is invalid."
+#: What the sidecar's own reason shows of them: the app's login redacted (no credential in
+#: events, logs or /status).
+WORDS_SHOWN = "User name [***] or password is invalid."
 
 
 async def on_primary(
@@ -500,9 +503,9 @@ async def told(running: Running, *, at: float) -> None:
     assert app.arrival(lambda f: f.command is Command.ERROR) == pytest.approx(at)
     body = error.body.decode()
     assert "every broker refused the CONNECT" in body
-    assert WORDS in body
+    assert WORDS_SHOWN in body
     (disconnect,) = app.events("DISCONNECT")
-    assert WORDS in disconnect["reason"]
+    assert WORDS_SHOWN in disconnect["reason"]
     assert app.index(lambda f: f.get("event") == "DISCONNECT") < app.index(
         lambda f: f.command is Command.ERROR
     )
@@ -537,3 +540,26 @@ async def test_a_refusing_backup_is_skipped_by_the_next_session_on_the_way_to_an
     first_registry = first.session.core.metrics.registry
     assert not first_registry.get_sample_value(sample, {"broker": refusing.label})
     assert len(third.live_links()) == 2
+
+
+def test_the_login_a_broker_quotes_in_its_refusal_is_redacted_in_the_reason() -> None:
+    """The reason of a refusal goes to logs, events and /status, where no credential may
+    appear: the CONNECT's login is shown as ``***`` wherever the broker quoted it, as a whole
+    word only (the app's ERROR is the broker's own frame, untouched)."""
+    broker = Broker("127.0.0.1", 61613)
+    amq = Frame(
+        Command.ERROR,
+        (("message", "User name [app7] or password is invalid."),),
+        b"java.lang.SecurityException: User name [app7] or password is invalid.\n\tat ...",
+    )
+    refused = UpstreamRefused(broker, amq, login="app7")
+    assert refused.reason == "CONNECT refused: User name [***] or password is invalid."
+    assert refused.error is amq
+    rabbit = Frame(
+        Command.ERROR,
+        (("message", "Bad CONNECT"),),
+        b"Access refused for user 'app7' (app7x keeps its name)\n",
+    )
+    exhausted = ReconnectExhausted([], 1, 0.1, UpstreamRefused(broker, rabbit, login="app7"))
+    assert "Access refused for user '***' (app7x keeps its name)" in str(exhausted)
+    assert "'app7'" not in str(exhausted)
