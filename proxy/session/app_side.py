@@ -20,13 +20,12 @@ import trio
 
 import protocol
 from config import TransactionFailover
-from protocol import Command, ConnectionClosed, Frame
-from proxy.events import FrameReport
+from protocol import Command, ConnectionClosed, Frame, HeartBeat
 from proxy.session.confirmations import Confirmations
 from proxy.session.control import SCOPE_HEADER, ControlChannel, scope_refused
 from proxy.session.core import SessionCore, log
 from proxy.session.ending import Ending, error_frame, summary
-from proxy.session.outcomes import unsettled
+from proxy.session.outcomes import report_of_frame, unsettled
 from proxy.session.to_app import AppOutput
 from proxy.tracking import (
     ARTEMIS_DUPLICATE_ID,
@@ -82,6 +81,8 @@ class AppSide:
         self._read_scope = trio.CancelScope()
         #: Set when the drain has stopped the reading: every frame read is in the window.
         self.reading_stopped = trio.Event()
+        #: The frame read ahead of the one being handled (None between bursts).
+        self._upcoming: Frame | HeartBeat | ConnectionClosed | None = None
         self._handlers: dict[Command, _Handler] = {
             Command.SEND: self._send,
             Command.SUBSCRIBE: self._subscribe,
@@ -93,6 +94,22 @@ class AppSide:
             Command.ABORT: self._end_transaction,
             Command.DISCONNECT: self._disconnect,
         }
+
+    def not_taken(self) -> list[tuple[Frame, str | None]]:
+        """The frames read from the app that are not in the window, with their receipt ids
+        (the drain names them at its deadline, when a full window held the burst up): the one
+        waiting for room, the one read ahead of it, every complete frame left in the read
+        buffer. Takes them out of the buffer: call it only when the session ends."""
+        held = self.confirmations.waiting
+        out = [held] if held is not None else []
+        upcoming = self._upcoming
+        while isinstance(upcoming, Frame):
+            out.append((upcoming, upcoming.get("receipt")))
+            try:
+                upcoming = self.core.app.next_buffered()
+            except protocol.RemoteProtocolError:
+                break
+        return out
 
     def stop_reading(self) -> None:
         """Take no more frames from the app (the drain on SIGTERM): the burst being handled
@@ -150,6 +167,7 @@ class AppSide:
                 except protocol.RemoteProtocolError as exc:
                     upcoming = None  # reported when read again, after this frame
                     core.app_broke = exc
+                self._upcoming = upcoming
                 if core.app_hold is not None:
                     await core.frame_boundary()  # a failback holds the app (session.link)
                 if isinstance(event, Frame) and await self._dispatch(event, upcoming is None):
@@ -195,19 +213,14 @@ class AppSide:
         """The sidecar's ERROR refusing one app frame (the session goes on), and its OUTCOME
         event: ``rolled_back`` for the COMMIT of a transaction a failover rolled back,
         ``refused`` for the others (a stale ack id, a limit, a NACK to a STOMP 1.0 broker)."""
-        receipt = frame.get("receipt")
-        duplicate_id = frame.get(DUPLICATE_ID_HEADER) if frame.command is Command.SEND else None
+        report = report_of_frame(frame, frame.get("receipt"), outcome, OutcomeCause.SIDECAR_ERROR)
         await self.out.send(
-            error_frame(reason, receipt_id=receipt, outcome=outcome, duplicate_id=duplicate_id)
-        )
-        report = FrameReport(
-            command=str(frame.command),
-            receipt=receipt,
-            mq_sidecar_id=duplicate_id,
-            seq=0,
-            transaction=frame.get("transaction"),
-            outcome=outcome,
-            cause=OutcomeCause.SIDECAR_ERROR,
+            error_frame(
+                reason,
+                receipt_id=report.receipt,
+                outcome=outcome,
+                duplicate_id=report.mq_sidecar_id,
+            )
         )
         await self.control.report([report], reason)
 

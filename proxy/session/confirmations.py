@@ -54,6 +54,9 @@ class Confirmations:
         self.core = core
         self.out = out
         self.control = control
+        #: The frame waiting for room in the window (as it goes upstream), with the app's
+        #: receipt id: read from the app, not in the window yet (the drain names it).
+        self.waiting: tuple[Frame, str | None] | None = None
 
     async def submit(
         self,
@@ -78,11 +81,15 @@ class Confirmations:
         size = frame_size(frame)
         if not window.has_room(size):
             core.metrics.window_full()
-            await self.flush_upstream()  # the receipts that make room answer queued frames
-            # Only a pending receipt makes room; with none, the frame goes in after what the
-            # window holds and confirms it (ConfirmationWindow.receipts_pending).
-            while not window.has_room(size) and window.receipts_pending:
-                await core.window_change()
+            self.waiting = (frame, app_receipt)
+            try:
+                await self.flush_upstream()  # the receipts that make room answer queued frames
+                # Only a pending receipt makes room; with none, the frame goes in after what
+                # the window holds and confirms it (ConfirmationWindow.receipts_pending).
+                while not window.has_room(size) and window.receipts_pending:
+                    await core.window_change()
+            finally:
+                self.waiting = None
         # A SEND on a leg whose receipts overtake each other (RabbitMQ) gets a receipt of its
         # own. In a transaction RabbitMQ answers a SEND's or ACK's receipt only at COMMIT
         # (found by the differential harness: a large SEND after one waited for the window

@@ -60,7 +60,7 @@ from proxy.session.ending import (
 )
 from proxy.session.handshake import accept_connect, connected_frame
 from proxy.session.link import Link
-from proxy.session.outcomes import report_of, unsettled_outcome
+from proxy.session.outcomes import report_of, report_of_frame, unsettled_outcome
 from proxy.session.phase import Phase
 from proxy.session.restore import Restorer
 from proxy.session.to_app import AppOutput
@@ -191,7 +191,7 @@ class Session:
         """The drain of a session whose app side runs (:meth:`request_drain`)."""
         core = self.core
         assert core.drain_deadline is not None
-        with trio.move_on_at(core.drain_deadline):
+        with trio.move_on_at(core.drain_deadline) as waiting:
             await self.app_side.reading_stopped.wait()
             # Short-circuits at the window's head, which each receipt takes away: O(1) a wake.
             while any(not _left_open(e) for e in core.window):
@@ -205,6 +205,13 @@ class Session:
             else report_of(e, unsettled_outcome(e), OutcomeCause.DRAIN_DEADLINE)
             for e in core.window
         ]
+        if waiting.cancelled_caught:
+            # The app side was still held up (a full window): the frames it had read and
+            # not put in the window yet never went anywhere.
+            reports += (
+                report_of_frame(frame, receipt, FrameOutcome.LOST, OutcomeCause.DRAIN_DEADLINE)
+                for frame, receipt in self.app_side.not_taken()
+            )
         late = sum(1 for r in reports if r.cause is OutcomeCause.DRAIN_DEADLINE)
         result = DrainResult.DEADLINE if late else DrainResult.COMPLETED
         self.drain_result = result

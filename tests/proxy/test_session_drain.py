@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from protocol import Command
+from protocol import Command, Frame
 from proxy.tracking import DUPLICATE_ID_HEADER
 from tests.proxy.scripted_broker import (
     RABBITMQ,
@@ -281,3 +281,45 @@ async def test_a_drain_of_a_session_that_has_ended_changes_nothing(
     await running.done.wait()
     running.session.request_drain()
     assert running.session.drain_result is None
+
+
+async def test_frames_held_up_by_a_full_window_at_the_deadline_are_named_lost(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, network: Network
+) -> None:
+    """A window with room for one SEND and a broker that never confirms: of the app's burst
+    of three, the first is in the window (``unknown`` at the deadline), the second waits for
+    room and the third was read ahead of it: both were read from the app and never went
+    anywhere, so they are named ``lost``, with the receipt ids and any ``mq-sidecar-id`` the
+    app gave them."""
+    broker = network.add("broker", 61001)
+    running = await connected(nursery, network, broker, confirmation_window_size=300)
+    app = running.app
+    broker.receipts = "hold"
+    body = b"x" * 200
+    frames = [
+        Frame.build(Command.SEND, {"destination": QUEUE, "receipt": f"r{n}"}, body) for n in (1, 2)
+    ]
+    frames.append(
+        Frame.build(
+            Command.SEND,
+            {"destination": QUEUE, "receipt": "r3", DUPLICATE_ID_HEADER: "key-3"},
+            body,
+        )
+    )
+    await app.stream.send_all(b"".join(app.conn.send(f) for f in frames))  # one burst
+    await broker.wait_for(Command.SEND, 1)
+    await trio.sleep(1.0)
+    assert running.session.confirmations.waiting is not None
+
+    running.session.request_drain()
+    await app.wait_closed()
+    (outcome,) = app.events("OUTCOME")
+    assert [
+        (f["receipt"], f["mq_sidecar_id"], f["outcome"], f["seq"]) for f in outcome["frames"]
+    ] == [
+        ("r1", "s1-1", "unknown", 1),
+        ("r2", "s1-2", "lost", 0),
+        ("r3", "key-3", "lost", 0),
+    ]
+    assert len(broker.link.received(Command.SEND)) == 1
+    assert "3 frame(s) not confirmed" in (app.errors()[0].get("message") or "")
