@@ -52,15 +52,6 @@ ENABLED = (
     "--set", "monitoring.dashboard.annotations.grafana_folder=Messaging",
 )  # fmt: skip
 
-#: Metrics the alerts and the dashboard use that other parts of issue 16 add: metric -> what
-#: adds it. Until then they are not in docs/operations.md; the alerts are unit-tested on
-#: synthetic series all the same, and tests/integration/test_dashboard.py says which of its
-#: queries wait for them.
-PENDING_METRICS = {
-    "mq_sidecar_frame_outcomes_total": "issue 16 part 4 (outcome by id, as an event)",
-    "mq_sidecar_drains_total": "issue 16 part 1 (drain that finishes in-flight work)",
-}
-
 #: Grafana's own variables the dashboard uses, with what they expand to in the checks here
 #: (tests/integration/test_dashboard.py expands them as Grafana would for its query range).
 GRAFANA_VARIABLES = ("$__rate_interval", "$__range")
@@ -215,13 +206,12 @@ def documented_metrics() -> set[str]:
 
 @pytest.mark.parametrize("what", ["alerts", "dashboard"])
 def test_only_documented_metrics(what: str) -> None:
-    """Every metric an alert or a panel reads is in docs/operations.md's metric tables, or
-    is one of PENDING_METRICS (added by other parts of issue 16)."""
+    """Every metric an alert or a panel reads is in docs/operations.md's metric tables."""
     exprs = [r["expr"] for r in rules()] if what == "alerts" else [
         q.expr for q in panel_queries()
     ]  # fmt: skip
     used = set().union(*(metric_names(e) for e in exprs))
-    known = documented_metrics() | set(PENDING_METRICS)
+    known = documented_metrics()
     unknown = {m for m in used if m.startswith("mq_sidecar_") and m not in known}
     assert not unknown, f"not in docs/operations.md: {sorted(unknown)}"
 

@@ -9,10 +9,6 @@ The failover: the first broker is the ActiveMQ's plain STOMP port behind a fault
 second its stomp+ssl port (so the TLS certificate panel has a certificate to show); the proxy
 refuses and resets, the session fails over to the TLS listener. One ActiveMQ (about 1.5 s to
 start) serves both addresses; to the sidecar they are two brokers.
-
-Queries on metrics that other parts of issue 16 add (PENDING_METRICS in
-tests/deploy/test_monitoring.py) are checked as soon as the sidecar exports the metric; until
-then their test is skipped with the metric it waits for as the reason.
 """
 
 from __future__ import annotations
@@ -28,17 +24,14 @@ from typing import Any
 
 import pytest
 import trustme
-from prometheus_client.parser import text_string_to_metric_families
 
 from testbed import ActiveMQ, write_server_files
 from tests.conftest import _require_activemq
 from tests.deploy.test_monitoring import (
-    PENDING_METRICS,
     Query,
     expand,
     grafana_regex,
     label_values,
-    metric_names,
     panel_queries,
     rules,
     variable_queries,
@@ -73,7 +66,6 @@ class Scraped:
     end: float
     first: str  # broker labels: the proxied plain port, the TLS port
     second: str
-    exported: set[str]  # metric families of the sidecar's /metrics at the end
 
     def variables(self) -> dict[str, str]:
         """Grafana's expansion of every variable the panels use ("All" selected)."""
@@ -154,27 +146,11 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scraped]:
             scraped_value(prom, 'sum(mq_sidecar_relayed_frames_total{command="SEND"})', 10)
             time.sleep(3 * STEP_S)  # a few scrapes after the failover, for the rate windows
             end = time.time()
-            families = {f.name for f in text_string_to_metric_families(sidecar.metrics())}
-            exported = families | {f"{name}_total" for name in families}  # counters: no _total
-            yield Scraped(prom, start, end, first, second, exported)
-
-
-def waits_for(query: Query, scraped: Scraped) -> list[str]:
-    """PENDING_METRICS that ``query`` reads and the sidecar does not export yet."""
-    return sorted(
-        m for m in metric_names(query.expr) if m in PENDING_METRICS and m not in scraped.exported
-    )
+            yield Scraped(prom, start, end, first, second)
 
 
 @pytest.mark.parametrize("query", panel_queries(), ids=lambda q: q.id)
 def test_panel_query_returns_data(scraped: Scraped, query: Query) -> None:
-    pending = waits_for(query, scraped)
-    if pending:
-        pytest.skip(
-            "waits for "
-            + ", ".join(f"{m} ({PENDING_METRICS[m]})" for m in pending)
-            + ": not exported by the sidecar yet"
-        )
     expr = expand(query.expr, scraped.variables())
     series = scraped.evaluate(expr, instant=query.instant)
     assert series, f"no data: {expr}"
