@@ -105,11 +105,13 @@ class EventMonitor:
             return [e for e in self._events if kind is None or e.kind == kind]
 
     def close(self, timeout: float = 10.0) -> None:
-        """End the stream and wait (bounded) for the reader thread."""
+        """End the stream and wait (bounded) for the reader thread: the socket is shut down
+        first (the reader sees the end of the stream), the connection closed after the reader
+        is done with it (closing it under the reader breaks http.client's chunked reading)."""
         sock = self._conn.sock
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
-        self._conn.close()
         if self._thread is not None:
             self._thread.join(timeout)
+        self._conn.close()
