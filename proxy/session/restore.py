@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 
 import trio
 
@@ -28,7 +29,7 @@ from proxy.session.control import ControlChannel
 from proxy.session.core import GOODBYE_TIMEOUT, SessionCore, log
 from proxy.session.ending import SUMMARY_NAMES, Ending, Loss, error_frame
 from proxy.session.ending import summary as frames_summary
-from proxy.session.outcomes import after_restore, unsettled
+from proxy.session.outcomes import after_restore, report_of_frame, unsettled
 from proxy.session.phase import Phase
 from proxy.session.to_app import AppOutput
 from proxy.tracking import SessionState
@@ -61,10 +62,19 @@ def start_link(state: SessionState, upstream: Upstream, app_connect: Frame | Non
 class Restorer:
     """Restores a session on a new leg, or ends it when reconnecting failed for good."""
 
-    def __init__(self, core: SessionCore, out: AppOutput, control: ControlChannel) -> None:
+    def __init__(
+        self,
+        core: SessionCore,
+        out: AppOutput,
+        control: ControlChannel,
+        *,
+        not_taken: Callable[[], list[tuple[Frame, str | None]]] = list,
+    ) -> None:
         self.core = core
         self.out = out
         self.control = control
+        #: The frames read from the app and not in the window yet (``AppSide.not_taken``).
+        self.not_taken = not_taken
 
     async def begin(self, upstream: Upstream) -> LinkEnd:
         """Move the session to a new leg, before its relay starts (:func:`start_link`).
@@ -333,6 +343,13 @@ class Restorer:
         # would be in neither the event's nor the ERROR's list of lost frames.
         core.app_scope.cancel()
         reports = unsettled(core.window.drop_all(), OutcomeCause.RECONNECT_EXHAUSTED)
+        # Read before anything yields: the frames a full window held up (read from the app,
+        # never sent) are lost too (the app side, cancelled, forgets the one it was waiting
+        # with when it next runs).
+        reports += [
+            report_of_frame(frame, receipt, FrameOutcome.LOST, OutcomeCause.RECONNECT_EXHAUSTED)
+            for frame, receipt in self.not_taken()
+        ]
         lost = [r.label for r in reports]
         core.window_changed()
         core.metrics.outage(trio.current_time() - loss.at, OutageOutcome.DISCONNECTED)

@@ -144,7 +144,7 @@ class Session:
             self.acks,
             self.control,
             BrokerSide(core, self.acks, self.out, self.confirmations),
-            Restorer(core, self.out, self.control),
+            Restorer(core, self.out, self.control, not_taken=self.app_side.not_taken),
             open_stream=open_stream if open_stream is not None else BrokerStreams(config),
             reconnects=reconnects if reconnects is not None else ReconnectBoard(),
         )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import trio
 
-from protocol import Command
+from protocol import Command, Frame
 from tests.proxy.scripted_broker import (
     Network,
     make_config,
@@ -115,3 +115,45 @@ async def test_reconnect_exhausted_ends_the_session_naming_the_unconfirmed_frame
         backup.label,
     ]
     assert running.session.statistics().state == "closed"
+
+
+async def test_reconnect_exhausted_names_the_frames_a_full_window_held_up_as_lost(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, network: Network
+) -> None:
+    """A window with room for one SEND, a broker that never confirms it and then goes away
+    for good: of the app's burst of three, the first was sent (``unknown``), the second was
+    waiting for room and the third was read ahead of it: both were read from the app and
+    never went anywhere, so the exhausted reconnect names them ``lost`` too (as the drain
+    does at its deadline): no frame the app handed over goes unnamed."""
+    primary = network.add("primary", 61001)
+    running = await start_session(
+        nursery,
+        network,
+        make_config(primary, reconnect_attempts=1, confirmation_window_size=300),
+    )
+    app = running.app
+    assert (await app.connect()).command is Command.CONNECTED
+    await app.subscribe_events()
+    primary.receipts = "hold"
+    body = b"x" * 200
+    frames = [
+        Frame.build(Command.SEND, {"destination": QUEUE, "receipt": f"r{n}"}, body)
+        for n in (1, 2, 3)
+    ]
+    await app.stream.send_all(b"".join(app.conn.send(f) for f in frames))  # one burst
+    await primary.wait_for(Command.SEND, 1)
+    await trio.sleep(1.0)
+    assert running.session.confirmations.waiting is not None
+
+    primary.reachable = False
+    await primary.link.drop("reset")
+    await app.wait_closed()
+    (outcome,) = app.events("OUTCOME")
+    assert [(f["receipt"], f["outcome"]) for f in outcome["frames"]] == [
+        ("r1", "unknown"),
+        ("r2", "lost"),
+        ("r3", "lost"),
+    ]
+    assert app.events("DISCONNECT")[0]["frames_lost"] == ["r1", "r2", "r3"]
+    assert "3 frame(s) not confirmed" in (app.errors()[0].get("message") or "")
+    assert len(primary.link.received(Command.SEND)) == 1
