@@ -7,7 +7,7 @@ initial connection, until one broker accepts the session or the policy is exhaus
 connection goes on past its attempts until ``initial_connect_period`` has passed.
 
 A broker that refuses the login (answers CONNECT with an ERROR) fails that attempt and the
-round moves on ("try the next", DESIGN.md 3.2); it is then skipped for a cool-down by every
+round moves on (another broker may hold other users); it is then skipped for a cool-down by every
 session sending it the same CONNECT (:class:`proxy.reconnects.Refusals`), its refusal standing
 as its answer. A round in which every broker refused, now or within its cool-down, ends the
 connection at once with the broker's reason; a round in which some broker was only unreachable
@@ -130,6 +130,37 @@ class ReconnectBoard:
                 mac.update(len(data).to_bytes(4, "big"))
                 mac.update(data)
         return mac.digest()
+
+    async def attempt_alone(
+        self,
+        key: RefusalKey,
+        connect: Callable[[], Awaitable[Upstream]],
+        policy: ReconnectPolicy,
+    ) -> Upstream:
+        """One attempt outside a reconnect round (the ``priority_backup`` failback watch)
+        under the same refusal rules: skipped, by raising the standing refusal, while the
+        broker's cool-down for ``key`` runs; a lasting refusal starts or extends it, an
+        accepted CONNECT ends it.
+
+        Raises:
+            UpstreamUnavailable: the attempt failed, or the standing refusal.
+        """
+        standing = self.refusals.claim(key, trio.current_time())
+        if standing is not None:
+            raise standing
+        try:
+            upstream = await connect()
+        except UpstreamUnavailable as exc:
+            if isinstance(exc, UpstreamRefused) and _lasting(exc):
+                self.refusals.refused(key, exc, trio.current_time(), policy)
+            else:
+                self.refusals.settled(key)
+            raise
+        except BaseException:
+            self.refusals.settled(key)
+            raise
+        self.refusals.accepted(key)
+        return upstream
 
     @property
     def reconnecting(self) -> int:
@@ -430,8 +461,8 @@ class _Walk:
         entry = self.refusals.get(key)
         if cooldown is not None and entry is not None and entry.count == 1:
             # Once per broker and CONNECT until it accepts one (attempts are counted in
-            # metrics). Not the broker's words: ActiveMQ's name the login (DESIGN.md 3.8);
-            # they reach the app, in its ERROR or its DISCONNECT event.
+            # metrics). Not the broker's words: ActiveMQ's name the login (docs/configuration.md,
+            # "Credentials"); they reach the app, login redacted, in its DISCONNECT event.
             log.warning(
                 "broker %s refused a CONNECT; sessions sending the same CONNECT skip it for "
                 "%g s, longer while it keeps refusing",

@@ -261,10 +261,13 @@ class Link:
         backup takes to confirm what it was sent, at most :data:`FAILBACK_HOLD`."""
         core = self.core
         first = core.config.brokers[0]
+        key = (0, self._identity(first))
         while True:
             await trio.sleep(core.policy.max_retry_interval)
-            try:
-                candidate = await self._connect_one(first)
+            try:  # a first broker that refuses the login is skipped for its cool-down
+                candidate = await self.reconnects.attempt_alone(
+                    key, lambda: self._connect_one(first), core.policy
+                )
             except UpstreamUnavailable:
                 continue
             moving = False

@@ -12,6 +12,7 @@ from __future__ import annotations
 import trio
 
 from protocol import Command
+from proxy.failover import ReconnectBoard
 from proxy.session.link import FAILBACK_HOLD
 from tests.proxy.scripted_broker import (
     Network,
@@ -225,3 +226,31 @@ async def test_a_held_message_delays_the_move_at_most_max_retry_interval(
     assert backup.links[0].received(Command.ACK) == []
     (resubscribed,) = primary.link.received(Command.SUBSCRIBE)
     assert resubscribed.get("id") == "c"
+
+
+async def test_the_failback_watch_skips_a_first_broker_that_refuses_for_its_cooldown(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, network: Network
+) -> None:
+    """A first broker that refuses the login, two sessions on the backup sharing the
+    sidecar's board: their failback watches share the broker's refusal cool-down as their
+    reconnects do, so the first broker gets one CONNECT per watch interval, not one per
+    session (and nobody leaves the backup)."""
+    primary = network.add("primary", 61001)
+    backup = network.add("backup", 61002)
+    primary.refuse = "User name [app] or password is invalid."
+    config = make_config(
+        primary, backup, priority_backup=True, max_retry_interval=round(INTERVAL * 1000)
+    )
+    board = ReconnectBoard()
+    sessions = []
+    for n in (1, 2):
+        running = await start_session(
+            nursery, network, config, session_id=f"s{n}", reconnects=board
+        )
+        assert (await running.app.connect()).command is Command.CONNECTED
+        sessions.append(running)
+    before = primary.connects
+    await trio.sleep(10 * INTERVAL + 0.5)
+    tries = primary.connects - before
+    assert 9 <= tries <= 11, tries  # one per interval: the other session skipped it
+    assert all(r.session.statistics().broker == backup.label for r in sessions)
