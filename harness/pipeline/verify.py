@@ -125,6 +125,7 @@ class Reader:
         import stomp  # noqa: PLC0415
 
         self.destination = destination
+        self.host, self.port = host, port
         self.ack = ack
         self.subscription = subscription
         self.timeout = timeout

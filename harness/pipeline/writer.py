@@ -24,11 +24,17 @@ verifier reads ``row-id``.
 ``StreamPublisher`` is the Structured Streaming variant: a ``foreachBatch`` function that
 publishes each micro-batch with the batch id in the row identity (a batch replayed after a
 restart from the checkpoint gets the same ids).
+
+With ``progress_port`` set, each task also reports how many SENDs it has handed over, in a
+UDP datagram to that port on 127.0.0.1 at every receipt it asks for: the publish timeline of
+the drill's baseline, where no sidecar counts the SENDs (:mod:`pipeline.baseline`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -83,6 +89,8 @@ class WriterSettings:
         persistent: send ``persistent:true`` (the broker stores the message).
         headers: extra headers for every SEND.
         batch_id: micro-batch id (streaming); part of the message id when set.
+        progress_port: UDP port on 127.0.0.1 that gets ``"<partition>.<attempt> <sent>"``
+            from each task at every receipt it asks for (module docstring); None: no reports.
     """
 
     destination: str
@@ -96,6 +104,7 @@ class WriterSettings:
     persistent: bool = True
     headers: tuple[tuple[str, str], ...] = ()
     batch_id: int | None = None
+    progress_port: int | None = None
 
     def __post_init__(self) -> None:
         if self.receipt_every < 1 or self.max_in_flight < 1:
@@ -176,6 +185,35 @@ class _Confirmations:
                 self._cond.wait(remaining)
 
 
+class _Progress:
+    """Reports a task's SENDs handed over to ``WriterSettings.progress_port`` (best effort: a
+    datagram that cannot be sent is dropped; the publish never waits for it)."""
+
+    def __init__(self, port: int | None, partition: int) -> None:
+        self._address = ("127.0.0.1", port or 0)
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM) if port else None
+        self._key = f"{partition}.{_attempt()}"
+
+    def report(self, sent: int) -> None:
+        if self._socket is not None:
+            with contextlib.suppress(OSError):
+                self._socket.sendto(f"{self._key} {sent}".encode(), self._address)
+
+    def close(self) -> None:
+        if self._socket is not None:
+            self._socket.close()
+
+
+def _attempt() -> int:
+    """The Spark task's attempt number (0 outside a task): a retry reports apart."""
+    try:
+        from pyspark import TaskContext  # noqa: PLC0415
+    except ImportError:
+        return 0
+    context = TaskContext.get()
+    return context.attemptNumber() if context is not None else 0
+
+
 def publish_partition(rows: Iterable[Row], settings: WriterSettings, partition: int) -> int:
     """Publish one partition's rows through the sidecar; return the number sent.
 
@@ -202,6 +240,7 @@ def publish_partition(rows: Iterable[Row], settings: WriterSettings, partition: 
         **dict(settings.headers),
     }
     sent = 0
+    progress = _Progress(settings.progress_port, partition)
     try:
         for ordinal in itertools.count():
             row = upcoming
@@ -214,7 +253,8 @@ def publish_partition(rows: Iterable[Row], settings: WriterSettings, partition: 
             headers[DUPLICATE_ID_HEADER] = row_id
             headers[ROW_ID_HEADER] = row_id
             sent += 1
-            if upcoming is None or sent % settings.receipt_every == 0:
+            asks = upcoming is None or sent % settings.receipt_every == 0
+            if asks:
                 confirmations.wait_below(
                     settings.max_in_flight, settings.receipt_timeout, f"after {sent - 1} SENDs"
                 )
@@ -222,10 +262,13 @@ def publish_partition(rows: Iterable[Row], settings: WriterSettings, partition: 
                 confirmations.expect(receipt)
                 headers["receipt"] = receipt
             conn.send(settings.destination, body, headers=headers)
+            if asks:
+                progress.report(sent)
             if upcoming is None:
                 break
         confirmations.wait_below(1, settings.receipt_timeout, f"for the last of {sent} SENDs")
     finally:
+        progress.close()
         _disconnect(conn, confirmations)
     return sent
 

@@ -55,31 +55,39 @@ def test_drill_options_are_checked_before_anything_starts(tmp_path: Path) -> Non
     assert not (tmp_path / "w" / "brokers").exists()
 
 
-@pytest.mark.activemq
-def test_drill_survives_a_kill9_of_the_primary(tmp_path: Path) -> None:
+def _run_drill(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess[str], str]:
+    """``mq-sidecar drill --rows ROWS`` with its files in ``tmp_path``; (process, output)."""
     if not activemq_installed():
         pytest.fail("ActiveMQ is not installed: run scripts/setup.sh", pytrace=False)
-    work = tmp_path / "work"
-    report_path, png_path = tmp_path / "report.json", tmp_path / "timeline.png"
     command = [
         str(MQ_SIDECAR),
         "drill",
         "--rows",
         str(ROWS),
         "--report",
-        str(report_path),
+        str(tmp_path / "report.json"),
         "--png",
-        str(png_path),
+        str(tmp_path / "timeline.png"),
         "--workdir",
-        str(work),
+        str(tmp_path / "work"),
+        *extra,
     ]
     proc = subprocess.run(
         command, capture_output=True, text=True, timeout=900, check=False, cwd=tmp_path
     )
-    output = f"stdout:\n{proc.stdout}\nstderr (tail):\n{proc.stderr[-6000:]}"
     print(proc.stdout)
+    return proc, f"stdout:\n{proc.stdout}\nstderr (tail):\n{proc.stderr[-6000:]}"
+
+
+def _leftovers(work: Path) -> list[str]:
+    return [_cmdline(p.pid) for p in live_processes() if str(work) in _cmdline(p.pid)]
+
+
+@pytest.mark.activemq
+def test_drill_survives_a_kill9_of_the_primary(tmp_path: Path) -> None:
+    proc, output = _run_drill(tmp_path)
     assert proc.returncode == 0, output
-    report = json.loads(report_path.read_text())
+    report = json.loads((tmp_path / "report.json").read_text())
     assert report["rows"] == ROWS
     assert report["sent"] == ROWS
     assert report["received"] == ROWS
@@ -92,7 +100,46 @@ def test_drill_survives_a_kill9_of_the_primary(tmp_path: Path) -> None:
     assert len(incident["sessions"]) >= 2, "both sidecars' control sessions moved"
     assert report["failovers"] >= 1
     assert report["residual"] == 0
-    assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "PASS" in proc.stdout
-    leftovers = [p for p in live_processes() if str(work) in _cmdline(p.pid)]
-    assert leftovers == [], f"processes left behind: {[_cmdline(p.pid) for p in leftovers]}"
+    assert report["baseline"] is None, "no baseline unless asked for"
+    assert _leftovers(tmp_path / "work") == [], "processes left behind"
+
+
+@pytest.mark.activemq
+def test_drill_baseline_reports_the_sidecar_rates_as_a_share_of_direct(tmp_path: Path) -> None:
+    """``--baseline``: the same publish and drain straight to the broker first, then the drill
+    with its kill; the report gives both rates and their ratios, overall and before the kill."""
+    proc, output = _run_drill(tmp_path, "--baseline")
+    assert proc.returncode == 0, output
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert (report["sent"], report["received"], report["lost"]) == (ROWS, ROWS, 0), output
+    base = report["baseline"]
+    assert (base["sent"], base["received"], base["unique"]) == (ROWS, ROWS, ROWS), output
+    assert (base["lost"], base["duplicates"], base["residual"], base["passed"]) == (0, 0, 0, True)
+    assert base["destination"].endswith(".baseline")
+    assert min(base["publish"], base["consume"]) > 0
+    [fault] = report["faults"]
+    ratios = report["overhead"]["sidecar"]
+    assert ratios["share_before"] == pytest.approx(fault["fraction"], abs=1e-4)
+    for which in ("publish", "consume"):
+        for window in ("overall", "before"):
+            figure = ratios[which][window]
+            assert min(figure["direct"], figure["through"]) > 0, (which, window, figure)
+            assert figure["ratio"] == pytest.approx(figure["through"] / figure["direct"], rel=0.01)
+    phases = report["phases_s"]
+    assert list(phases)[:8] == [
+        "brokers",
+        "sidecars",
+        "spark startup",
+        "load",
+        "warm-up",
+        "baseline publish",
+        "baseline drain",
+        "baseline verify",
+    ]
+    assert "overhead      sidecar / direct: publish " in proc.stdout
+    assert "before the kill" in proc.stdout
+    assert "PASS" in proc.stdout
+    assert (tmp_path / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert _leftovers(tmp_path / "work") == [], "processes left behind"

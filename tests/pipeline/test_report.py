@@ -153,6 +153,11 @@ def test_png_timeline_is_written(tmp_path: Path) -> None:
     )
     write_png(tmp_path / "t.png", timeline, "test")
     assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # With --baseline: the baseline's curves on the same axes, a two-line title.
+    baseline = Timeline(published=[(1.0, 400.0), (2.0, 700.0)], consumed=[0.5] * 700)
+    baseline.publish_end = baseline.drain_end = 2.0
+    write_png(tmp_path / "b.png", timeline, "test\nsidecar / direct", baseline)
+    assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     per_second = timeline.to_dict()
     assert per_second["publish_per_second"] == [100, 100, 100]
     assert per_second["consume_per_second"] == [100, 100, 100, 0]
