@@ -596,7 +596,11 @@ def write_png(path: Path, timeline: Timeline, title: str, baseline: Timeline | N
         ax.set_xlim(left=0)
         ax.set_ylim(bottom=0)
         ax.grid(True, alpha=0.3)
-        ax.legend(loc="lower right", fontsize="small")
+        if baseline is None:
+            ax.legend(loc="lower right", fontsize="small")
+        else:  # six entries: above the curves, in three columns
+            ax.set_ylim(top=ax.get_ylim()[1] * 1.3)
+            ax.legend(loc="upper center", ncol=3, fontsize="small")
         fig.tight_layout()
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, format="png")
