@@ -131,7 +131,7 @@ def test_event_sentinels() -> None:
     assert repr(HEARTBEAT) == "HEARTBEAT"
     assert repr(NEED_DATA) == "NEED_DATA"
     assert repr(CONNECTION_CLOSED) == "CONNECTION_CLOSED"
-    assert object.__new__(NeedData) != HEARTBEAT  # type: ignore[comparison-overlap]
+    assert NeedData() != HEARTBEAT  # type: ignore[comparison-overlap]
 
 
 def test_limits() -> None:
