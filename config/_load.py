@@ -43,6 +43,8 @@ logger = logging.getLogger("mq_sidecar.config")
 
 #: Environment variable naming the config file (used when ``path`` is not given).
 CONFIG_ENV = ENV_PREFIX + "CONFIG"
+#: Not an option either: which build of the core runs (protocol/_native.py).
+_PURE_ENV = ENV_PREFIX + "PURE"
 
 _NO_BROKERS = (
     "no brokers configured: set `brokers` in the config file, MQ_SIDECAR_BROKERS or --brokers"
@@ -251,7 +253,7 @@ def _env_layer(env: Mapping[str, str]) -> _Layer:
     by_var = {o.env_var: o for o in OPTIONS.values()}
     unknown: list[str] = []
     for var in sorted(env):
-        if not var.startswith(ENV_PREFIX) or var == CONFIG_ENV:
+        if not var.startswith(ENV_PREFIX) or var in (CONFIG_ENV, _PURE_ENV):
             continue
         option = by_var.get(var)
         if option is None:

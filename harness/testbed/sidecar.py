@@ -9,7 +9,8 @@ never compete with it for the GIL.
 a log appended to across restarts with a marker line per start, an orderly stop (SIGTERM, then
 SIGKILL after a deadline), stopped at interpreter exit. Its configuration is a TOML file written
 from keyword options; every ``MQ_SIDECAR_*`` variable of the caller is removed from its
-environment, so the file alone says how it runs. Ready means either ``/readyz`` answers 200
+environment, so the file alone says how it runs (``MQ_SIDECAR_PURE``, the build of the core
+and no option, is kept). Ready means either ``/readyz`` answers 200
 (``readiness="readyz"``) or a STOMP CONNECT through the sidecar is answered with CONNECTED, so
 the broker is reachable too (``readiness="stomp"``).
 
@@ -216,7 +217,13 @@ class SidecarProcess(BrokerProcess):
         ]
 
     def _server_env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("MQ_SIDECAR_")}
+        # The sidecar's options come from its file only; MQ_SIDECAR_PURE (which build of the
+        # core runs, not an option) is kept, so a pure test run runs pure sidecars too.
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("MQ_SIDECAR_") or k == "MQ_SIDECAR_PURE"
+        }
         root = _runtime_root()
         if root is not None:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
