@@ -209,6 +209,12 @@ class Frame:
         """
         return dataclasses.replace(self, **changes)
 
+    def __reduce__(self) -> tuple[type[Frame], tuple[Command, HeaderItems, bytes]]:
+        # copy and pickle make the frame again through the constructor, in both builds: a
+        # compiled frozen dataclass cannot be restored field by field (docs/architecture.md,
+        # "The compiled core").
+        return (Frame, (self.command, self.headers, self.body))
+
     def __repr__(self) -> str:
         headers = tuple(
             (name, "<hidden>" if name in _SECRET_HEADERS else value) for name, value in self.headers

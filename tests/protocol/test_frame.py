@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import pickle
 from typing import Any
 
 import pytest
@@ -112,6 +114,13 @@ def test_replace() -> None:
     assert frame.replace() == frame
     with pytest.raises(TypeError):
         frame.replace(body="str")  # type: ignore[arg-type]
+
+
+def test_copy_and_pickle() -> None:
+    frame = Frame(SEND, (("a", "1"), ("a", "2")), b"body")
+    for copied in (copy.copy(frame), copy.deepcopy(frame), pickle.loads(pickle.dumps(frame))):
+        assert copied == frame
+        assert type(copied) is Frame
 
 
 def test_repr_truncates_and_hides_passcode() -> None:
