@@ -6,7 +6,8 @@
 # Without arguments pytest runs twice (docs/testing.md, "Running the tests"): the whole suite
 # against the compiled core that setup.sh builds, then the fast tests of the pure code
 # (tests/protocol, tests/proxy, tests/config, tests/fuzz: about 1 minute) against the
-# pure-Python sources (MQ_SIDECAR_PURE=1). MQ_SIDECAR_EXPECT_CORE makes tests/protocol/
+# pure-Python sources (MQ_SIDECAR_PURE=1). EXPECT_MQ_SIDECAR_CORE (not MQ_SIDECAR_*: the
+# sidecar warns about unknown variables with its prefix) makes tests/protocol/
 # test_native.py fail when the other build is running. With MQ_SIDECAR_PURE=1 set, setup.sh
 # compiles nothing and the one run is pure.
 set -euo pipefail
@@ -20,12 +21,12 @@ case "${MQ_SIDECAR_PURE:-}" in
 esac
 if [ "$#" -gt 0 ] || [ "$core" = pure ]; then
     echo "== pytest ($core core)"
-    exec env MQ_SIDECAR_EXPECT_CORE="$core" .venv/bin/python -m pytest "$@"
+    exec env EXPECT_MQ_SIDECAR_CORE="$core" .venv/bin/python -m pytest "$@"
 fi
 status=0
 echo "== pytest (compiled core: the whole suite)"
-MQ_SIDECAR_EXPECT_CORE=compiled .venv/bin/python -m pytest || status=$?
+EXPECT_MQ_SIDECAR_CORE=compiled .venv/bin/python -m pytest || status=$?
 echo "== pytest (pure-Python core: tests/protocol tests/proxy tests/config tests/fuzz)"
-MQ_SIDECAR_PURE=1 MQ_SIDECAR_EXPECT_CORE=pure .venv/bin/python -m pytest \
+MQ_SIDECAR_PURE=1 EXPECT_MQ_SIDECAR_CORE=pure .venv/bin/python -m pytest \
     tests/protocol tests/proxy tests/config tests/fuzz || status=$?
 exit "$status"

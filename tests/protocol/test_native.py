@@ -2,7 +2,7 @@
 sources, all or nothing, and the sources whenever a build is stale or ``MQ_SIDECAR_PURE`` is set
 (docs/architecture.md, "The compiled core").
 
-``scripts/test.sh`` sets ``MQ_SIDECAR_EXPECT_CORE`` to ``compiled`` for the whole suite and to
+``scripts/test.sh`` sets ``EXPECT_MQ_SIDECAR_CORE`` to ``compiled`` for the whole suite and to
 ``pure`` for its pure-Python run, so a build that silently fell back cannot pass as compiled.
 """
 
@@ -21,7 +21,7 @@ import pytest
 
 from protocol import _native
 
-EXPECT_ENV = "MQ_SIDECAR_EXPECT_CORE"
+EXPECT_ENV = "EXPECT_MQ_SIDECAR_CORE"
 
 
 def _is_extension(path: str | None) -> bool:
