@@ -9,7 +9,9 @@
 #     Prometheus scrape the sidecar), plus python3-venv when the venv must be created. Needs root; without root and without the packages it exits 1.
 #     While installing, a temporary /usr/sbin/policy-rc.d (exit 101) keeps the packages'
 #     postinst scripts from starting services (unless the machine already has one).
-#     Also ruby-stomp (the Ruby `stomp` gem 1.4.10, pulls in ruby) for tests/clients/ruby, and
+#     Also ruby-stomp (the Ruby `stomp` gem 1.4.10, pulls in ruby) for tests/clients/ruby, curl
+#     (an HTTP client of the admin-token tests), openssl (the test bed turns PEM files into
+#     ActiveMQ's PKCS12 key store with `openssl pkcs12`; keytool comes with Java), and
 #     Debian's npm only when no `npm` is on PATH (a Node.js build that bundles npm, as
 #     nodesource's, conflicts with Debian's npm package).
 #  2. On a host running systemd, disables the services the packages enable on default
@@ -34,7 +36,7 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$REPO/.venv"
 STAMP="$VENV/.mq-sidecar-setup"
-PACKAGES=(activemq rabbitmq-server prometheus ruby-stomp)
+PACKAGES=(activemq rabbitmq-server prometheus ruby-stomp curl openssl)
 SERVICES=(rabbitmq-server epmd.socket epmd.service activemq prometheus)
 
 say() { printf 'setup.sh: %s\n' "$*" >&2; }

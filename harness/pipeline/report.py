@@ -541,12 +541,18 @@ class DrillReport(Delivery):
             lines.append(f"  overhead      {mode} / direct: {o.summary()}")
         if self.overhead:
             mine = self.timeline.peak_backlog() if self.timeline is not None else 0
-            lines += [
-                "    (before the kill: the same first rows, no fault in either run; overall: "
-                "the drill's kill, outage and replay,",
-                "     and a publish held to the drain's pace once the broker's memory limit is "
-                f"full: peak backlog direct {backlog:,}, drill {mine:,})",
-            ]
+            limit = (
+                "a publish held to the drain's pace once the broker's memory limit is full: "
+                f"peak backlog direct {backlog:,}, drill {mine:,})"
+            )
+            if any(o.share is not None for o in self.overhead.values()):
+                lines += [
+                    "    (before the kill: the same first rows, no fault in either run; "
+                    "overall: the drill's kill, outage and replay,",
+                    f"     and {limit}",
+                ]
+            else:
+                lines.append(f"    (overall: {limit}")
         return lines
 
 

@@ -215,7 +215,8 @@ def _attempt() -> int:
 
 
 def publish_partition(rows: Iterable[Row], settings: WriterSettings, partition: int) -> int:
-    """Publish one partition's rows through the sidecar; return the number sent.
+    """Publish one partition's rows to ``settings.host:port`` (the sidecar; the broker itself in
+    the drill's baseline); return the number sent.
 
     Returns once every message is confirmed (the last SEND's receipt arrived). An empty
     partition opens no connection. Raises :class:`PublishError` (see there), ``TypeError``

@@ -155,6 +155,19 @@ def test_report_without_baseline_has_no_baseline_lines() -> None:
     assert report.to_dict()["overhead"] == {}
 
 
+def test_without_a_kill_the_report_compares_overall_only() -> None:
+    base = _baseline()
+    report = _report(base)
+    report.faults = []
+    publish, consume = Throughput(100.0, None, None, None), Throughput(80.0, None, None, None)
+    report.publish, report.consume = publish, consume
+    report.overhead = {"sidecar": overhead("sidecar", publish, consume, base, None)}
+    text = report.format_text()
+    assert "overhead      sidecar / direct: publish 0.50x overall; consume 0.40x overall" in text
+    assert "before the kill" not in text
+    assert "(overall: a publish held to the drain's pace" in text
+
+
 def test_progress_reports_sum_the_latest_count_of_every_task_attempt() -> None:
     listener = ProgressListener()
     try:
