@@ -8,6 +8,10 @@ broker differences that cost something, a client or sidecar that saturated a cor
 and ``goal``/``goal_met`` where the issue sets a goal. A row whose workload failed has
 ``error`` and null figures. Rows that only exist for the sidecar (its RSS) have a null
 ``direct`` and ``ratio``.
+
+The throughput and latency rows also carry ``relay`` (the same workload through a C byte
+relay, socat, in the same run: issue 18), with ``relay_ratio = relay / direct``,
+``sidecar_vs_relay = sidecar / relay`` and, for latency, ``relay_added_ms = relay - direct``.
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ class Row:
     direct: float | None = None
     sidecar: float | None = None
     added_ms: float | None = None
+    relay: float | None = None
+    relay_added_ms: float | None = None
     notes: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     goal: Goal | None = None
@@ -59,6 +65,21 @@ class Row:
         if self.direct is None or self.sidecar is None or self.direct == 0:
             return None
         return self.sidecar / self.direct
+
+    @property
+    def relay_ratio(self) -> float | None:
+        """``relay / direct``, None when either is missing or direct is 0."""
+        if self.direct is None or self.relay is None or self.direct == 0:
+            return None
+        return self.relay / self.direct
+
+    @property
+    def sidecar_vs_relay(self) -> float | None:
+        """``sidecar / relay``: the share of what a C byte relay keeps that the sidecar keeps;
+        None when either is missing or the relay's is 0."""
+        if self.relay is None or self.sidecar is None or self.relay == 0:
+            return None
+        return self.sidecar / self.relay
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object of this row (figures rounded for reading)."""
@@ -72,6 +93,12 @@ class Row:
         }
         if self.added_ms is not None or self.unit == "ms":
             out["added_ms"] = _round(self.added_ms)
+        if self.relay is not None:
+            out["relay"] = _round(self.relay)
+            out["relay_ratio"] = _round3(self.relay_ratio)
+            out["sidecar_vs_relay"] = _round3(self.sidecar_vs_relay)
+            if self.relay_added_ms is not None:
+                out["relay_added_ms"] = _round(self.relay_added_ms)
         if self.goal is not None:
             out["goal"] = self.goal.text
             out["goal_met"] = self.goal.met(self)
@@ -93,6 +120,10 @@ def _round(value: float | None) -> float | None:
     return round(value, 4)
 
 
+def _round3(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
 def median(values: list[float]) -> float:
     """The median (``statistics.median``); raises ValueError on an empty list."""
     if not values:
@@ -112,16 +143,21 @@ def _fmt(value: float | None) -> str:
     return f"{value:.3f}"
 
 
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
 def print_table(rows: list[Row]) -> str:
-    """The table of ``rows`` as text (also returned): workload, broker, direct, sidecar,
-    ratio, unit, added ms, goal (``ok``/``MISSED``, the goal's text)."""
+    """The table of ``rows`` as text (also returned): workload, broker, direct, relay,
+    sidecar, ratio (sidecar / direct), relay ratio (relay / direct), sidecar / relay, unit,
+    added ms (sidecar, and the relay's in brackets), goal (``ok``/``MISSED``, the goal's
+    text)."""
     header = (
-        f"{'workload':<38}{'broker':<10}{'direct':>11}{'sidecar':>11}{'ratio':>7}"
-        f"  {'unit':<8}{'added ms':>9}  goal"
+        f"{'workload':<36}{'broker':<9}{'direct':>10}{'relay':>10}{'sidecar':>10}"
+        f"{'ratio':>7}{'relay':>7}{'s/relay':>8}  {'unit':<8}{'added ms (relay)':>18}  goal"
     )
     lines = [header, "-" * len(header)]
     for r in rows:
-        ratio = "-" if r.ratio is None else f"{r.ratio:.3f}"
         goal = ""
         if r.goal is not None:
             met = r.goal.met(r)
@@ -129,9 +165,12 @@ def print_table(rows: list[Row]) -> str:
         if r.error is not None:
             goal = f"ERROR: {r.error[:60]}"
         added = "" if r.added_ms is None else f"{r.added_ms:+.3f}"
+        if r.relay_added_ms is not None:
+            added += f" ({r.relay_added_ms:+.3f})"
         lines.append(
-            f"{r.workload:<38}{r.broker:<10}{_fmt(r.direct):>11}{_fmt(r.sidecar):>11}"
-            f"{ratio:>7}  {r.unit:<8}{added:>9}  {goal}"
+            f"{r.workload:<36}{r.broker:<9}{_fmt(r.direct):>10}{_fmt(r.relay):>10}"
+            f"{_fmt(r.sidecar):>10}{_ratio(r.ratio):>7}{_ratio(r.relay_ratio):>7}"
+            f"{_ratio(r.sidecar_vs_relay):>8}  {r.unit:<8}{added:>18}  {goal}"
         )
     text = "\n".join(lines)
     print(text, flush=True)

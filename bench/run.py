@@ -1,12 +1,17 @@
-"""mq-sidecar benchmarks, direct vs through the sidecar: ``.venv/bin/python -m bench.run``.
+"""mq-sidecar benchmarks, direct vs through a C byte relay vs through the sidecar:
+``.venv/bin/python -m bench.run``.
 
 Starts its own brokers with ``testbed`` (ActiveMQ, RabbitMQ, and fresh ActiveMQ shared-store
 pairs for the kill -9 takeovers) on free 127.0.0.1 ports in a temporary directory and stops
 them at the end; the sidecar runs as its own process (``python -m proxy run``). Every figure
 through the sidecar is measured in the same run as the same workload sent directly to the same
-broker, by the same load generator (``bench.loadgen``), and reported as a ratio. Prints a table
-and writes ``bench/results/latest.json`` (one object per workload and broker) and
-``bench/results/latest-meta.json`` (run settings, machine, load generator capacity, timings).
+broker, by the same load generator (``bench.loadgen``), and reported as a ratio; the throughput
+and latency workloads also run through ``socat`` in front of the same broker (``bench.relay``),
+the floor any relay pays on this machine (issue 18). Prints a table and the goals table of
+issue 18 (``bench.goals``: figure / relay / sidecar / goal / met?) and writes
+``bench/results/latest.json`` (one object per workload and broker) and
+``bench/results/latest-meta.json`` (run settings, machine, load generator capacity, timings,
+the goals table).
 
 Examples::
 
@@ -35,9 +40,10 @@ from pathlib import Path
 from typing import Any
 
 from bench import loadgen
+from bench.goals import format_goals, goal_lines
 from bench.loadgen import RawStomp
 from bench.report import Row, print_table, write_json
-from bench.workloads import BrokerCtx, Settings, bench_broker
+from bench.workloads import TARGETS, BrokerCtx, Settings, bench_broker
 from bench.workloads.failover import run_blackhole, run_kill9, run_reset
 from bench.workloads.latency import run_latency
 from bench.workloads.scale import run_scale
@@ -183,10 +189,10 @@ def _raise_fd_limit(sessions: int) -> dict[str, Any]:
 
 
 def _warm_up(ctx: BrokerCtx) -> None:
-    """Untimed traffic on both paths: the JVM's JIT and the broker's caches warm up before
-    the first measured run (direct and sidecar alike)."""
+    """Untimed traffic on every path: the JVM's JIT and the broker's caches warm up before
+    the first measured run (direct, relay and sidecar alike)."""
     n = min(ctx.settings.n, 10_000)
-    for port in (ctx.port, ctx.shared_sidecar().port):
+    for port in (ctx.target_port(t) for t in TARGETS):
         dest = ctx.unique("warmup")
         c = RawStomp(port, ctx.vhost)
         loadgen.send_fire_and_forget(c, dest, n, persistent=False)
@@ -267,8 +273,9 @@ def _attempt(
                 row.notes.append(f"sidecar logs of the failures: {', '.join(kept)}")
     for row in got:
         ratio = "-" if row.ratio is None else f"{row.ratio:.3f}"
+        relay = "" if row.relay is None else f"relay {_num(row.relay)}, "
         print(
-            f"[{broker}]   {row.workload}: direct {_num(row.direct)}, sidecar "
+            f"[{broker}]   {row.workload}: direct {_num(row.direct)}, {relay}sidecar "
             f"{_num(row.sidecar)} {row.unit}, ratio {ratio}",
             flush=True,
         )
@@ -300,7 +307,7 @@ def _run_broker(
                 _attempt(rows, failures, label, where, one)
         if "latency" in selected:
             _attempt(rows, failures, "latency", where, lambda: run_latency(ctx))
-        ctx.close()  # the shared sidecar is not needed any more
+        ctx.close()  # the shared sidecar and relay are not needed any more
         if "reset" in selected:
             _attempt(rows, failures, "reattach-after-reset", where, lambda: [run_reset(ctx)])
         if "blackhole" in selected:
@@ -388,6 +395,10 @@ def main(argv: list[str] | None = None) -> int:
     meta["failures"] = failures
     print()
     meta["table"] = print_table(rows)
+    goals = goal_lines([r for r in rows if r.error is None])
+    meta["goals"] = [g.to_json() for g in goals]
+    print()
+    print(format_goals(goals), flush=True)
     print(f"\n{len(rows)} rows in {duration / 60:.1f} min; written to {args.out}")
     if failures:
         print(f"{len(failures)} failure(s):\n  " + "\n  ".join(failures))

@@ -1,0 +1,313 @@
+"""System calls per synchronous SEND+RECEIPT round trip, in the sidecar and in a C byte relay:
+``.venv/bin/python -m bench.syscalls``.
+
+Issue 18, part 3: the latency of a single round trip is bounded by the process wakeups and
+system calls on its path. This starts a broker (``testbed``), the sidecar (``python -m proxy
+run``, default options) and ``socat`` (:mod:`bench.relay`) in front of it; for each of the
+relay and the sidecar it opens one connection of the load generator, makes ``--warmup``
+untimed round trips (one non-persistent 1 KiB SEND with a receipt, awaited), attaches
+``strace -c -f`` to the process that carries the connection (the sidecar with all its threads;
+the socat child forked for the connection), makes ``--n`` round trips, detaches, and divides
+strace's call counts by ``n``. ``epoll_wait``/``poll``/``select`` calls are the wakeup figure
+(a process blocks in them between two events). An idle window of the same length is traced
+first, so what the process does on its own (timers, heart-beats) is printed next to it.
+
+strace slows every system call down (ptrace stops), so only the counts mean anything here,
+never the times. Prints a per-syscall table per round trip (relay, sidecar) and, with
+``--show K``, the full trace of the last ``K`` round trips of each; writes
+``bench/results/syscalls.json``. Needs ``strace`` (``scripts/setup.sh``) and ptrace rights
+(root, or ``kernel.yama.ptrace_scope`` 0).
+
+Examples::
+
+    .venv/bin/python -m bench.syscalls                      # ActiveMQ, 2,000 round trips
+    .venv/bin/python -m bench.syscalls --broker rabbitmq --n 500 --show 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench import loadgen
+from bench.loadgen import RawStomp
+from bench.relay import RelayProcess
+from bench.workloads import BrokerCtx, Settings, bench_broker
+
+__all__ = ["WAKEUPS", "Count", "main", "parse_summary", "syscall_table"]
+
+#: The system calls a process blocks in while it waits for its next event: one per wakeup.
+WAKEUPS = frozenset({"epoll_wait", "epoll_pwait", "epoll_pwait2", "poll", "ppoll", "select"})
+WAKEUPS_ALSO = frozenset({"pselect6"})
+#: Seconds to wait for strace to report that it attached.
+ATTACH_TIMEOUT = 10.0
+RESULTS = Path(__file__).parent / "results"
+
+
+@dataclass
+class Count:
+    """What strace -c counted for one process over one window: calls and errors per system
+    call, the window's round trips and seconds (wall, under strace)."""
+
+    calls: dict[str, int] = field(default_factory=dict)
+    errors: dict[str, int] = field(default_factory=dict)
+    round_trips: int = 0
+    seconds: float = 0.0
+
+    def per_round_trip(self) -> dict[str, float]:
+        """Calls per round trip by system call (empty for an idle window)."""
+        if self.round_trips <= 0:
+            return {}
+        return {name: calls / self.round_trips for name, calls in self.calls.items()}
+
+    @property
+    def total(self) -> int:
+        """Calls of every system call."""
+        return sum(self.calls.values())
+
+    @property
+    def wakeups(self) -> int:
+        """Calls of the blocking waits (:data:`WAKEUPS`, ``pselect6``)."""
+        return sum(c for n, c in self.calls.items() if n in WAKEUPS or n in WAKEUPS_ALSO)
+
+
+def parse_summary(text: str) -> tuple[dict[str, int], dict[str, int]]:
+    """Calls and errors by system call from the summary ``strace -c`` writes (its table:
+    ``% time seconds usecs/call calls errors syscall``, errors empty when none, a ``total``
+    line at the end). Lines that are not table rows are skipped."""
+    calls: dict[str, int] = {}
+    errors: dict[str, int] = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) not in (5, 6) or fields[-1] == "total" or not fields[3].isdigit():
+            continue
+        try:
+            float(fields[0])
+        except ValueError:
+            continue
+        name = fields[-1]
+        calls[name] = calls.get(name, 0) + int(fields[3])
+        if len(fields) == 6:
+            errors[name] = errors.get(name, 0) + int(fields[4])
+    return calls, errors
+
+
+class _Strace:
+    """``strace`` attached to ``pids`` (``-f``: all their threads and future children),
+    summary (``-c``) or full trace into ``out``; stopped with SIGINT (strace then detaches
+    and writes its output)."""
+
+    def __init__(self, pids: list[int], out: Path, *, summary: bool) -> None:
+        exe = shutil.which("strace")
+        if exe is None:
+            raise SystemExit("strace is not installed (scripts/setup.sh)")
+        command = [exe, "-f", "-o", str(out)]
+        command += ["-c"] if summary else ["-tt", "-s", "48"]
+        for pid in pids:
+            command += ["-p", str(pid)]
+        self.out = out
+        self.proc = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+
+    def wait_attached(self) -> None:
+        """Block until strace reports an attached process (then a short pause for the rest
+        of the threads). Raises RuntimeError when it exits first or does not attach in
+        :data:`ATTACH_TIMEOUT` seconds."""
+        assert self.proc.stderr is not None
+        deadline = time.monotonic() + ATTACH_TIMEOUT
+        while time.monotonic() < deadline:
+            line = self.proc.stderr.readline().decode(errors="replace")
+            if "attached" in line:
+                time.sleep(0.3)
+                return
+            if not line and self.proc.poll() is not None:
+                break
+        self.stop()
+        raise RuntimeError("strace did not attach (ptrace rights? kernel.yama.ptrace_scope)")
+
+    def stop(self) -> str:
+        """Detach (SIGINT) and return what strace wrote."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.out.read_text(errors="replace") if self.out.exists() else ""
+
+
+def _round_trips(c: RawStomp, dest: str, prefix: str, n: int) -> float:
+    """``n`` SEND+RECEIPT round trips on ``c``; their wall seconds."""
+    ids = [f"{prefix}{i}" for i in range(n)]
+    frames = [loadgen.send_frame(dest, persistent=False, receipt=i) for i in ids]
+    t0 = time.perf_counter()
+    loadgen.round_trips(c, frames, [i.encode() for i in ids])
+    return time.perf_counter() - t0
+
+
+def _count(
+    pids: list[int],
+    out: Path,
+    *,
+    idle: float = 0.0,
+    c: RawStomp | None = None,
+    dest: str = "",
+    n: int = 0,
+) -> Count:
+    """strace -c on ``pids`` for ``n`` round trips on ``c``, or for ``idle`` seconds."""
+    tracer = _Strace(pids, out, summary=True)
+    tracer.wait_attached()
+    try:
+        if c is not None:
+            seconds = _round_trips(c, dest, f"t{time.monotonic_ns()}-", n)
+        else:
+            time.sleep(idle)
+            seconds = idle
+    finally:
+        text = tracer.stop()
+    calls, errors = parse_summary(text)
+    return Count(calls, errors, n if c is not None else 0, seconds)
+
+
+def _measure(
+    ctx: BrokerCtx, target: str, args: argparse.Namespace, workdir: Path
+) -> tuple[Count, Count, str]:
+    """Idle and round-trip counts of ``target`` ("relay" or "sidecar"), and the full trace
+    of the last ``args.show`` round trips (empty when 0)."""
+    front = ctx.front(target)
+    assert front is not None
+    before = set(front.children()) if isinstance(front, RelayProcess) else set()
+    c = RawStomp(front.port, ctx.vhost)
+    dest = ctx.unique(f"syscalls-{target}")
+    sent = 0
+    try:
+        if isinstance(front, RelayProcess):
+            pids = sorted(set(front.children()) - before)
+            if len(pids) != 1:
+                raise RuntimeError(f"expected one new socat child, found {pids}")
+        else:
+            pids = [front.pid]
+        _round_trips(c, dest, "w", args.warmup)
+        sent += args.warmup
+        ctx.settle()
+        work = _count(pids, workdir / f"{target}-rt.txt", c=c, dest=dest, n=args.n)
+        sent += args.n
+        idle = _count(pids, workdir / f"{target}-idle.txt", idle=min(work.seconds, 5.0))
+        trace = ""
+        if args.show:
+            tracer = _Strace(pids, workdir / f"{target}-trace.txt", summary=False)
+            tracer.wait_attached()
+            try:
+                _round_trips(c, dest, "s", args.show)
+                sent += args.show
+            finally:
+                trace = tracer.stop()
+    finally:
+        c.disconnect()
+        loadgen.drain(ctx.port, ctx.vhost, dest, sent)
+    return work, idle, trace
+
+
+def syscall_table(counts: dict[str, Count]) -> str:
+    """Calls per round trip by system call, one column per target, most frequent first, then
+    the total and the wakeups (:data:`WAKEUPS`)."""
+    targets = list(counts)
+    per = {t: counts[t].per_round_trip() for t in targets}
+    names = sorted(
+        {n for p in per.values() for n in p}, key=lambda n: -max(p.get(n, 0) for p in per.values())
+    )
+    head = f"{'syscall per round trip':<26}" + "".join(f"{t:>10}" for t in targets)
+    lines = [head, "-" * len(head)]
+    for name in names:
+        lines.append(f"{name:<26}" + "".join(f"{per[t].get(name, 0.0):>10.2f}" for t in targets))
+    lines.append("-" * len(head))
+    lines.append(
+        f"{'total':<26}"
+        + "".join(f"{counts[t].total / max(1, counts[t].round_trips):>10.2f}" for t in targets)
+    )
+    lines.append(
+        f"{'wakeups (epoll/poll)':<26}"
+        + "".join(f"{counts[t].wakeups / max(1, counts[t].round_trips):>10.2f}" for t in targets)
+    )
+    return "\n".join(lines)
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.syscalls",
+        description="system calls per SEND+RECEIPT round trip: sidecar vs socat relay (strace)",
+    )
+    ap.add_argument("--broker", choices=["activemq", "rabbitmq"], default="activemq")
+    ap.add_argument("--n", type=int, default=2000, help="traced round trips per target")
+    ap.add_argument("--warmup", type=int, default=500, help="untimed round trips first")
+    ap.add_argument("--show", type=int, default=0, metavar="K", help="print a full trace of K")
+    ap.add_argument("--out", type=Path, default=RESULTS / "syscalls.json", help="JSON output")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the count; returns the exit status."""
+    args = _parse(argv)
+    if args.n <= 0:
+        raise SystemExit("--n must be positive")
+    print(f"syscalls per SEND+RECEIPT on {args.broker}: {args.n} traced round trips", flush=True)
+    results: dict[str, object] = {"broker": args.broker, "round_trips": args.n}
+    with tempfile.TemporaryDirectory(prefix="mq-syscalls-") as tmp:
+        workdir = Path(tmp)
+        with bench_broker(args.broker, "syscalls", workdir) as broker:
+            ctx = BrokerCtx(args.broker, broker, workdir, Settings())
+            counts: dict[str, Count] = {}
+            idles: dict[str, Count] = {}
+            traces: dict[str, str] = {}
+            try:
+                for target in ("relay", "sidecar"):
+                    counts[target], idles[target], traces[target] = _measure(
+                        ctx, target, args, workdir
+                    )
+            finally:
+                ctx.close()
+    table = syscall_table(counts)
+    print(table)
+    for target, idle in idles.items():
+        work = counts[target]
+        rate = idle.total / idle.seconds if idle.seconds else 0.0
+        print(
+            f"{target}: {work.seconds:.2f} s for {work.round_trips} round trips under strace; "
+            f"idle, the same process made {rate:.1f} syscalls/s "
+            f"({rate * work.seconds / work.round_trips:.3f} per round trip of that length)"
+        )
+    for target, trace in traces.items():
+        if trace:
+            print(f"\n{target}, the last {args.show} round trip(s) in full:\n{trace}")
+    results["table"] = table
+    results["targets"] = {
+        t: {
+            "per_round_trip": {k: round(v, 3) for k, v in c.per_round_trip().items()},
+            "errors": c.errors,
+            "total_per_round_trip": round(c.total / c.round_trips, 3),
+            "wakeups_per_round_trip": round(c.wakeups / c.round_trips, 3),
+            "seconds_under_strace": round(c.seconds, 2),
+            "idle_syscalls_per_s": round(idles[t].total / idles[t].seconds, 2)
+            if idles[t].seconds
+            else None,
+        }
+        for t, c in counts.items()
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
