@@ -258,8 +258,8 @@ def run_sidecars(flavor: str, workloads: list[str], n: int, reps: int) -> dict[s
                         order = ("compiled", "pure") if rep % 2 == 0 else ("pure", "compiled")
                         for build in order:
                             sample = run_once(ctxs[build], "sidecar", name, False, count)
-                            assert sample.sidecar_cpu is not None
-                            cpu[build].append(round(sample.sidecar_cpu / count * 1e6, 2))
+                            assert sample.front_cpu is not None
+                            cpu[build].append(round(sample.front_cpu / count * 1e6, 2))
                             rate[build].append(sample.m.rate)
                     row: dict[str, Any] = {
                         "workload": f"{name}/non-persistent",
