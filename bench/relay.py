@@ -34,10 +34,10 @@ import subprocess
 import time
 from pathlib import Path
 
-from bench.procstat import cpu_seconds, rss_bytes
+from bench.procstat import cpu_seconds, rss_bytes, run_ns
 from testbed.probe import free_port
 
-__all__ = ["RelayError", "RelayProcess", "children", "run_ns", "socat_path"]
+__all__ = ["RelayError", "RelayProcess", "children", "socat_path"]
 
 #: Bytes socat reads and writes at most per transfer (``-b``).
 BLOCK_SIZE = 65536
@@ -77,20 +77,6 @@ def _reaped_children_cpu(pid: int) -> float:
     fields = raw.rpartition(")")[2].split()
     # proc(5) fields 16 and 17 (1-based), index k - 3 after the command.
     return (int(fields[13]) + int(fields[14])) / _CLK_TCK
-
-
-def run_ns(pid: int) -> int:
-    """Nanoseconds process ``pid`` has run on a CPU, all threads (the first field of
-    ``/proc/PID/task/TID/schedstat``). Raises ProcessLookupError when it does not exist."""
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError as exc:
-        raise ProcessLookupError(f"no process {pid}: {exc}") from exc
-    total = 0
-    for tid in tasks:
-        with contextlib.suppress(OSError):
-            total += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
-    return total
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec

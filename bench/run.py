@@ -20,7 +20,7 @@ Examples::
     .venv/bin/python -m bench.run --quick                    # small counts: a smoke run
     .venv/bin/python -m bench.run --list                     # workload names
 
-A full run takes about 13 minutes on a 2-core machine. Never run as a timed test.
+A full run takes about 10 minutes on a 2-core machine. Never run as a timed test.
 """
 
 from __future__ import annotations

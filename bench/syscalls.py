@@ -5,16 +5,20 @@ Issue 18, part 3: the latency of a single round trip is bounded by the process w
 system calls on its path. This starts a broker (``testbed``), the sidecar (``python -m proxy
 run``, default options) and ``socat`` (:mod:`bench.relay`) in front of it; for each of the
 relay and the sidecar it opens one connection of the load generator, makes ``--warmup``
-untimed round trips (one non-persistent 1 KiB SEND with a receipt, awaited), attaches
-``strace -c -f`` to the process that carries the connection (the sidecar with all its threads;
-the socat child forked for the connection), makes ``--n`` round trips, detaches, and divides
-strace's call counts by ``n``. ``epoll_wait``/``poll``/``select`` calls are the wakeup figure
-(a process blocks in them between two events). An idle window of the same length is traced
-first, so what the process does on its own (timers, heart-beats) is printed next to it.
+untimed round trips (one non-persistent 1 KiB SEND with a receipt, awaited) and ``--n``
+untraced ones (their wall time and the process's CPU per round trip: run time from
+``schedstat``, user and system from ``/proc/PID/stat``), then attaches ``strace -c -f`` to
+the process that carries the connection (the sidecar with all its threads; the socat child
+forked for the connection), makes ``--n`` round trips, and divides strace's call counts by
+``n``; then the same for ``--stream`` fire-and-forget SENDs (written 100 per ``sendall``, as
+``bench.run``'s send-ff), per message. ``epoll_wait``/``poll``/``select`` calls are the
+wakeup figure (a process blocks in them between two events; trio also calls ``epoll_wait``,
+with a zero timeout, once per scheduler pass with tasks runnable). An idle window is traced
+last, so what the process does on its own (timers, heart-beats) is printed next to it.
 
-strace slows every system call down (ptrace stops), so only the counts mean anything here,
-never the times. Prints a per-syscall table per round trip (relay, sidecar) and, with
-``--show K``, the full trace of the last ``K`` round trips of each; writes
+strace slows every system call down (ptrace stops), so only the counts mean anything under
+it, never the times. Prints a per-syscall table per round trip and per streamed SEND (relay,
+sidecar) and, with ``--show K``, the full trace of the last ``K`` round trips of each; writes
 ``bench/results/syscalls.json``. Needs ``strace`` (``scripts/setup.sh``) and ptrace rights
 (root, or ``kernel.yama.ptrace_scope`` 0).
 
@@ -34,15 +38,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import loadgen
 from bench.loadgen import RawStomp
+from bench.procstat import cpu_split, run_ns
 from bench.relay import RelayProcess
 from bench.workloads import BrokerCtx, Settings, bench_broker
 
-__all__ = ["WAKEUPS", "Count", "main", "parse_summary", "syscall_table"]
+__all__ = ["WAKEUPS", "Count", "Measured", "main", "parse_summary", "syscall_table"]
 
 #: The system calls a process blocks in while it waits for its next event: one per wakeup.
 WAKEUPS = frozenset({"epoll_wait", "epoll_pwait", "epoll_pwait2", "poll", "ppoll", "select"})
@@ -55,18 +61,19 @@ RESULTS = Path(__file__).parent / "results"
 @dataclass
 class Count:
     """What strace -c counted for one process over one window: calls and errors per system
-    call, the window's round trips and seconds (wall, under strace)."""
+    call, the window's units (round trips, or messages of a stream; 0 for an idle window) and
+    seconds (wall, under strace)."""
 
     calls: dict[str, int] = field(default_factory=dict)
     errors: dict[str, int] = field(default_factory=dict)
-    round_trips: int = 0
+    units: int = 0
     seconds: float = 0.0
 
-    def per_round_trip(self) -> dict[str, float]:
-        """Calls per round trip by system call (empty for an idle window)."""
-        if self.round_trips <= 0:
+    def per_unit(self) -> dict[str, float]:
+        """Calls per unit by system call (empty for an idle window)."""
+        if self.units <= 0:
             return {}
-        return {name: calls / self.round_trips for name, calls in self.calls.items()}
+        return {name: calls / self.units for name, calls in self.calls.items()}
 
     @property
     def total(self) -> int:
@@ -77,6 +84,32 @@ class Count:
     def wakeups(self) -> int:
         """Calls of the blocking waits (:data:`WAKEUPS`, ``pselect6``)."""
         return sum(c for n, c in self.calls.items() if n in WAKEUPS or n in WAKEUPS_ALSO)
+
+    def to_json(self) -> dict[str, object]:
+        """Per-unit figures as a JSON object."""
+        units = max(1, self.units)
+        return {
+            "units": self.units,
+            "per_unit": {k: round(v, 3) for k, v in self.per_unit().items()},
+            "errors": self.errors,
+            "total_per_unit": round(self.total / units, 3),
+            "wakeups_per_unit": round(self.wakeups / units, 3),
+            "seconds_under_strace": round(self.seconds, 2),
+        }
+
+
+@dataclass
+class Measured:
+    """Everything measured on one target: synchronous round trips (``sync``), a
+    fire-and-forget stream (``stream``, per message), an idle window (``idle``), the CPU per
+    round trip without strace (``cpu_us``: wall, cpu, user, system microseconds) and the full
+    trace of a few round trips (``trace``, empty unless asked)."""
+
+    sync: Count
+    stream: Count
+    idle: Count
+    cpu_us: dict[str, float]
+    trace: str = ""
 
 
 def parse_summary(text: str) -> tuple[dict[str, int], dict[str, int]]:
@@ -155,35 +188,44 @@ def _round_trips(c: RawStomp, dest: str, prefix: str, n: int) -> float:
     return time.perf_counter() - t0
 
 
-def _count(
-    pids: list[int],
-    out: Path,
-    *,
-    idle: float = 0.0,
-    c: RawStomp | None = None,
-    dest: str = "",
-    n: int = 0,
-) -> Count:
-    """strace -c on ``pids`` for ``n`` round trips on ``c``, or for ``idle`` seconds."""
+def _count(pids: list[int], out: Path, work: Callable[[], float], units: int) -> Count:
+    """strace -c on ``pids`` while ``work`` runs (it returns its seconds); ``units``: the
+    round trips or messages it makes."""
     tracer = _Strace(pids, out, summary=True)
     tracer.wait_attached()
     try:
-        if c is not None:
-            seconds = _round_trips(c, dest, f"t{time.monotonic_ns()}-", n)
-        else:
-            time.sleep(idle)
-            seconds = idle
+        seconds = work()
     finally:
         text = tracer.stop()
     calls, errors = parse_summary(text)
-    return Count(calls, errors, n if c is not None else 0, seconds)
+    return Count(calls, errors, units, seconds)
 
 
-def _measure(
-    ctx: BrokerCtx, target: str, args: argparse.Namespace, workdir: Path
-) -> tuple[Count, Count, str]:
-    """Idle and round-trip counts of ``target`` ("relay" or "sidecar"), and the full trace
-    of the last ``args.show`` round trips (empty when 0)."""
+def _idle(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
+
+
+def _cpu_per_round_trip(pids: list[int], c: RawStomp, dest: str, n: int) -> dict[str, float]:
+    """Wall, CPU (run time, ns resolution), user and system (clock ticks) microseconds per
+    round trip of ``pids`` over ``n`` untraced round trips."""
+    run0 = sum(run_ns(p) for p in pids)
+    split0 = [cpu_split(p) for p in pids]
+    seconds = _round_trips(c, dest, "u", n)
+    run1 = sum(run_ns(p) for p in pids)
+    split1 = [cpu_split(p) for p in pids]
+    user = sum(b[0] - a[0] for a, b in zip(split0, split1, strict=True))
+    system = sum(b[1] - a[1] for a, b in zip(split0, split1, strict=True))
+    return {
+        "wall": round(1e6 * seconds / n, 1),
+        "cpu": round((run1 - run0) / 1e3 / n, 1),
+        "user": round(1e6 * user / n, 1),
+        "system": round(1e6 * system / n, 1),
+    }
+
+
+def _measure(ctx: BrokerCtx, target: str, args: argparse.Namespace, workdir: Path) -> Measured:
+    """What :class:`Measured` holds, for ``target`` ("relay" or "sidecar")."""
     front = ctx.front(target)
     assert front is not None
     before = set(front.children()) if isinstance(front, RelayProcess) else set()
@@ -200,9 +242,25 @@ def _measure(
         _round_trips(c, dest, "w", args.warmup)
         sent += args.warmup
         ctx.settle()
-        work = _count(pids, workdir / f"{target}-rt.txt", c=c, dest=dest, n=args.n)
+        cpu_us = _cpu_per_round_trip(pids, c, dest, args.n)
         sent += args.n
-        idle = _count(pids, workdir / f"{target}-idle.txt", idle=min(work.seconds, 5.0))
+        sync = _count(
+            pids,
+            workdir / f"{target}-sync.txt",
+            lambda: _round_trips(c, dest, f"t{time.monotonic_ns()}-", args.n),
+            args.n,
+        )
+        sent += args.n
+        stream = _count(
+            pids,
+            workdir / f"{target}-stream.txt",
+            lambda: loadgen.send_fire_and_forget(c, dest, args.stream, persistent=False).seconds,
+            args.stream,
+        )
+        sent += args.stream
+        idle = _count(
+            pids, workdir / f"{target}-idle.txt", lambda: _idle(min(sync.seconds, 5.0)), 0
+        )
         trace = ""
         if args.show:
             tracer = _Strace(pids, workdir / f"{target}-trace.txt", summary=False)
@@ -215,30 +273,29 @@ def _measure(
     finally:
         c.disconnect()
         loadgen.drain(ctx.port, ctx.vhost, dest, sent)
-    return work, idle, trace
+    return Measured(sync, stream, idle, cpu_us, trace)
 
 
-def syscall_table(counts: dict[str, Count]) -> str:
-    """Calls per round trip by system call, one column per target, most frequent first, then
+def syscall_table(counts: dict[str, Count], unit: str = "round trip") -> str:
+    """Calls per ``unit`` by system call, one column per target, most frequent first, then
     the total and the wakeups (:data:`WAKEUPS`)."""
     targets = list(counts)
-    per = {t: counts[t].per_round_trip() for t in targets}
+    per = {t: counts[t].per_unit() for t in targets}
     names = sorted(
         {n for p in per.values() for n in p}, key=lambda n: -max(p.get(n, 0) for p in per.values())
     )
-    head = f"{'syscall per round trip':<26}" + "".join(f"{t:>10}" for t in targets)
+    head = f"{'syscall per ' + unit:<28}" + "".join(f"{t:>10}" for t in targets)
     lines = [head, "-" * len(head)]
     for name in names:
-        lines.append(f"{name:<26}" + "".join(f"{per[t].get(name, 0.0):>10.2f}" for t in targets))
+        lines.append(f"{name:<28}" + "".join(f"{per[t].get(name, 0.0):>10.2f}" for t in targets))
     lines.append("-" * len(head))
-    lines.append(
-        f"{'total':<26}"
-        + "".join(f"{counts[t].total / max(1, counts[t].round_trips):>10.2f}" for t in targets)
-    )
-    lines.append(
-        f"{'wakeups (epoll/poll)':<26}"
-        + "".join(f"{counts[t].wakeups / max(1, counts[t].round_trips):>10.2f}" for t in targets)
-    )
+    for label, attr in (("total", "total"), ("wakeups (epoll/poll/select)", "wakeups")):
+        lines.append(
+            f"{label:<28}"
+            + "".join(
+                f"{getattr(counts[t], attr) / max(1, counts[t].units):>10.2f}" for t in targets
+            )
+        )
     return "\n".join(lines)
 
 
@@ -250,6 +307,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--broker", choices=["activemq", "rabbitmq"], default="activemq")
     ap.add_argument("--n", type=int, default=2000, help="traced round trips per target")
     ap.add_argument("--warmup", type=int, default=500, help="untimed round trips first")
+    ap.add_argument(
+        "--stream", type=int, default=10000, help="traced fire-and-forget SENDs per target"
+    )
     ap.add_argument("--show", type=int, default=0, metavar="K", help="print a full trace of K")
     ap.add_argument("--out", type=Path, default=RESULTS / "syscalls.json", help="JSON output")
     return ap.parse_args(argv)
@@ -261,47 +321,50 @@ def main(argv: list[str] | None = None) -> int:
     if args.n <= 0:
         raise SystemExit("--n must be positive")
     print(f"syscalls per SEND+RECEIPT on {args.broker}: {args.n} traced round trips", flush=True)
-    results: dict[str, object] = {"broker": args.broker, "round_trips": args.n}
+    measured: dict[str, Measured] = {}
     with tempfile.TemporaryDirectory(prefix="mq-syscalls-") as tmp:
         workdir = Path(tmp)
         with bench_broker(args.broker, "syscalls", workdir) as broker:
             ctx = BrokerCtx(args.broker, broker, workdir, Settings())
-            counts: dict[str, Count] = {}
-            idles: dict[str, Count] = {}
-            traces: dict[str, str] = {}
             try:
                 for target in ("relay", "sidecar"):
-                    counts[target], idles[target], traces[target] = _measure(
-                        ctx, target, args, workdir
-                    )
+                    measured[target] = _measure(ctx, target, args, workdir)
             finally:
                 ctx.close()
-    table = syscall_table(counts)
+    table = syscall_table({t: m.sync for t, m in measured.items()})
+    stream = syscall_table({t: m.stream for t, m in measured.items()}, "ff SEND")
     print(table)
-    for target, idle in idles.items():
-        work = counts[target]
-        rate = idle.total / idle.seconds if idle.seconds else 0.0
+    print(f"\nfire-and-forget, {args.stream} SENDs written {loadgen.BATCH} per sendall:")
+    print(stream)
+    print()
+    for target, m in measured.items():
+        rate = m.idle.total / m.idle.seconds if m.idle.seconds else 0.0
+        cpu = m.cpu_us
         print(
-            f"{target}: {work.seconds:.2f} s for {work.round_trips} round trips under strace; "
-            f"idle, the same process made {rate:.1f} syscalls/s "
-            f"({rate * work.seconds / work.round_trips:.3f} per round trip of that length)"
+            f"{target}: without strace {cpu['wall']:.0f} us per round trip, CPU {cpu['cpu']:.1f}"
+            f" us (user {cpu['user']:.0f}, system {cpu['system']:.0f}: clock ticks); idle it "
+            f"made {rate:.1f} syscalls/s"
         )
-    for target, trace in traces.items():
-        if trace:
-            print(f"\n{target}, the last {args.show} round trip(s) in full:\n{trace}")
-    results["table"] = table
-    results["targets"] = {
-        t: {
-            "per_round_trip": {k: round(v, 3) for k, v in c.per_round_trip().items()},
-            "errors": c.errors,
-            "total_per_round_trip": round(c.total / c.round_trips, 3),
-            "wakeups_per_round_trip": round(c.wakeups / c.round_trips, 3),
-            "seconds_under_strace": round(c.seconds, 2),
-            "idle_syscalls_per_s": round(idles[t].total / idles[t].seconds, 2)
-            if idles[t].seconds
-            else None,
-        }
-        for t, c in counts.items()
+    for target, m in measured.items():
+        if m.trace:
+            print(f"\n{target}, the last {args.show} round trip(s) in full:\n{m.trace}")
+    results = {
+        "broker": args.broker,
+        "round_trips": args.n,
+        "stream": args.stream,
+        "table": table,
+        "stream_table": stream,
+        "targets": {
+            t: {
+                "sync": m.sync.to_json(),
+                "stream": m.stream.to_json(),
+                "idle_syscalls_per_s": round(m.idle.total / m.idle.seconds, 2)
+                if m.idle.seconds
+                else None,
+                "cpu_us_per_round_trip": m.cpu_us,
+            }
+            for t, m in measured.items()
+        },
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")

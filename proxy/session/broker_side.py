@@ -93,10 +93,14 @@ class BrokerSide:
         state = core.state
         assert state is not None
         while state.unacked >= state.max_unacked and not core.drain_requested:
-            # Bounded: stop reading the broker until the app acknowledges (max_unacked).
-            await self.out.flush()
+            # Bounded: stop reading the broker until the app acknowledges (max_unacked). The
+            # event is made before the flush: the app's ACKs may all arrive while the flush
+            # writes, and an event made after it would wait for one more ACK that never comes
+            # (the app holds nothing to acknowledge any more): the session would stall.
             core.acks_freed = trio.Event()
-            await core.acks_freed.wait()
+            await self.out.flush()
+            if state.unacked >= state.max_unacked and not core.drain_requested:
+                await core.acks_freed.wait()
         if core.drain_requested and self._acked_by_the_app(frame):
             # Draining (SIGTERM): the app is no longer read, so it could not acknowledge
             # this; held back and not acknowledged (every subscription the sidecar tracks is

@@ -240,14 +240,18 @@ def test_syscalls_counts_both_relays(tmp_path: Path) -> None:
     if not activemq_installed() or shutil.which("strace") is None or socat_path() is None:
         pytest.fail("ActiveMQ, socat or strace missing: run scripts/setup.sh", pytrace=False)
     out = tmp_path / "syscalls.json"
-    proc = _bench("syscalls", "--n", "50", "--warmup", "20", "--out", str(out))
+    proc = _bench(
+        "syscalls", *("--n", "50", "--warmup", "20", "--stream", "500", "--out", str(out))
+    )
     got = json.loads(out.read_text())
     for target in ("relay", "sidecar"):
         figures = got["targets"][target]
         # at least a read and a write per leg, and the process waited for each request
-        assert figures["total_per_round_trip"] >= 4, figures
-        assert figures["wakeups_per_round_trip"] >= 1, figures
-    assert "wakeups (epoll/poll)" in proc.stdout
+        assert figures["sync"]["total_per_unit"] >= 4, figures
+        assert figures["sync"]["wakeups_per_unit"] >= 1, figures
+        assert figures["stream"]["total_per_unit"] > 0, figures
+        assert figures["cpu_us_per_round_trip"]["cpu"] > 0, figures
+    assert "wakeups (epoll/poll/select)" in proc.stdout
 
 
 def test_hot_functions_add_up_lines_and_leave_out_the_roots() -> None:
