@@ -48,6 +48,7 @@ from bench.workloads.failover import run_blackhole, run_kill9, run_reset
 from bench.workloads.latency import run_latency
 from bench.workloads.scale import run_scale
 from bench.workloads.throughput import WORKLOADS, run_throughput
+from protocol import _native
 from proxy._version import VERSION
 from testbed import activemq_installed, rabbitmq_installed
 
@@ -339,6 +340,8 @@ def main(argv: list[str] | None = None) -> int:
         "workloads": selected,
         "brokers": flavors,
         "sidecar_version": VERSION,
+        # the compiled core or the sources: the sidecar child decides as this process did
+        "sidecar_build": _native.STATUS,
         "machine": {
             "cpus": os.cpu_count(),
             "loadavg_start": os.getloadavg(),
@@ -348,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         "fd_limit": _raise_fd_limit(max(st.scale_sessions) if "scale" in selected else 0),
     }
     print(f"mq-sidecar benchmarks: {', '.join(selected)} on {', '.join(flavors)}", flush=True)
+    print(f"sidecar build: {_native.STATUS}", flush=True)
     cap_n = 5_000 if st.quick else 50_000
     try:
         meta["loadgen"] = loadgen.measure_capacity(cap_n, stomppy=not st.quick)

@@ -47,6 +47,7 @@ from bench.loadgen import RawStomp
 from bench.procstat import cpu_split, run_ns
 from bench.relay import RelayProcess
 from bench.workloads import BrokerCtx, Settings, bench_broker
+from protocol import _native
 
 __all__ = ["WAKEUPS", "Count", "Measured", "main", "parse_summary", "syscall_table"]
 
@@ -321,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.n <= 0:
         raise SystemExit("--n must be positive")
     print(f"syscalls per SEND+RECEIPT on {args.broker}: {args.n} traced round trips", flush=True)
+    print(f"sidecar build: {_native.STATUS}", flush=True)
     measured: dict[str, Measured] = {}
     with tempfile.TemporaryDirectory(prefix="mq-syscalls-") as tmp:
         workdir = Path(tmp)
@@ -350,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n{target}, the last {args.show} round trip(s) in full:\n{m.trace}")
     results = {
         "broker": args.broker,
+        "sidecar_build": _native.STATUS,
         "round_trips": args.n,
         "stream": args.stream,
         "table": table,

@@ -121,9 +121,14 @@ def test_goals_table_reads_relay_and_sidecar_figures() -> None:
     tp = lines["throughput, fire-and-forget"]
     assert tp.value == pytest.approx(0.9)
     assert tp.met is True
-    sync = lines["CPU per synchronous SEND+RECEIPT"]  # send-sync did not run: latency's figure
+    sync = lines["CPU per synchronous SEND+RECEIPT"]  # latency's figure, not send-sync's
     assert sync.met is True
     assert "latency-send-receipt-p50" in sync.sidecar
+    only_sync = Row("send-sync/non-persistent", "activemq", "msg/s", direct=9.0, sidecar=3.0)
+    only_sync.extra = {"relay_cpu_us_per_msg": 12.0, "sidecar_cpu_us_per_msg": 130.0}
+    (fallback,) = [g for g in goal_lines([only_sync]) if g.figure == sync.figure]
+    assert (fallback.value, fallback.met) == (130.0, False)
+    assert "send-sync/non-persistent" in fallback.sidecar
     assert lines["added latency p50"].met is True
     assert lines["RSS, 1,000 idle sessions"].met is None  # scale did not run
 
