@@ -57,6 +57,9 @@ class Confirmations:
         #: The frame waiting for room in the window (as it goes upstream), with the app's
         #: receipt id: read from the app, not in the window yet (the drain names it).
         self.waiting: tuple[Frame, str | None] | None = None
+        #: Whether the ``call_timeout`` watch runs (:meth:`watch_call_timeouts`): only while
+        #: an app receipt is unanswered, so an idle session holds no task for it.
+        self.watching = False
 
     async def submit(
         self,
@@ -153,8 +156,11 @@ class Confirmations:
             receipt_id=copied,
             deferred=deferred,
         )
-        if app_receipt is not None:
-            core.window_changed()  # a receipt for the call_timeout watch (appends make no room)
+        if app_receipt is not None and not self.watching and core.app_nursery is not None:
+            # A receipt to answer within call_timeout: the watch starts (it ends when no app
+            # receipt is unanswered). Every app frame is read inside the app nursery.
+            self.watching = True
+            core.app_nursery.start_soon(self.watch_call_timeouts)
         core.metrics.frame_to_broker(frame.command, len(frame.body))
         upstream = core.upstream
         if core.link_ready and upstream is not None:
@@ -233,14 +239,18 @@ class Confirmations:
         """ERROR for every app receipt unconfirmed after ``call_timeout`` (Artemis
         "unblocking calls"; JEUS request-blocking-time): the app is never left waiting
         forever, and a frame that was never sent is dropped. Every frame due at once is
-        answered together, and named in one OUTCOME event. Runs until cancelled."""
+        answered together, and named in one OUTCOME event. Runs while an app receipt is
+        unanswered (started by the append of one, in the app nursery): an idle session has no
+        task for it (the memory of 1,000 idle sessions, docs/architecture.md)."""
         core = self.core
         timeout = core.durations.call_timeout
         while True:
             entry = core.window.first_unanswered()
             if entry is None:
-                await core.window_change()
-                continue
+                # No checkpoint between this test and the flag: an append that comes after
+                # it sees the flag down and starts the watch again.
+                self.watching = False
+                return
             deadline = entry.enqueued_at + timeout
             if trio.current_time() < deadline:
                 # Entries are in the order the app handed them over, so no later one is due

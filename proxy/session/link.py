@@ -190,7 +190,7 @@ class Link:
                 end = await self.restorer.begin(upstream)
             async with trio.open_nursery() as leg:
                 leg.start_soon(upstream.keep_alive)
-                leg.start_soon(self.acks.flush_loop, upstream)
+                self.acks.attach(leg, upstream)
                 if first:
                     start_link(state, upstream, core.connect)
                     core.link_ready = True
