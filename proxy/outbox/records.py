@@ -157,6 +157,9 @@ class RecoveryReport:
             error that made the database unreadable.
         wal: what the ``-wal`` file held and what SQLite's own recovery dropped of it
             (:class:`proxy.outbox.wal.WalScan`), None without a ``-wal`` file.
+        wal_lost: frames stored by committed WAL transactions that SQLite's recovery dropped
+            (a damaged WAL, not a torn tail) and that the outbox no longer holds: lost, named
+            from the dropped pages (:mod:`proxy.outbox.btree`).
         damaged: frames removed because their CRC32 failed (not forwarded).
         moved_aside: the unreadable database's files, renamed ``outbox-corrupt-<time>.db*``.
         salvaged: frames read back from a database that was then moved aside.
@@ -172,6 +175,7 @@ class RecoveryReport:
     seen_ids: int
     integrity: tuple[str, ...]
     wal: WalScan | None
+    wal_lost: tuple[DamagedFrame, ...]
     damaged: tuple[DamagedFrame, ...]
     moved_aside: tuple[Path, ...]
     salvaged: int
@@ -190,10 +194,14 @@ class RecoveryReport:
             out.append("integrity check failed: " + "; ".join(self.integrity[:5]))
         wal = self.wal
         if wal is not None and wal.lost_committed:
+            ids = ", ".join(f.sidecar_id for f in self.wal_lost[:5])
+            more = f" and {len(self.wal_lost) - 5} more" if len(self.wal_lost) > 5 else ""
             out.append(
                 f"WAL damaged: {wal.transactions_discarded} committed transaction(s) "
                 f"({wal.frames_discarded} WAL frames) after the damage were dropped by SQLite"
-                + ("" if wal.header_valid else "; the WAL header itself is invalid")
+                + ("" if wal.header_valid else " (the WAL header itself is invalid)")
+                + f"; {len(self.wal_lost)} frame(s) in them lost"
+                + (f" (mq-sidecar-id {ids}{more})" if ids else "")
             )
         if self.damaged:
             out.append(f"{len(self.damaged)} frame(s) failed their CRC32 and were removed")

@@ -5,7 +5,9 @@ Recovery on open, in this order (issue 17: a corrupted or truncated tail after a
 loop"):
 
 1. :func:`proxy.outbox.wal.scan_wal` reads the ``-wal`` file before SQLite does, to count what
-   SQLite's own WAL recovery is about to drop (it drops a torn or corrupted tail silently).
+   SQLite's own WAL recovery is about to drop (it drops a torn or corrupted tail silently);
+   the frames that dropped *committed* transactions held and the recovered database lacks are
+   named from the dropped pages (:mod:`proxy.outbox.btree`).
 2. SQLite opens the database (WAL recovery happens here) and ``PRAGMA quick_check`` checks
    its structure.
 3. A database SQLite calls corrupt (``SQLITE_CORRUPT``, ``SQLITE_NOTADB``, or a quick_check
@@ -34,9 +36,10 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+from proxy.outbox.btree import frames_in_pages
 from proxy.outbox.errors import OutboxError
 from proxy.outbox.records import DamagedFrame, RecoveryReport
-from proxy.outbox.wal import scan_wal
+from proxy.outbox.wal import WalScan, scan_wal
 
 __all__ = [
     "DB_NAME",
@@ -178,6 +181,7 @@ def open_database(
         conn = connect(db)
         _restore(conn, frames, seen)
     assert conn is not None
+    wal_lost = _lost_in_wal(conn, wal)
     damaged = _remove_damaged(conn)
     conn.execute("DELETE FROM seen_ids WHERE seen_at < ?", (now - seen_seconds,))
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -195,6 +199,7 @@ def open_database(
         seen_ids=n_seen,
         integrity=integrity,
         wal=wal,
+        wal_lost=wal_lost,
         damaged=damaged,
         moved_aside=moved,
         salvaged=len(frames),
@@ -276,6 +281,27 @@ def _restore(
     conn.executemany(f"INSERT INTO frames ({_FRAME_COLUMNS}) VALUES (?,?,?,?,?,?,?,?)", frames)
     conn.executemany(f"INSERT INTO seen_ids ({_SEEN_COLUMNS}) VALUES (?,?,?,?)", seen)
     conn.execute("COMMIT")
+
+
+def _lost_in_wal(conn: sqlite3.Connection, wal: WalScan | None) -> tuple[DamagedFrame, ...]:
+    """The frames the dropped committed WAL transactions left in their pages and that the
+    recovered database does not hold: lost with them."""
+    if wal is None or not wal.lost_pages:
+        return ()
+    cells = frames_in_pages(wal.lost_pages)
+    seqs = sorted(cells)
+    present: set[int] = set()
+    for i in range(0, len(seqs), 500):
+        chunk = seqs[i : i + 500]
+        marks = ",".join("?" * len(chunk))
+        present.update(
+            r[0] for r in conn.execute(f"SELECT seq FROM frames WHERE seq IN ({marks})", chunk)
+        )
+    reason = "in a committed WAL transaction SQLite dropped"
+    return tuple(
+        DamagedFrame(c.seq, c.session_key, c.session_order, c.sidecar_id, c.destination, reason)
+        for c in (cells[s] for s in seqs if s not in present)
+    )
 
 
 def _remove_damaged(conn: sqlite3.Connection) -> tuple[DamagedFrame, ...]:

@@ -9,7 +9,9 @@ carry the header's salts were written in this WAL's life and are lost, and each 
 among them is a whole transaction that had been committed (with ``synchronous=FULL``, fsynced
 and answered) and is lost with it: a byte flipped in the middle of the WAL, not a torn tail. An
 incomplete last transaction (no commit frame, or a frame cut short) was never answered, so
-losing it loses nothing confirmed.
+losing it loses nothing confirmed. The pages the dropped committed transactions wrote are kept
+(:attr:`WalScan.lost_pages`), so that recovery can name the frames they held
+(:mod:`proxy.outbox.btree`).
 
 Format (all big-endian on disk): a 32-byte header (magic 0x377f0682/0x377f0683, version,
 page size, checkpoint sequence, salt-1, salt-2, checksum-1, checksum-2), then frames of a
@@ -21,7 +23,7 @@ words for magic ...82 and big-endian for ...83, from the header's checksum onwar
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["WalScan", "scan_wal"]
@@ -41,14 +43,17 @@ class WalScan:
         header_valid: False when the header is short, has a bad magic or checksum: SQLite then
             ignores the whole file (every whole frame in it counts as discarded, and may have
             been committed: :attr:`lost_committed` says so).
-        page_size: bytes per page from the header (0 if the header is unreadable).
+        page_size: bytes per page from the header (0 if it holds no sane page size).
         frames_kept: frames up to and including the last valid commit frame (replayed).
         transactions_kept: commit frames among them.
-        frames_discarded: frames after that point that carry the header's salts (written in
+        frames_discarded: frames after that point that carry the WAL's salts (written in
             this WAL's life), the torn or uncommitted ones included.
         transactions_discarded: commit frames among the discarded ones: transactions that had
             been committed and that recovery drops (0 for a torn tail alone).
         torn_bytes: bytes of a last frame cut short (0 if the file ends on a frame boundary).
+        lost_pages: the page images the dropped *committed* transactions wrote, the last one
+            per page number (``(page number, bytes)``), for :mod:`proxy.outbox.btree` to find
+            the rows they held.
     """
 
     size: int
@@ -59,14 +64,15 @@ class WalScan:
     frames_discarded: int
     transactions_discarded: int
     torn_bytes: int
+    lost_pages: tuple[tuple[int, bytes], ...] = field(default=(), repr=False)
 
     @property
     def lost_committed(self) -> bool:
         """True when recovery drops at least one committed transaction (not only a torn
-        tail): something the store had confirmed as durable is gone."""
-        return self.transactions_discarded > 0 or (
-            not self.header_valid and self.frames_discarded > 0
-        )
+        tail): something the store had confirmed as durable is gone. Conservative: a power
+        cut during the last transaction's fsync can leave its commit frame whole but its pages
+        garbled, and that unconfirmed transaction counts here too."""
+        return self.transactions_discarded > 0
 
 
 def _checksum(data: bytes, big_endian: bool, s0: int, s1: int) -> tuple[int, int]:
@@ -90,54 +96,52 @@ def scan_wal(path: Path) -> WalScan | None:
     if not data:
         return None
     size = len(data)
-    header_ok = False
-    page_size = 0
-    if size >= _HEADER:
-        magic, _version, page_size, _ckpt, salt1, salt2, c1, c2 = struct.unpack(
-            ">8I", data[:_HEADER]
-        )
-        big_endian = magic == _MAGIC[1]
-        header_ok = (
-            magic in _MAGIC
-            and page_size >= 512
-            and page_size & (page_size - 1) == 0
-            and _checksum(data[:24], big_endian, 0, 0) == (c1, c2)
-        )
-    if not header_ok:
-        frame = _FRAME_HEADER + page_size if page_size >= 512 else 0
-        count = (size - _HEADER) // frame if frame and size > _HEADER else 0
-        return WalScan(size, False, 0, 0, 0, count, 0, 0)
+    if size < _HEADER:
+        return WalScan(size, False, 0, 0, 0, 0, 0, size)
+    magic, _version, page_size, _ckpt, salt1, salt2, c1, c2 = struct.unpack(">8I", data[:_HEADER])
+    if not (512 <= page_size <= 65536 and page_size & (page_size - 1) == 0):
+        return WalScan(size, False, 0, 0, 0, 0, 0, 0)
     frame_size = _FRAME_HEADER + page_size
-    s0, s1 = c1, c2
-    valid = True
-    valid_frames = kept = commits = kept_tx = after = after_tx = 0
-    offset = _HEADER
-    while offset + frame_size <= size:
-        head = data[offset : offset + _FRAME_HEADER]
-        commit, f_salt1, f_salt2, f_c1, f_c2 = struct.unpack(">5I", head[4:])
-        same_salts = (f_salt1, f_salt2) == (salt1, salt2)
-        if valid:
+    offsets = range(_HEADER, size - frame_size + 1, frame_size)
+    big_endian = magic == _MAGIC[1]
+    header_valid = magic in _MAGIC and _checksum(data[:24], big_endian, 0, 0) == (c1, c2)
+    kept = kept_tx = 0
+    if header_valid:
+        s0, s1 = c1, c2
+        for n, offset in enumerate(offsets, 1):
+            head = data[offset : offset + _FRAME_HEADER]
             s0, s1 = _checksum(head[:8], big_endian, s0, s1)
-            page = data[offset + _FRAME_HEADER : offset + frame_size]
-            s0, s1 = _checksum(page, big_endian, s0, s1)
-            valid = same_salts and (s0, s1) == (f_c1, f_c2)
-        if valid:
-            valid_frames += 1
+            s0, s1 = _checksum(
+                data[offset + _FRAME_HEADER : offset + frame_size], big_endian, s0, s1
+            )
+            commit, f_salt1, f_salt2, f_c1, f_c2 = struct.unpack(">5I", head[4:])
+            if (f_salt1, f_salt2) != (salt1, salt2) or (s0, s1) != (f_c1, f_c2):
+                break
             if commit:
-                commits += 1
-                kept, kept_tx = valid_frames, commits
-        elif same_salts:  # after the first bad frame: written in this WAL's life, dropped
-            after += 1
-            after_tx += 1 if commit else 0
-        offset += frame_size
+                kept, kept_tx = n, kept_tx + 1
+    elif offsets:  # SQLite ignores the whole file; its frames' own salts say which are its
+        salt1, salt2 = struct.unpack(">2I", data[_HEADER + 8 : _HEADER + 16])
+    discarded = lost_tx = 0
+    group: dict[int, bytes] = {}
+    lost: dict[int, bytes] = {}
+    for offset in offsets[kept:]:
+        page_no, commit, f_salt1, f_salt2 = struct.unpack(">4I", data[offset : offset + 16])
+        if (f_salt1, f_salt2) != (salt1, salt2):
+            continue  # left over from before the WAL was last reset: not this WAL's
+        discarded += 1
+        group[page_no] = data[offset + _FRAME_HEADER : offset + frame_size]
+        if commit:  # a whole committed transaction that recovery drops
+            lost_tx += 1
+            lost.update(group)
+            group = {}
     return WalScan(
         size=size,
-        header_valid=True,
+        header_valid=header_valid,
         page_size=page_size,
         frames_kept=kept,
         transactions_kept=kept_tx,
-        # valid frames after the last commit frame belong to an uncommitted transaction
-        frames_discarded=valid_frames - kept + after,
-        transactions_discarded=after_tx,
-        torn_bytes=size - offset,
+        frames_discarded=discarded,
+        transactions_discarded=lost_tx,
+        torn_bytes=(size - _HEADER) % frame_size,
+        lost_pages=tuple(sorted(lost.items())),
     )

@@ -93,6 +93,7 @@ def test_a_truncated_wal_keeps_the_transactions_before_the_cut(
         previous = kept
         # a cut drops the transaction it tears, never a committed one before it
         assert not report.wal.lost_committed
+        assert report.wal_lost == ()
         assert report.clean
     assert previous == BATCHES
 
@@ -130,9 +131,14 @@ def test_a_flipped_bit_in_the_wal_is_reported_and_never_breaks_open(
             and (at - WAL_HEADER) // frame_size == last_frame
             and (8 <= offset < 16)
         )
-        if not in_last_salts:  # that one looks like a torn tail: nothing tells them apart
-            assert report.wal.lost_committed, f"flip at {at} not reported"
-            assert any("WAL damaged" in p for p in report.problems())
+        missing = [f"id-{n}" for n in range(report.frames, BATCHES * PER_BATCH)]
+        if in_last_salts:  # that one looks like a torn tail: nothing tells them apart
+            missing = missing[:-PER_BATCH]
+        # every committed frame the damage took is named, and nothing else
+        assert [f.sidecar_id for f in report.wal_lost] == missing, f"flip at {at}"
+        if missing:
+            assert report.wal.lost_committed
+            assert any(f"{len(missing)} frame(s) in them lost" in p for p in report.problems())
 
 
 def test_a_flip_in_the_wal_header_drops_the_whole_wal_and_says_so(
@@ -145,4 +151,35 @@ def test_a_flip_in_the_wal_header_drops_the_whole_wal_and_says_so(
     assert report.wal is not None
     assert not report.wal.header_valid
     assert report.frames == 0
+    assert len(report.wal_lost) == BATCHES * PER_BATCH
     assert "the WAL header itself is invalid" in report.problems()[0]
+
+
+def test_frames_forwarded_inside_the_dropped_part_are_not_reported_lost(tmp_path: Path) -> None:
+    live, copy = tmp_path / "live", tmp_path / "copy"
+    copy.mkdir()
+    with OutboxStore.open(live, max_bytes=1 << 24) as store:
+        for b in range(6):
+            store.append("s", [frame(b * PER_BATCH + i, size=700) for i in range(PER_BATCH)])
+        store.remove("s", 4, 9)  # batches 1 and 2 forwarded and confirmed, in a 7th transaction
+        for name in (DB_NAME, f"{DB_NAME}-wal"):
+            shutil.copyfile(live / name, copy / name)
+    wal, frame_size = _wal(copy)
+    # flip a byte in the first page the second transaction wrote
+    offset, commits = WAL_HEADER, 0
+    while commits < 1:
+        commits += 1 if struct.unpack(">I", wal[offset + 4 : offset + 8])[0] else 0
+        offset += frame_size
+    damaged = bytearray(wal)
+    damaged[offset + FRAME_HEADER + 100] ^= 0xFF
+    target = tmp_path / "flipped"
+    target.mkdir()
+    shutil.copyfile(copy / DB_NAME, target / DB_NAME)
+    (target / f"{DB_NAME}-wal").write_bytes(bytes(damaged))
+    with OutboxStore.open(target, max_bytes=1 << 24) as store:
+        report = store.recovery
+        assert [f.sidecar_id for f in store.pending("s")] == ["id-0", "id-1", "id-2"]
+    assert report.wal is not None
+    assert report.wal.transactions_discarded == 6
+    # batches 3-5 were pending at the cut: lost; batches 1-2 had been removed: not lost
+    assert [f.sidecar_id for f in report.wal_lost] == [f"id-{n}" for n in range(9, 18)]
