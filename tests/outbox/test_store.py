@@ -13,6 +13,7 @@ import pytest
 
 from proxy.outbox import (
     Append,
+    OutboxError,
     OutboxFull,
     OutboxStore,
     RecordSeen,
@@ -217,7 +218,7 @@ def test_an_error_that_is_no_corruption_is_raised_and_moves_nothing(tmp_path: Pa
     conn = sqlite3.connect(tmp_path / DB_NAME)
     conn.execute("PRAGMA user_version = 99")
     conn.close()
-    with pytest.raises(Exception, match="newer than this sidecar"):
+    with pytest.raises(OutboxError, match="newer than this sidecar"):
         OutboxStore.open(tmp_path, max_bytes=1000)
     assert sorted(p.name for p in tmp_path.iterdir() if "corrupt" in p.name) == []
     # and the lock was released on the way out
