@@ -16,7 +16,9 @@ Where each rule lives (``proxy/session/``):
   command; ``confirmations``: the window at work (receipts, backpressure, ``call_timeout``);
 - ``link``: connect by policy, reconnect, failback, goodbye; ``restore``: re-create and replay
   after a reconnect, or report what was lost; ``broker_side``: broker → app;
-- ``acks``: the sidecar's own ACKs; ``to_app``: writing to the app; ``control``: events.
+- ``acks``: the sidecar's own ACKs; ``to_app``: writing to the app; ``control``: events;
+- ``spool``: the outbox (``outbox`` on): the app's SENDs stored and answered once durable,
+  forwarded into the window while a broker is up, removed from the outbox once confirmed.
 
 Task layout (every task has an owner). :meth:`Session.run` owns one nursery with:
 
@@ -25,7 +27,8 @@ Task layout (every task has an owner). :meth:`Session.run` owns one nursery with
   it is the only reader of the upstream leg. Each leg's heart-beat sender and the sidecar's
   ACK writer run in a nursery the link task opens for that leg;
 - the **app side**: the app reader (app → window → broker), the app heart-beat sender, the
-  ``call_timeout`` watchdog and, when asked for, the control-channel pump.
+  ``call_timeout`` watchdog, when asked for, the control-channel pump and, with the outbox,
+  the spool's forwarder and remover (outbox → window; confirmed → removed).
 
 Whoever decides that the session is over calls :meth:`SessionCore.end`: the first
 :class:`Ending` wins; the link task then says goodbye to the broker (bounded, shielded) and
