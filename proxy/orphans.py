@@ -16,6 +16,7 @@ frame: it is logged with its ``mq-sidecar-id`` and removed, since no app is left
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 
@@ -72,7 +73,10 @@ class RecoveryForwarder:
         self.open_stream = open_stream
         self.metrics = metrics
         self.prefix = prefix
-        self.policy = ReconnectPolicy.from_config(config)
+        # Without end, as the sessions' in outbox mode (proxy.session.core).
+        self.policy = dataclasses.replace(
+            ReconnectPolicy.from_config(config), reconnect_attempts=-1, reconnect_period=None
+        )
         self.rng = random.Random()
         #: Frames forwarded and removed by this forwarder since start.
         self.forwarded = 0
