@@ -15,7 +15,7 @@ import pytest
 
 from config import Config
 from protocol import Command
-from testbed import ActiveMQ, free_port, wait_stomp
+from testbed import ActiveMQ, BrokerProcess, RabbitMQ, free_port, wait_stomp
 from tests.integration.support import (
     WAIT,
     Client,
@@ -157,7 +157,7 @@ def test_receipts_while_the_broker_is_down_then_every_message_arrives_once(
             producer.close()
 
 
-def _consume_once_in_order(broker: ActiveMQ, destination: str, bodies: list[str]) -> None:
+def _consume_once_in_order(broker: BrokerProcess, destination: str, bodies: list[str]) -> None:
     """Every body arrives at a consumer of ``destination`` on the broker itself, once each,
     in order, and nothing more."""
     consumer = Client((broker.host, broker.stomp_port), vhost=broker.vhost)
@@ -227,3 +227,33 @@ def test_what_an_ended_session_stored_is_forwarded_when_a_broker_comes(tmp_path:
                 lambda: sidecar.status()["outbox"]["forwarded_total"] == len(bodies), timeout=60
             )
             _consume_once_in_order(broker, destination, bodies)
+
+
+@pytest.fixture(params=["activemq", "rabbitmq"])
+def live_broker(request: pytest.FixtureRequest) -> BrokerProcess:
+    """Each broker of the test bed in turn, up for the whole test."""
+    broker: ActiveMQ | RabbitMQ = request.getfixturevalue(request.param)
+    return broker
+
+
+def test_with_a_broker_up_the_broker_connected_and_every_message_arrives_once(
+    live_broker: BrokerProcess, tmp_path: Path
+) -> None:
+    destination = unique("/queue/outbox")
+    bodies = [f"u{n}" for n in range(30)]
+    config = _outbox_config(live_broker.stomp_url, tmp_path / "ob")
+    with SidecarThread(config) as sidecar:
+        raw = RawClient(sidecar.address)
+        connected = raw.connect(host=live_broker.vhost)
+        assert not (connected.get("server") or "").startswith("mq-sidecar/")  # the broker's
+        for n, body in enumerate(bodies):
+            raw.send_frame("SEND", {"destination": destination, "receipt": f"r{n}"}, body.encode())
+        for n in range(len(bodies)):
+            answer = raw.frame()
+            assert (answer.command, answer.get("receipt-id")) == (Command.RECEIPT, f"r{n}")
+        wait_until(lambda: sidecar.status()["outbox"]["forwarded_total"] == len(bodies))
+        assert sidecar.status()["outbox"]["frames"] == 0
+        raw.send_frame("DISCONNECT", {"receipt": "bye"})
+        assert raw.frame().get("receipt-id") == "bye"  # once each RECEIPT: none a second time
+        raw.close()
+        _consume_once_in_order(live_broker, destination, bodies)
