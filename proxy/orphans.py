@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
+import sqlite3
 
 import trio
 
@@ -105,6 +106,10 @@ class RecoveryForwarder:
                 await self._goodbye(upstream)
             except (_LegLost, TransportLost, protocol.ProtocolError) as exc:
                 log.warning("outbox: recovery forwarder lost %s: %s", upstream.broker.label, exc)
+            except (OutboxError, sqlite3.Error) as exc:
+                # The store failed a read or a removal: not this process's end; try later.
+                log.error("outbox: recovery forwarder stopped by the store: %s", exc)
+                await trio.sleep(self.policy.max_retry_interval)
             finally:
                 await upstream.aclose()
 
