@@ -209,7 +209,10 @@ def test_what_a_killed_sidecar_stored_is_forwarded_by_the_next(tmp_path: Path) -
 
 
 @pytest.mark.activemq
-def test_what_an_ended_session_stored_is_forwarded_when_a_broker_comes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("leaving", ["close", "disconnect"])
+def test_what_an_ended_session_stored_is_forwarded_when_a_broker_comes(
+    tmp_path: Path, leaving: str
+) -> None:
     broker = ActiveMQ("amq-outbox-orphan", tmp_path / "amq")
     destination = unique("/queue/outbox")
     bodies = [f"o{n}" for n in range(20)]
@@ -219,7 +222,10 @@ def test_what_an_ended_session_stored_is_forwarded_when_a_broker_comes(tmp_path:
         for n, body in enumerate(bodies):
             raw.send_frame("SEND", {"destination": destination, "receipt": f"r{n}"}, body.encode())
             assert raw.frame().get("receipt-id") == f"r{n}"
-        raw.close()  # the app leaves without a DISCONNECT, with no broker up
+        if leaving == "disconnect":  # answered by the sidecar: no broker, all stored
+            raw.send_frame("DISCONNECT", {"receipt": "bye"})
+            assert raw.frame().get("receipt-id") == "bye"
+        raw.close()  # with no broker up
         wait_until(lambda: not sidecar.statistics().sessions)
         assert sidecar.status()["outbox"]["frames"] == len(bodies)
         with broker:
