@@ -134,12 +134,9 @@ class Spool:
             protocol.LocalProtocolError: the frame cannot be written as STOMP 1.2 (it came
                 from the app as STOMP, so this does not happen).
         """
-        data = protocol.serialize(frame, STORED_VERSION)
-        stored = OutboxFrame(
-            frame.get(DUPLICATE_ID_HEADER) or "", frame.get("destination") or "", data
-        )
+        stored = self._stored(frame)
         self._batch.append((frame, stored, app_receipt))
-        self._batch_bytes += len(data)
+        self._batch_bytes += len(stored.frame)
         return len(self._batch) >= BATCH_FRAMES or self._batch_bytes >= BATCH_BYTES
 
     async def write(self) -> None:
@@ -175,6 +172,33 @@ class Spool:
         for _, _, receipt in batch:
             if receipt is not None:
                 await self.out.answer_locally(receipt)
+
+    async def store(self, frames: Sequence[Frame]) -> None:
+        """Store ``frames`` (as they go upstream) in one append, all or none; durable when
+        this returns (a transaction's SENDs at its COMMIT). Waits for room up to
+        ``call_timeout``.
+
+        Raises:
+            OutboxFullTimeout: no room within ``call_timeout`` (names ``outbox_max_bytes``).
+            OutboxFull: more than ``outbox_max_bytes`` by themselves.
+            OutboxError: the write failed (OutboxWriteError) or the outbox is closing
+                (OutboxClosed); nothing was stored.
+        """
+        if not frames:
+            return
+        stored = [self._stored(frame) for frame in frames]
+        deadline = trio.current_time() + self.core.durations.call_timeout
+        await self.outbox.committer.append(self.key, stored, deadline=deadline)
+        self.stored += len(stored)
+        self.outbox.notify(self.key)
+
+    @staticmethod
+    def _stored(frame: Frame) -> OutboxFrame:
+        """``frame`` as the outbox stores it (:data:`STORED_VERSION` bytes)."""
+        data = protocol.serialize(frame, STORED_VERSION)
+        return OutboxFrame(
+            frame.get(DUPLICATE_ID_HEADER) or "", frame.get("destination") or "", data
+        )
 
     async def _refuse(
         self, batch: Sequence[tuple[Frame, OutboxFrame, str | None]], reason: str
