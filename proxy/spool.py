@@ -135,6 +135,7 @@ class OutboxService:
             commits=stats.commits,
             recovered_frames=recovery.frames,
             recovery_problems=tuple(recovery.problems()),
+            orphan_sessions=len(self.orphans),
         )
 
     async def watch_depth(self) -> None:

@@ -63,6 +63,8 @@ class OutboxStatistics:
         commits: transactions committed since start (one fsync each).
         recovered_frames: frames it held when it was opened at start.
         recovery_problems: what recovery at start reported, one line each (empty: clean).
+        orphan_sessions: session keys left to the recovery forwarder (no live session
+            forwards them: a previous process's, an ended session's), not done yet.
     """
 
     frames: int
@@ -74,6 +76,7 @@ class OutboxStatistics:
     commits: int
     recovered_frames: int
     recovery_problems: tuple[str, ...]
+    orphan_sessions: int = 0
 
     def status(self) -> dict[str, object]:
         """``/status``'s ``outbox`` object (ages rounded to ms)."""
@@ -86,6 +89,7 @@ class OutboxStatistics:
             "sessions": self.sessions,
             "forwarded_total": self.forwarded_total,
             "commits": self.commits,
+            "orphan_sessions": self.orphan_sessions,
             "recovery": {
                 "frames": self.recovered_frames,
                 "clean": not self.recovery_problems,
