@@ -385,8 +385,18 @@ def _validate(cfg: Config, settings: Mapping[str, _Setting], skip: set[str]) -> 
         "max_unacked",
         "max_transaction_size",
         "max_sessions",
+        "outbox_max_bytes",
     ):
         check(name, getattr(cfg, name) > 0, "must be > 0")
+    # the outbox (docs/outbox.md): a directory when it is on, patterns that say something
+    if not {"outbox", "outbox_dir"} & skip and cfg.outbox and not cfg.outbox_dir:
+        problems.append(f"outbox_dir: required when outbox is true {where('outbox')}")
+    check("outbox_dir", cfg.outbox_dir != "", "must not be empty")
+    check(
+        "outbox_destinations",
+        cfg.outbox_destinations is None or all(cfg.outbox_destinations),
+        "must be non-empty patterns",
+    )
     problems.extend(_tls_problems(cfg, where, skip))
 
     # heart-beats (STOMP 1.2 "Heart-beating": 0 means "cannot/does not want to")

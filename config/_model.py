@@ -275,6 +275,18 @@ class Config:
             "Transactions").
         log_level: ``"debug"``, ``"info"``, ``"warning"`` or ``"error"``.
         log_format: ``"text"`` or ``"json"``.
+        outbox: Store and forward (issue 17; docs/outbox.md): an app SEND whose destination
+            matches ``outbox_destinations`` gets its RECEIPT once the frame is durable in
+            ``outbox_dir`` (fsync), and is forwarded to the broker later, in order per
+            session; an app's CONNECT is answered even when no broker is up.
+        outbox_dir: Directory of the outbox (created if missing; one sidecar process at a
+            time: it is locked). Required when ``outbox`` is true.
+        outbox_destinations: Destination patterns whose SENDs are spooled, matched with
+            :func:`fnmatch.fnmatchcase` (``*`` matches any characters, ``/`` and ``.``
+            included; ``?``, ``[...]``); ``None`` = every destination.
+        outbox_max_bytes: Frame bytes the outbox may hold, > 0 (1 GiB; disk use is about
+            1.4-1.7 times that, docs/outbox.md). Full: the app is not read until there is
+            room; a SEND that waits past ``call_timeout`` gets an ERROR naming this option.
     """
 
     listen: tuple[str, int] = ("127.0.0.1", 61613)
@@ -325,6 +337,10 @@ class Config:
     transaction_failover: TransactionFailover = TransactionFailover.REPLAY
     log_level: str = "info"
     log_format: str = "text"
+    outbox: bool = False
+    outbox_dir: str | None = None
+    outbox_destinations: tuple[str, ...] | None = None
+    outbox_max_bytes: int = 1 << 30  # 1 GiB
 
     def __post_init__(self) -> None:
         # The mode options arrive as text from TOML, environment and flags: a known value

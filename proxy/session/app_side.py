@@ -25,7 +25,9 @@ from proxy.session.confirmations import Confirmations
 from proxy.session.control import SCOPE_HEADER, ControlChannel, scope_refused
 from proxy.session.core import SessionCore, log
 from proxy.session.ending import Ending, error_frame, summary
+from proxy.session.held import HeldTransactions
 from proxy.session.outcomes import report_of_frame, unsettled
+from proxy.session.spool import Spool
 from proxy.session.to_app import AppOutput
 from proxy.tracking import (
     ARTEMIS_DUPLICATE_ID,
@@ -36,6 +38,7 @@ from proxy.tracking import (
     ForBroker,
     FrameRejected,
     SessionError,
+    Spooled,
     Transaction,
 )
 from proxy.vocabulary import ClientErrorReason, FrameOutcome, OutcomeCause
@@ -73,6 +76,10 @@ class AppSide:
         self.out = out
         self.control = control
         self.confirmations = confirmations
+        #: The session's part of the outbox and its held transactions (``outbox`` on;
+        #: :meth:`use_spool`).
+        self.spool: Spool | None = None
+        self.held: HeldTransactions | None = None
         self._dup_seq = 0
         #: Transactions the sidecar aborted (max_transaction_size), newest last, at most
         #: :data:`_ABORTED_REMEMBERED`: their later frames are the sidecar's to refuse.
@@ -94,6 +101,12 @@ class AppSide:
             Command.ABORT: self._end_transaction,
             Command.DISCONNECT: self._disconnect,
         }
+
+    def use_spool(self, spool: Spool) -> None:
+        """Outbox mode: SENDs the outbox takes are stored (:mod:`proxy.session.spool`), and
+        transactions of only such SENDs are held until COMMIT (:mod:`proxy.session.held`)."""
+        self.spool = spool
+        self.held = HeldTransactions(self.core, self.out, spool, self.upstream_send, self._handlers)
 
     def not_taken(self) -> list[tuple[Frame, str | None]]:
         """The frames read from the app that are not in the window, with their receipt ids
@@ -123,8 +136,10 @@ class AppSide:
         app side is cancelled."""
         core = self.core
         while True:
-            # The burst read so far is handled: what it queued for the broker leaves in one
-            # write, before we wait for the app again.
+            # The burst read so far is handled: what it spooled is stored and answered, what
+            # it queued for the broker leaves in one write, before we wait for the app again.
+            if self.spool is not None and self.spool.pending:
+                await self.spool.write()
             await self.confirmations.flush_upstream()
             if core.drain_requested:
                 # Hypercorn's and Envoy's drain: no new work, what is in flight finishes.
@@ -187,6 +202,11 @@ class AppSide:
                 raise SessionError(f"unexpected {frame.command} frame")
             if self._aborted and frame.get("transaction") in self._aborted:
                 return await self._in_aborted_transaction(frame)
+            spool = self.spool
+            if spool is not None and spool.pending and not self._spooled(frame):
+                await spool.write()  # the app's frames are handled in the order it sent them
+            if self.held is not None and self.held.takes(frame):
+                return await self.held.handle(frame, idle)
             return await handler(frame, idle)
         except ForBroker as exc:
             log.debug("session %s: %s goes to the broker as it is", core.id, exc)
@@ -267,10 +287,27 @@ class AppSide:
             headers.append((ARTEMIS_DUPLICATE_ID, dup_id))
         return Frame.unchecked(Command.SEND, tuple(headers), frame.body), app_receipt
 
+    def _spooled(self, frame: Frame) -> bool:
+        """A SEND outside a transaction to a destination the outbox takes (docs/outbox.md).
+        Transactions keep the usual path (their SENDs are not stored at COMMIT yet)."""
+        spool = self.spool
+        return (
+            spool is not None
+            and frame.command is Command.SEND
+            and frame.get("transaction") is None
+            and spool.spools(frame)
+        )
+
     async def _send(self, frame: Frame, idle: bool) -> bool:
         state = self.core.state
         assert state is not None
         up, app_receipt = self.upstream_send(frame)
+        spool = self.spool
+        if spool is not None and self._spooled(frame):
+            # Stored, answered once durable, forwarded by the spool (not in the window now).
+            if spool.add(up, app_receipt) or idle:
+                await spool.write()
+            return False
         tx = state.transaction_of(frame)
         if tx is not None and tx.rolled_back:
             await self.out.answer_locally(app_receipt)  # COMMIT will fail, ABORT succeeds
@@ -489,19 +526,49 @@ class AppSide:
         # the DISCONNECT (after it the leg takes no frame), or the broker would redeliver
         # them to another consumer.
         await self.out.flush()
+        if self.spool is not None and await self._disconnect_spooled(frame):
+            return True
         core.disconnect_entry = await self.confirmations.submit(
             frame.without("receipt"), app_receipt=frame.get("receipt"), idle=True
         )
         await self.confirmations.flush_upstream()
         with trio.move_on_after(core.durations.call_timeout):
             await core.disconnected.wait()
-        lost = unsettled(core.window, OutcomeCause.APP_DISCONNECT)
+        # Frames forwarded from the outbox are not lost: it still holds them.
+        lost = unsettled(
+            (e for e in core.window if not isinstance(e.context, Spooled)),
+            OutcomeCause.APP_DISCONNECT,
+        )
         reason = "app disconnected"
         if lost:
             core.metrics.frames_lost(len(lost))
             reason += f"; {summary(lost)}"
             await self.control.report(lost, "the app disconnected before they were confirmed")
         core.end(Ending(reason, disconnect_upstream=False))
+        return True
+
+    async def _disconnect_spooled(self, frame: Frame) -> bool:
+        """Outbox mode, the app's DISCONNECT: with a broker, what the outbox holds of this
+        session goes first, within ``call_timeout``; the rest is left to the recovery
+        forwarder (docs/outbox.md). With no broker and nothing but outbox frames in the
+        window, the sidecar answers the DISCONNECT itself and ends the session (True): what
+        the app handed over is durable."""
+        core = self.core
+        spool = self.spool
+        assert spool is not None
+        if core.link_ready:
+            with trio.move_on_after(core.durations.call_timeout):
+                await spool.drained()
+        spool.stop()
+        if core.link_ready or not all(isinstance(e.context, Spooled) for e in core.window):
+            return False
+        await self.out.answer_locally(frame.get("receipt"))
+        core.end(
+            Ending(
+                "app disconnected with no broker up; what it sent waits in the outbox",
+                disconnect_upstream=False,
+            )
+        )
         return True
 
 
