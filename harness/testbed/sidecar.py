@@ -278,6 +278,15 @@ class SidecarProcess(BrokerProcess):
         if server is not None:
             self._returncode = server.popen.returncode
 
+    def kill(self) -> None:
+        """Crash the sidecar: SIGKILL its process and reap it; :attr:`returncode` is then
+        ``-9``. :meth:`start` runs it again on the same ports with the same configuration (the
+        same ``outbox_dir``, say), its log appended to with a new start marker."""
+        server = self._server
+        super().kill()
+        if server is not None:
+            self._returncode = server.popen.returncode
+
     # -- the admin plane -----------------------------------------------------------------
 
     def get(self, path: str, timeout: float = 10.0) -> tuple[int, bytes]:
