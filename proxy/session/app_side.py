@@ -26,6 +26,7 @@ from proxy.session.control import SCOPE_HEADER, ControlChannel, scope_refused
 from proxy.session.core import SessionCore, log
 from proxy.session.ending import Ending, error_frame, summary
 from proxy.session.outcomes import report_of_frame, unsettled
+from proxy.session.spool import Spool
 from proxy.session.to_app import AppOutput
 from proxy.tracking import (
     ARTEMIS_DUPLICATE_ID,
@@ -36,6 +37,7 @@ from proxy.tracking import (
     ForBroker,
     FrameRejected,
     SessionError,
+    Spooled,
     Transaction,
 )
 from proxy.vocabulary import ClientErrorReason, FrameOutcome, OutcomeCause
@@ -73,6 +75,8 @@ class AppSide:
         self.out = out
         self.control = control
         self.confirmations = confirmations
+        #: The session's part of the outbox (``outbox`` on), set by the session.
+        self.spool: Spool | None = None
         self._dup_seq = 0
         #: Transactions the sidecar aborted (max_transaction_size), newest last, at most
         #: :data:`_ABORTED_REMEMBERED`: their later frames are the sidecar's to refuse.
@@ -123,8 +127,10 @@ class AppSide:
         app side is cancelled."""
         core = self.core
         while True:
-            # The burst read so far is handled: what it queued for the broker leaves in one
-            # write, before we wait for the app again.
+            # The burst read so far is handled: what it spooled is stored and answered, what
+            # it queued for the broker leaves in one write, before we wait for the app again.
+            if self.spool is not None and self.spool.pending:
+                await self.spool.write()
             await self.confirmations.flush_upstream()
             if core.drain_requested:
                 # Hypercorn's and Envoy's drain: no new work, what is in flight finishes.
@@ -187,6 +193,9 @@ class AppSide:
                 raise SessionError(f"unexpected {frame.command} frame")
             if self._aborted and frame.get("transaction") in self._aborted:
                 return await self._in_aborted_transaction(frame)
+            spool = self.spool
+            if spool is not None and spool.pending and not self._spooled(frame):
+                await spool.write()  # the app's frames are handled in the order it sent them
             return await handler(frame, idle)
         except ForBroker as exc:
             log.debug("session %s: %s goes to the broker as it is", core.id, exc)
@@ -267,10 +276,27 @@ class AppSide:
             headers.append((ARTEMIS_DUPLICATE_ID, dup_id))
         return Frame.unchecked(Command.SEND, tuple(headers), frame.body), app_receipt
 
+    def _spooled(self, frame: Frame) -> bool:
+        """A SEND outside a transaction to a destination the outbox takes (docs/outbox.md).
+        Transactions keep the usual path (their SENDs are not stored at COMMIT yet)."""
+        spool = self.spool
+        return (
+            spool is not None
+            and frame.command is Command.SEND
+            and frame.get("transaction") is None
+            and spool.spools(frame)
+        )
+
     async def _send(self, frame: Frame, idle: bool) -> bool:
         state = self.core.state
         assert state is not None
         up, app_receipt = self.upstream_send(frame)
+        spool = self.spool
+        if spool is not None and self._spooled(frame):
+            # Stored, answered once durable, forwarded by the spool (not in the window now).
+            if spool.add(up, app_receipt) or idle:
+                await spool.write()
+            return False
         tx = state.transaction_of(frame)
         if tx is not None and tx.rolled_back:
             await self.out.answer_locally(app_receipt)  # COMMIT will fail, ABORT succeeds
@@ -489,13 +515,23 @@ class AppSide:
         # the DISCONNECT (after it the leg takes no frame), or the broker would redeliver
         # them to another consumer.
         await self.out.flush()
+        if self.spool is not None:
+            # What the outbox holds of this session goes first, while a broker takes it
+            # within call_timeout; the rest stays in the outbox (docs/outbox.md).
+            with trio.move_on_after(core.durations.call_timeout):
+                await self.spool.drained()
+            self.spool.stop()
         core.disconnect_entry = await self.confirmations.submit(
             frame.without("receipt"), app_receipt=frame.get("receipt"), idle=True
         )
         await self.confirmations.flush_upstream()
         with trio.move_on_after(core.durations.call_timeout):
             await core.disconnected.wait()
-        lost = unsettled(core.window, OutcomeCause.APP_DISCONNECT)
+        # Frames forwarded from the outbox are not lost: it still holds them.
+        lost = unsettled(
+            (e for e in core.window if not isinstance(e.context, Spooled)),
+            OutcomeCause.APP_DISCONNECT,
+        )
         reason = "app disconnected"
         if lost:
             core.metrics.frames_lost(len(lost))

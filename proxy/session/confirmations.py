@@ -10,6 +10,7 @@ adds the I/O and the waiting (backpressure: while the window is full the app is 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 import trio
 
@@ -21,7 +22,7 @@ from proxy.session.ending import error_frame
 from proxy.session.outcomes import report_of
 from proxy.session.phase import Phase
 from proxy.session.to_app import AppOutput
-from proxy.tracking import Transaction
+from proxy.tracking import Spooled, Transaction
 from proxy.vocabulary import FrameOutcome, OutcomeCause, TransactionOutcome
 from proxy.window import Entry, EntryContext, frame_size
 from proxy.wire import TransportLost
@@ -57,6 +58,8 @@ class Confirmations:
         #: The frame waiting for room in the window (as it goes upstream), with the app's
         #: receipt id: read from the app, not in the window yet (the drain names it).
         self.waiting: tuple[Frame, str | None] | None = None
+        #: Told of every settled entry forwarded from the outbox (``Spool.confirmed``).
+        self.on_spooled: Callable[[Spooled], None] | None = None
 
     async def submit(
         self,
@@ -190,6 +193,8 @@ class Confirmations:
         now = trio.current_time()
         metrics = core.metrics
         for entry in confirmed:
+            if isinstance(entry.context, Spooled) and self.on_spooled is not None:
+                self.on_spooled(entry.context)
             if entry.receipt == receipt and entry.sent_at:
                 metrics.receipt_roundtrip(now - entry.sent_at)
             if entry.frame.command is Command.COMMIT:
@@ -218,6 +223,9 @@ class Confirmations:
         core.window_changed()
         answered = next((e for e in confirmed if e.receipt == receipt), None)
         for entry in confirmed:
+            # The broker's ERROR reaches the app: the outbox is done with such a frame too.
+            if isinstance(entry.context, Spooled) and self.on_spooled is not None:
+                self.on_spooled(entry.context)
             if entry is not answered and entry.app_receipt and not entry.answered:
                 entry.answered = True
                 await self.out.answer_locally(entry.app_receipt)

@@ -9,6 +9,7 @@ holds the :class:`~proxy.session.Session` itself, so the package has no import c
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 
@@ -82,6 +83,15 @@ class SessionCore:
         self.metrics = metrics
         self.rng = rng
         self.policy = ReconnectPolicy.from_config(config)
+        if config.outbox:
+            # The outbox holds what the app sends while no broker is up (docs/outbox.md): a
+            # session reconnects, and makes its first connection, without end.
+            self.policy = dataclasses.replace(
+                self.policy,
+                reconnect_attempts=-1,
+                initial_connect_attempts=-1,
+                reconnect_period=None,
+            )
         self.limits = protocol.Limits(
             max_frame_bytes=config.max_frame_bytes,
             max_headers=config.max_headers,
@@ -113,7 +123,11 @@ class SessionCore:
         self.app_authenticated = False
         self.upstream: Upstream | None = None
         self.broker_index: int | None = None
-        self.link_ready = False
+        self._link_ready = False
+        self._link_up = trio.Event()
+        #: The sidecar answered the app's CONNECT itself, no broker being up (outbox mode):
+        #: the first leg is then restored onto as after a reconnect.
+        self.connected_locally = False
         self.failovers = 0
         self.ending: Ending | None = None
         self.app_scope = trio.CancelScope()
@@ -156,6 +170,25 @@ class SessionCore:
         #: (:attr:`proxy.upstream.Upstream.copies_receipt_into_messages`).
         self.receipts_copied = False
         self._internal_tx = 0
+
+    @property
+    def link_ready(self) -> bool:
+        """Frames may be queued on :attr:`upstream` as the app sends them (False while
+        connecting, reconnecting, or while a restore writes the window)."""
+        return self._link_ready
+
+    @link_ready.setter
+    def link_ready(self, ready: bool) -> None:
+        if ready and not self._link_ready:
+            self._link_up.set()
+        elif not ready and self._link_ready:
+            self._link_up = trio.Event()
+        self._link_ready = ready
+
+    async def wait_link_ready(self) -> None:
+        """Wait until :attr:`link_ready` (at once when it is)."""
+        if not self._link_ready:
+            await self._link_up.wait()
 
     def internal_transaction(self) -> str:
         """A transaction id of the sidecar's own (``<session>-c<n>``), for frames it sends

@@ -31,6 +31,7 @@ __all__ = [
     "PassThrough",
     "SessionError",
     "Settled",
+    "Spooled",
     "Subscription",
     "Transaction",
     "TransactionBytes",
@@ -189,6 +190,16 @@ class PassThrough(EntryContext):
 
 #: The one :class:`PassThrough` context.
 PASS_THROUGH = PassThrough()
+
+
+@dataclass(frozen=True, slots=True)
+class Spooled(EntryContext):
+    """Window-entry context of a SEND forwarded from the outbox (issue 17, docs/outbox.md):
+    ``seq`` is its place in the outbox, removed from it once a RECEIPT covers the entry. The
+    app had its RECEIPT when the frame was stored, so the entry carries no app receipt; it is
+    replayed after a failover as any SEND outside a transaction."""
+
+    seq: int
 
 
 #: Bytes one open transaction is charged besides its frames (the object, its id, its lists):

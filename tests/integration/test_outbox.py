@@ -1,0 +1,156 @@
+"""The outbox wired into the daemon (issue 17, docs/outbox.md), against real brokers and real
+processes: producers answered with no broker up, then every message forwarded once; the
+CONNECT answered by the sidecar itself; a full outbox; two sidecars on one directory."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from config import Config
+from protocol import Command
+from testbed import ActiveMQ, free_port
+from tests.integration.support import (
+    WAIT,
+    Client,
+    RawClient,
+    SidecarThread,
+    sidecar_config,
+    unique,
+    wait_until,
+)
+
+#: Quick reconnects: the broker comes up in the middle of the test.
+FAST = {"retry_interval": "50", "max_retry_interval": "250", "connect_timeout": "2000"}
+
+
+def _nowhere() -> str:
+    """A broker URL on a loopback port where nothing listens."""
+    return f"stomp://127.0.0.1:{free_port()}"
+
+
+def _outbox_config(brokers: str, directory: Path, **overrides: object) -> Config:
+    return sidecar_config(
+        brokers, outbox="true", outbox_dir=str(directory), **{**FAST, **overrides}
+    )
+
+
+def test_connect_is_answered_with_no_broker_up(tmp_path: Path) -> None:
+    config = sidecar_config(_nowhere(), outbox="true", outbox_dir=str(tmp_path / "ob"), **FAST)
+    with SidecarThread(config) as sidecar:
+        raw = RawClient(sidecar.address)
+        connected = raw.connect(**{"accept-version": "1.1,1.2", "heart-beat": "0,0"})
+        assert connected.get("version") == "1.2"
+        assert (connected.get("server") or "").startswith("mq-sidecar/")
+        assert connected.get("heart-beat") == "10000,10000"  # client_heartbeat
+        (session,) = sidecar.statistics().sessions
+        assert session.state == "reconnecting"
+        assert sidecar.status()["outbox"]["frames"] == 0
+        raw.close()
+
+
+def test_without_the_outbox_no_broker_means_an_error(tmp_path: Path) -> None:
+    config = sidecar_config(
+        _nowhere(), initial_connect_attempts="1", initial_connect_period="0", **FAST
+    )
+    with SidecarThread(config) as sidecar:
+        raw = RawClient(sidecar.address)
+        raw.send_frame("CONNECT", {"accept-version": "1.2", "host": "/"})
+        assert raw.frame().command is Command.ERROR
+        raw.close()
+
+
+def test_a_full_outbox_holds_the_app_then_refuses_naming_the_limit(tmp_path: Path) -> None:
+    config = _outbox_config(
+        _nowhere(), tmp_path / "ob", outbox_max_bytes="2000", call_timeout="1000"
+    )
+    destination = unique()
+    body = b"x" * 500
+    with SidecarThread(config) as sidecar:
+        raw = RawClient(sidecar.address)
+        raw.connect()
+        stored = 0
+        for n in range(3):  # about 600 bytes each as stored
+            raw.send_frame("SEND", {"destination": destination, "receipt": f"r{n}"}, body)
+            answer = raw.frame()
+            assert answer.command is Command.RECEIPT, answer
+            assert answer.get("receipt-id") == f"r{n}"
+            stored += 1
+        assert sidecar.status()["outbox"]["frames"] == stored
+        raw.send_frame("SEND", {"destination": destination, "receipt": "full"}, body)
+        started = time.monotonic()
+        answer = raw.frame()  # held (back-pressure) until call_timeout, then refused
+        waited = time.monotonic() - started
+        assert answer.command is Command.ERROR, answer
+        assert answer.get("receipt-id") == "full"
+        assert "outbox_max_bytes" in (answer.get("message") or "")
+        assert answer.get("mq-sidecar-outcome") == "refused"
+        assert waited >= 0.5  # it waited for room first (call_timeout is 1 s)
+        # The session goes on: the next frame that fits is stored... once there is room.
+        assert sidecar.status()["outbox"]["frames"] == stored
+        raw.close()
+
+
+def test_a_second_sidecar_on_the_same_outbox_dir_exits_1(tmp_path: Path) -> None:
+    directory = tmp_path / "ob"
+    brokers = _nowhere()
+    with SidecarThread(_outbox_config(brokers, directory)):
+        result = subprocess.run(
+            [sys.executable, "-m", "proxy", "run", "--listen", "127.0.0.1:0"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={
+                **os.environ,
+                "MQ_SIDECAR_BROKERS": brokers,
+                "MQ_SIDECAR_ADMIN_LISTEN": "127.0.0.1:0",
+                "MQ_SIDECAR_OUTBOX": "true",
+                "MQ_SIDECAR_OUTBOX_DIR": str(directory),
+            },
+            check=False,
+        )
+    assert result.returncode == 1, result
+    lines = [line for line in result.stderr.splitlines() if line.startswith("mq-sidecar:")]
+    assert len(lines) == 1, result.stderr
+    assert f"process {os.getpid()}" in lines[0]
+    assert "two sidecars cannot share one outbox_dir" in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.activemq
+def test_receipts_while_the_broker_is_down_then_every_message_arrives_once(
+    tmp_path: Path,
+) -> None:
+    broker = ActiveMQ("amq-outbox", tmp_path / "amq")
+    destination = unique("/queue/outbox")
+    count = 50
+    with SidecarThread(_outbox_config(broker.stomp_url, tmp_path / "ob")) as sidecar:
+        producer = Client(sidecar.address)
+        producer.connect()  # answered by the sidecar: no broker yet
+        for n in range(count):
+            producer.conn.send(destination, f"m{n}", headers={"receipt": f"r{n}"})
+        for n in range(count):
+            producer.receipt(f"r{n}")
+        outbox = sidecar.status()["outbox"]
+        assert outbox["frames"] == count
+        assert outbox["forwarded_total"] == 0
+        with broker:  # the broker comes up after the SENDs were confirmed
+            # Removed from the store (frames), then counted (forwarded_total), in that order.
+            wait_until(lambda: sidecar.status()["outbox"]["forwarded_total"] == count, timeout=60)
+            assert sidecar.status()["outbox"]["frames"] == 0
+            metrics = sidecar.metrics()
+            assert f"mq_sidecar_outbox_forwarded_total {float(count)}" in metrics
+            assert "mq_sidecar_outbox_frames 0.0" in metrics
+            consumer = Client((broker.host, broker.stomp_port), vhost=broker.vhost)
+            consumer.connect()
+            consumer.conn.subscribe(destination, id="1", ack="auto")
+            bodies = [m.body for m in consumer.messages(count, timeout=WAIT)]
+            consumer.expect_silence(1.0)  # no copy of any
+            assert bodies == [f"m{n}" for n in range(count)]  # in order, each once
+            consumer.close()
+            producer.close()
