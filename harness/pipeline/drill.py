@@ -614,6 +614,8 @@ class Drill:
             share = faults.faults[0].fraction if faults.faults else None
             mode = "outbox" if opts.outbox else "sidecar"
             overheads[mode] = overhead(mode, publish, consume, base, share)
+            # Issue 18: a third pass on the same partitions (both modes in one run) puts
+            # its report's rates in here the same way, under its own mode.
         self.phases["total"] = time.monotonic() - self.started
         report = DrillReport(
             **_delivery(rows, run.sent, result, residual),

@@ -204,11 +204,18 @@ class Timeline:
         deepest, the figure ActiveMQ's memory limit bounds (producer flow control)."""
         return max((round(n - self.consumed_at(t)) for t, n in self.published), default=0)
 
+    def sends_done(self) -> float:
+        """t of the first sample at the publish's final count: the app had handed over its
+        last SEND (the publish ends later, once that is confirmed and the tasks closed)."""
+        final = max((n for _, n in self.published), default=0.0)
+        return next((t for t, n in self.published if n >= final), self.publish_end)
+
     def longest_stall(self, start: float, end: float) -> float:
-        """The longest time within ``[start, end]`` (clipped to the publish) in which the
-        publish count did not grow, seconds (from the samples: a stall shorter than the
-        sampling interval does not show)."""
-        end = min(end, self.publish_end)
+        """The longest time within ``[start, end]`` in which the publish count did not grow
+        while the app still had SENDs to make (clipped to :meth:`sends_done`: a task waiting
+        for its last receipts or its DISCONNECT is not a stall), seconds; from the samples: a
+        stall shorter than the sampling interval does not show."""
+        end = min(end, self.publish_end, self.sends_done())
         if end <= start:
             return 0.0
         longest = 0.0
@@ -457,7 +464,8 @@ def fault_notes(
             text = (
                 f"every broker down from t={fault.at:.1f} s until one served again at "
                 f"t={end:.1f} s: the app published {rate(publish.during)} meanwhile "
-                f"({rate(publish.before)} before), its longest stall {stall:.1f} s; {retries}"
+                f"({rate(publish.before)} before), its longest stall with rows still to send "
+                f"{stall:.1f} s; {retries}"
             )
             if outbox is None:
                 text += (
