@@ -71,8 +71,8 @@ class ProgressListener:
             return float(sum(self._counts.values()))
 
     def retried(self) -> int:
-        """Task attempts after a task's first that reported (Spark retries of a failed
-        task; a retry that failed before its first report does not show)."""
+        """Task attempts after a task's first (Spark retries of a failed task: each attempt
+        reports 0 when it starts)."""
         with self._lock:
             return sum(1 for key in self._counts if not key.endswith(".0"))
 
