@@ -43,6 +43,7 @@ from proxy.events import EventBus
 from proxy.failover import ReconnectBoard
 from proxy.logs import log_session_event
 from proxy.metrics import Metrics
+from proxy.orphans import RecoveryForwarder
 from proxy.session import Session
 from proxy.session.ending import error_frame
 from proxy.session.session import DRAIN_GOODBYE_MAX
@@ -118,6 +119,7 @@ class Sidecar:
             TLS broker's certificate said (``/status``, the expiry gauge).
         outbox: the outbox (``outbox`` on; :mod:`proxy.spool`), open while :meth:`serve`
             runs; None otherwise.
+        recovery: the outbox's recovery forwarder (:mod:`proxy.orphans`), with the outbox.
     """
 
     def __init__(self, config: Config) -> None:
@@ -132,6 +134,7 @@ class Sidecar:
         self.streams = BrokerStreams(config)
         self.admin: AdminServer | None = None
         self.outbox: OutboxService | None = None
+        self.recovery: RecoveryForwarder | None = None
         self.sessions: set[Session] = set()
         self.listen_address: tuple[str, int] | None = None
         self.admin_address: tuple[str, int] | None = None
@@ -174,11 +177,17 @@ class Sidecar:
         if not self.config.outbox:
             await self._serve(task_status)
             return
-        async with open_outbox(self.config) as outbox:
+        async with open_outbox(self.config) as outbox, trio.open_nursery() as nursery:
             self.outbox = outbox
+            # Frames no live session forwards: a previous process's, an ended session's.
+            self.recovery = RecoveryForwarder(
+                self.config, outbox, self.streams, self.metrics, self._prefix
+            )
+            await nursery.start(self.recovery.run)
             try:
                 await self._serve(task_status)
             finally:
+                nursery.cancel_scope.cancel()
                 self.outbox = None
 
     async def _serve(self, task_status: trio.TaskStatus[tuple[str, int]]) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import fnmatch
 import logging
 import sqlite3
+from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -72,6 +73,10 @@ class OutboxService:
         self.depth: OutboxDepth | None = None
         self._patterns = config.outbox_destinations
         self._wakeups: dict[str, trio.Event] = {}
+        #: Session keys whose frames no live session forwards (a previous process's, or of a
+        #: session that ended), oldest first: the recovery forwarder's (proxy.orphans).
+        self.orphans: deque[str] = deque()
+        self._orphaned = trio.Event()
 
     def spools(self, destination: str | None) -> bool:
         """Whether a SEND to ``destination`` goes through the outbox: it matches one of
@@ -101,6 +106,18 @@ class OutboxService:
     def forget(self, key: str) -> None:
         """The session ``key`` ended: drop its wake-up (its frames stay in the outbox)."""
         self._wakeups.pop(key, None)
+
+    def orphan(self, key: str) -> None:
+        """Leave ``key``'s frames to the recovery forwarder (no session forwards them)."""
+        if key not in self.orphans:
+            self.orphans.append(key)
+            self._orphaned.set()
+
+    async def wait_orphans(self) -> None:
+        """Wait until some key is left to the recovery forwarder (at once when one is)."""
+        while not self.orphans:
+            await self._orphaned.wait()
+            self._orphaned = trio.Event()
 
     def statistics(self) -> OutboxStatistics:
         """Frames and bytes held now, the last depth read (oldest age, sessions), the

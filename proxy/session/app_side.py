@@ -515,12 +515,8 @@ class AppSide:
         # the DISCONNECT (after it the leg takes no frame), or the broker would redeliver
         # them to another consumer.
         await self.out.flush()
-        if self.spool is not None:
-            # What the outbox holds of this session goes first, while a broker takes it
-            # within call_timeout; the rest stays in the outbox (docs/outbox.md).
-            with trio.move_on_after(core.durations.call_timeout):
-                await self.spool.drained()
-            self.spool.stop()
+        if self.spool is not None and await self._disconnect_spooled(frame):
+            return True
         core.disconnect_entry = await self.confirmations.submit(
             frame.without("receipt"), app_receipt=frame.get("receipt"), idle=True
         )
@@ -538,6 +534,30 @@ class AppSide:
             reason += f"; {summary(lost)}"
             await self.control.report(lost, "the app disconnected before they were confirmed")
         core.end(Ending(reason, disconnect_upstream=False))
+        return True
+
+    async def _disconnect_spooled(self, frame: Frame) -> bool:
+        """Outbox mode, the app's DISCONNECT: with a broker, what the outbox holds of this
+        session goes first, within ``call_timeout``; the rest is left to the recovery
+        forwarder (docs/outbox.md). With no broker and nothing but outbox frames in the
+        window, the sidecar answers the DISCONNECT itself and ends the session (True): what
+        the app handed over is durable."""
+        core = self.core
+        spool = self.spool
+        assert spool is not None
+        if core.link_ready:
+            with trio.move_on_after(core.durations.call_timeout):
+                await spool.drained()
+        spool.stop()
+        if core.link_ready or not all(isinstance(e.context, Spooled) for e in core.window):
+            return False
+        await self.out.answer_locally(frame.get("receipt"))
+        core.end(
+            Ending(
+                "app disconnected with no broker up; what it sent waits in the outbox",
+                disconnect_upstream=False,
+            )
+        )
         return True
 
 

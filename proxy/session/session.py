@@ -314,6 +314,8 @@ class Session:
                 with trio.move_on_after(GOODBYE_TIMEOUT, shield=True):
                     await self.spool.remove_settled()
                 self.spool.outbox.forget(core.id)
+                if self.spool.stored > self.spool.forwarded:
+                    self.spool.outbox.orphan(core.id)  # the recovery forwarder takes them
             with trio.move_on_after(GOODBYE_TIMEOUT, shield=True):
                 # What the relays queued before the end (the RECEIPT of the app's DISCONNECT)
                 # leaves first, then the ERROR that ends the session, if any.

@@ -1,6 +1,7 @@
 """The outbox wired into the daemon (issue 17, docs/outbox.md), against real brokers and real
 processes: producers answered with no broker up, then every message forwarded once; the
-CONNECT answered by the sidecar itself; a full outbox; two sidecars on one directory."""
+CONNECT answered by the sidecar itself; a full outbox; two sidecars on one directory; what a
+killed sidecar or an ended session left, forwarded by the recovery forwarder."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 
 from config import Config
 from protocol import Command
-from testbed import ActiveMQ, free_port
+from testbed import ActiveMQ, BrokerProcess, RabbitMQ, free_port, wait_stomp
 from tests.integration.support import (
     WAIT,
     Client,
@@ -154,3 +155,111 @@ def test_receipts_while_the_broker_is_down_then_every_message_arrives_once(
             assert bodies == [f"m{n}" for n in range(count)]  # in order, each once
             consumer.close()
             producer.close()
+
+
+def _consume_once_in_order(broker: BrokerProcess, destination: str, bodies: list[str]) -> None:
+    """Every body arrives at a consumer of ``destination`` on the broker itself, once each,
+    in order, and nothing more."""
+    consumer = Client((broker.host, broker.stomp_port), vhost=broker.vhost)
+    consumer.connect()
+    consumer.conn.subscribe(destination, id="1", ack="auto")
+    got = [m.body for m in consumer.messages(len(bodies), timeout=WAIT)]
+    consumer.expect_silence(1.0)
+    consumer.close()
+    assert got == bodies
+
+
+@pytest.mark.activemq
+def test_what_a_killed_sidecar_stored_is_forwarded_by_the_next(tmp_path: Path) -> None:
+    broker = ActiveMQ("amq-outbox-kill", tmp_path / "amq")
+    directory = tmp_path / "ob"
+    destination = unique("/queue/outbox")
+    bodies = [f"k{n}" for n in range(40)]
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "proxy", "run", "--listen", f"127.0.0.1:{port}"],
+        env={
+            **os.environ,
+            "MQ_SIDECAR_BROKERS": broker.stomp_url,
+            "MQ_SIDECAR_ADMIN_LISTEN": "127.0.0.1:0",
+            "MQ_SIDECAR_OUTBOX": "true",
+            "MQ_SIDECAR_OUTBOX_DIR": str(directory),
+            **{f"MQ_SIDECAR_{k.upper()}": v for k, v in FAST.items()},
+        },
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_stomp("127.0.0.1", port, timeout=30)  # answered by the sidecar: no broker
+        producer = Client(("127.0.0.1", port))
+        producer.connect()
+        for n, body in enumerate(bodies):
+            producer.conn.send(destination, body, headers={"receipt": f"r{n}"})
+        for n in range(len(bodies)):
+            producer.receipt(f"r{n}")
+    finally:
+        proc.kill()  # kill -9: the sidecar never forwarded them
+        proc.wait(timeout=WAIT)
+    producer.conn.disconnect()
+    with broker, SidecarThread(_outbox_config(broker.stomp_url, directory)) as sidecar:
+        assert sidecar.status()["outbox"]["recovery"]["frames"] == len(bodies)
+        wait_until(lambda: sidecar.status()["outbox"]["forwarded_total"] == len(bodies), timeout=60)
+        assert sidecar.status()["outbox"]["frames"] == 0
+        _consume_once_in_order(broker, destination, bodies)
+
+
+@pytest.mark.activemq
+@pytest.mark.parametrize("leaving", ["close", "disconnect"])
+def test_what_an_ended_session_stored_is_forwarded_when_a_broker_comes(
+    tmp_path: Path, leaving: str
+) -> None:
+    broker = ActiveMQ("amq-outbox-orphan", tmp_path / "amq")
+    destination = unique("/queue/outbox")
+    bodies = [f"o{n}" for n in range(20)]
+    with SidecarThread(_outbox_config(broker.stomp_url, tmp_path / "ob")) as sidecar:
+        raw = RawClient(sidecar.address)
+        raw.connect()
+        for n, body in enumerate(bodies):
+            raw.send_frame("SEND", {"destination": destination, "receipt": f"r{n}"}, body.encode())
+            assert raw.frame().get("receipt-id") == f"r{n}"
+        if leaving == "disconnect":  # answered by the sidecar: no broker, all stored
+            raw.send_frame("DISCONNECT", {"receipt": "bye"})
+            assert raw.frame().get("receipt-id") == "bye"
+        raw.close()  # with no broker up
+        wait_until(lambda: not sidecar.statistics().sessions)
+        assert sidecar.status()["outbox"]["frames"] == len(bodies)
+        with broker:
+            wait_until(
+                lambda: sidecar.status()["outbox"]["forwarded_total"] == len(bodies), timeout=60
+            )
+            _consume_once_in_order(broker, destination, bodies)
+
+
+@pytest.fixture(params=["activemq", "rabbitmq"])
+def live_broker(request: pytest.FixtureRequest) -> BrokerProcess:
+    """Each broker of the test bed in turn, up for the whole test."""
+    broker: ActiveMQ | RabbitMQ = request.getfixturevalue(request.param)
+    return broker
+
+
+def test_with_a_broker_up_the_broker_connected_and_every_message_arrives_once(
+    live_broker: BrokerProcess, tmp_path: Path
+) -> None:
+    destination = unique("/queue/outbox")
+    bodies = [f"u{n}" for n in range(30)]
+    config = _outbox_config(live_broker.stomp_url, tmp_path / "ob")
+    with SidecarThread(config) as sidecar:
+        raw = RawClient(sidecar.address)
+        connected = raw.connect(host=live_broker.vhost)
+        assert not (connected.get("server") or "").startswith("mq-sidecar/")  # the broker's
+        for n, body in enumerate(bodies):
+            raw.send_frame("SEND", {"destination": destination, "receipt": f"r{n}"}, body.encode())
+        for n in range(len(bodies)):
+            answer = raw.frame()
+            assert (answer.command, answer.get("receipt-id")) == (Command.RECEIPT, f"r{n}")
+        wait_until(lambda: sidecar.status()["outbox"]["forwarded_total"] == len(bodies))
+        assert sidecar.status()["outbox"]["frames"] == 0
+        raw.send_frame("DISCONNECT", {"receipt": "bye"})
+        assert raw.frame().get("receipt-id") == "bye"  # once each RECEIPT: none a second time
+        raw.close()
+        _consume_once_in_order(live_broker, destination, bodies)
