@@ -920,8 +920,8 @@ def write_png(path: Path, timeline: Timeline, title: str, baseline: Timeline | N
             low.legend(loc="upper right", fontsize="small")
         else:
             ax.set_xlabel("seconds since the publish started")
-        if baseline is None:
-            ax.legend(loc="lower right", fontsize="small")
+        if baseline is None:  # the outbox's drain puts the consume curve at the lower right
+            ax.legend(loc="best" if timeline.outbox else "lower right", fontsize="small")
         else:  # six entries: above the curves, in three columns
             ax.set_ylim(top=ax.get_ylim()[1] * 1.3)
             ax.legend(loc="upper center", ncol=3, fontsize="small")
