@@ -468,10 +468,15 @@ def fault_notes(
                 f"{stall:.1f} s; {retries}"
             )
             if outbox is None:
+                failed = (
+                    "no task failed: the downtime stayed under the sidecar's call_timeout"
+                    if not retried
+                    else "tasks that waited past call_timeout got the sidecar's ERROR and "
+                    "Spark ran them again"
+                )
                 text += (
-                    "; without the outbox the writer waits for the brokers' receipts (an "
-                    "ERROR after call_timeout, then Spark's retry) and a new task's CONNECT "
-                    "waits for a broker: the stall is what --outbox removes"
+                    "; without the outbox the writer waits for the brokers' receipts and a new "
+                    f"task's CONNECT for a broker ({failed}): that stall is what --outbox removes"
                 )
             else:
                 text += f"; the outbox peaked at {outbox.peak_frames:,} frame(s)" + (

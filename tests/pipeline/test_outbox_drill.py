@@ -384,7 +384,12 @@ def test_fault_notes_say_what_happened() -> None:
     assert "every broker down from t=4.0 s until one served again at t=10.0 s" in without
     assert "0 msg/s meanwhile (100 msg/s before)" in without
     assert "longest stall with rows still to send 6.0 s; 3 Spark task attempt(s)" in without
-    assert "without the outbox" in without
+    assert "without the outbox the writer waits for the brokers' receipts" in without
+    assert "got the sidecar's ERROR and Spark ran them again" in without
+    [no_retry] = fault_notes(
+        timeline, [_all_down()], publish, outbox=None, retried=0, duplicates_hidden=0
+    )
+    assert "no task failed: the downtime stayed under the sidecar's call_timeout" in no_retry
     summary = outbox_summary(timeline, "/o", {"frames": 0, "recovery": {"frames": 40}})
     [with_outbox] = fault_notes(
         timeline, [_all_down()], publish, outbox=summary, retried=0, duplicates_hidden=0
