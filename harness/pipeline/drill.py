@@ -26,6 +26,14 @@ With ``baseline`` (``--baseline``), steps 3-5 first run once without a sidecar a
 fault, straight to the serving broker (:mod:`pipeline.baseline`), and the report gives the
 drill's publish and consume rates as a share of the baseline's (:class:`pipeline.report.Overhead`).
 
+With ``outbox`` (``--outbox``, issue 17) the producer's sidecar stores and forwards
+(``outbox = true``, ``outbox_dir`` = ``WORKDIR/outbox``); the sampler then follows the writer's
+own SEND count and the outbox's depth, and the report gets an ``outbox`` section. Two more
+fault modes (:mod:`pipeline.faults`): every broker killed for ``down_for`` seconds
+(``--faults all-down``), or the producer's sidecar killed and restarted at once on its port
+and ``outbox_dir`` (``--kill-sidecar``, with ``outbox`` only); both run Spark with task
+retries (``local[2,4]``).
+
 Exit status: 0 when every row arrived exactly once with its content; 1 when anything was
 lost, duplicated, altered or the publish failed; 2 for bad options; 3 when the drill could
 not set itself up (broker, sidecar or Spark did not start); 130 when interrupted.
