@@ -7,11 +7,13 @@ removed when the broker confirms them.
 The connection is the sidecar's own: the broker's or the sidecar's ``login``/``passcode``
 (:func:`proxy.upstream.connect_frame` without an app's CONNECT), made by the reconnect policy
 without end over the configured brokers. Every SEND carries a receipt of its own
-(``<prefix>-o<seq>``), up to :data:`IN_FLIGHT` of them outstanding: a RabbitMQ leg confirms
-them out of order, so none confirms another. What was sent and not confirmed when the
-connection is lost is sent again on the next one (the consumer side recognises the copy by its
-``mq-sidecar-id``). A broker ERROR answering one of them (a destination refused) settles that
-frame: it is logged with its ``mq-sidecar-id`` and removed, since no app is left to hear of it.
+(``<prefix>-o<seq>``: a RabbitMQ leg confirms out of order, so none confirms another); one
+read of them is outstanding at once (:class:`~proxy.session.spool.FetchSize`: about
+``confirmation_window_size`` bytes, at most :data:`IN_FLIGHT` frames). What was sent and not
+confirmed when the connection is lost is sent again on the next one (the consumer side
+recognises the copy by its ``mq-sidecar-id``). A broker ERROR answering one of them (a
+destination refused) settles that frame: it is logged with its ``mq-sidecar-id`` and removed,
+since no app is left to hear of it.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from proxy.failover import ReconnectExhausted, connect_by_policy
 from proxy.metrics import Metrics
 from proxy.outbox import OutboxError, StoredFrame
 from proxy.policy import ReconnectPolicy
-from proxy.session.spool import parse
+from proxy.session.spool import FETCH_FRAMES, FetchSize, parse
 from proxy.spool import OutboxService
 from proxy.upstream import StreamOpener, Upstream, connect_frame, connect_upstream
 from proxy.wire import TransportLost
@@ -40,7 +42,7 @@ __all__ = ["IN_FLIGHT", "RecoveryForwarder"]
 log = logging.getLogger("mq_sidecar.outbox")
 
 #: Frames sent and not yet confirmed at once, at most (one read of the outbox).
-IN_FLIGHT = 256
+IN_FLIGHT = FETCH_FRAMES
 #: Broker frames a forwarder leg may carry: it takes no MESSAGE, so the app limits do.
 _LIMITS = protocol.Limits(max_frame_bytes=1 << 20, max_headers=1000)
 
@@ -81,6 +83,7 @@ class RecoveryForwarder:
         self.rng = random.Random()
         #: Frames forwarded and removed by this forwarder since start.
         self.forwarded = 0
+        self._fetch = FetchSize(config.confirmation_window_size)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Take the keys the outbox holds at start (``backlog()``: none is of this process
@@ -150,10 +153,11 @@ class RecoveryForwarder:
             outbox.orphans.popleft()
 
     async def _forward_some(self, upstream: Upstream, key: str) -> bool:
-        """Send up to :data:`IN_FLIGHT` of ``key``'s frames, wait for their receipts, remove
-        them; False when ``key`` has none left."""
+        """Send a read of ``key``'s frames (:class:`~proxy.session.spool.FetchSize`), wait for
+        their receipts, remove them; False when ``key`` has none left."""
         committer = self.outbox.committer
-        stored = await committer.pending(key, limit=IN_FLIGHT)
+        stored = await committer.pending(key, limit=self._fetch.frames)
+        self._fetch.update(stored)
         if not stored:
             return False
         by_receipt: dict[str, StoredFrame] = {}

@@ -25,6 +25,7 @@ from proxy.session.confirmations import Confirmations
 from proxy.session.control import SCOPE_HEADER, ControlChannel, scope_refused
 from proxy.session.core import SessionCore, log
 from proxy.session.ending import Ending, error_frame, summary
+from proxy.session.held import HeldTransactions
 from proxy.session.outcomes import report_of_frame, unsettled
 from proxy.session.spool import Spool
 from proxy.session.to_app import AppOutput
@@ -75,8 +76,10 @@ class AppSide:
         self.out = out
         self.control = control
         self.confirmations = confirmations
-        #: The session's part of the outbox (``outbox`` on), set by the session.
+        #: The session's part of the outbox and its held transactions (``outbox`` on;
+        #: :meth:`use_spool`).
         self.spool: Spool | None = None
+        self.held: HeldTransactions | None = None
         self._dup_seq = 0
         #: Transactions the sidecar aborted (max_transaction_size), newest last, at most
         #: :data:`_ABORTED_REMEMBERED`: their later frames are the sidecar's to refuse.
@@ -98,6 +101,12 @@ class AppSide:
             Command.ABORT: self._end_transaction,
             Command.DISCONNECT: self._disconnect,
         }
+
+    def use_spool(self, spool: Spool) -> None:
+        """Outbox mode: SENDs the outbox takes are stored (:mod:`proxy.session.spool`), and
+        transactions of only such SENDs are held until COMMIT (:mod:`proxy.session.held`)."""
+        self.spool = spool
+        self.held = HeldTransactions(self.core, self.out, spool, self.upstream_send, self._handlers)
 
     def not_taken(self) -> list[tuple[Frame, str | None]]:
         """The frames read from the app that are not in the window, with their receipt ids
@@ -196,6 +205,8 @@ class AppSide:
             spool = self.spool
             if spool is not None and spool.pending and not self._spooled(frame):
                 await spool.write()  # the app's frames are handled in the order it sent them
+            if self.held is not None and self.held.takes(frame):
+                return await self.held.handle(frame, idle)
             return await handler(frame, idle)
         except ForBroker as exc:
             log.debug("session %s: %s goes to the broker as it is", core.id, exc)

@@ -18,7 +18,8 @@ Where each rule lives (``proxy/session/``):
   after a reconnect, or report what was lost; ``broker_side``: broker → app;
 - ``acks``: the sidecar's own ACKs; ``to_app``: writing to the app; ``control``: events;
 - ``spool``: the outbox (``outbox`` on): the app's SENDs stored and answered once durable,
-  forwarded into the window while a broker is up, removed from the outbox once confirmed.
+  forwarded into the window while a broker is up, removed from the outbox once confirmed;
+  ``held``: transactions of such SENDs, stored at COMMIT.
 
 Task layout (every task has an owner). :meth:`Session.run` owns one nursery with:
 
@@ -161,7 +162,7 @@ class Session:
         self.spool: Spool | None = None
         if outbox is not None:
             self.spool = Spool(core, self.out, self.control, self.confirmations, outbox)
-            self.app_side.spool = self.spool
+            self.app_side.use_spool(self.spool)
             self.confirmations.on_spooled = self.spool.confirmed
 
     # -- public -------------------------------------------------------------------------------

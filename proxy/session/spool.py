@@ -33,7 +33,7 @@ import trio
 import protocol
 from protocol import Frame
 from proxy.events import FrameReport
-from proxy.outbox import OutboxClosed, OutboxError, OutboxFrame
+from proxy.outbox import OutboxClosed, OutboxError, OutboxFrame, StoredFrame
 from proxy.session.confirmations import Confirmations
 from proxy.session.control import ControlChannel
 from proxy.session.core import SessionCore, log
@@ -45,13 +45,21 @@ from proxy.tracking import DUPLICATE_ID_HEADER, Spooled
 from proxy.vocabulary import FrameOutcome, OutcomeCause
 from proxy.window import frame_size
 
-__all__ = ["BATCH_BYTES", "BATCH_FRAMES", "FETCH_FRAMES", "STORED_VERSION", "Spool", "parse"]
+__all__ = [
+    "BATCH_BYTES",
+    "BATCH_FRAMES",
+    "FETCH_FRAMES",
+    "STORED_VERSION",
+    "FetchSize",
+    "Spool",
+    "parse",
+]
 
 #: Frames of one session appended in one transaction at most (the committer groups sessions).
 BATCH_FRAMES = 256
 #: Frame bytes of one batch at most (a frame larger than it goes alone).
 BATCH_BYTES = 1 << 20
-#: Frames the forwarder reads from the outbox at once.
+#: Frames a forwarder reads from the outbox at once, at most (:class:`FetchSize`).
 FETCH_FRAMES = 256
 #: The STOMP version frames are stored in (each leg writes them in its own version).
 STORED_VERSION = "1.2"
@@ -73,6 +81,25 @@ def parse(data: bytes) -> Frame:
     if not isinstance(event, Frame):
         raise protocol.RemoteProtocolError(f"stored frame is incomplete ({len(data)} bytes)")
     return event
+
+
+class FetchSize:
+    """How many frames a forwarder reads from the outbox at once, so that a read holds about
+    ``budget`` bytes (the confirmation window) whatever the frames' size: it starts at 1,
+    doubles (up to :data:`FETCH_FRAMES`) after a full read of less than a quarter of the
+    budget, halves after a read of more than the budget."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.frames = 1
+
+    def update(self, frames: Sequence[StoredFrame]) -> None:
+        """Adjust after a read that returned ``frames``."""
+        size = sum(len(f.frame) for f in frames)
+        if size > self.budget:
+            self.frames = max(1, self.frames // 2)
+        elif size < self.budget // 4 and len(frames) == self.frames:
+            self.frames = min(FETCH_FRAMES, self.frames * 2)
 
 
 class Spool:
@@ -134,12 +161,9 @@ class Spool:
             protocol.LocalProtocolError: the frame cannot be written as STOMP 1.2 (it came
                 from the app as STOMP, so this does not happen).
         """
-        data = protocol.serialize(frame, STORED_VERSION)
-        stored = OutboxFrame(
-            frame.get(DUPLICATE_ID_HEADER) or "", frame.get("destination") or "", data
-        )
+        stored = self._stored(frame)
         self._batch.append((frame, stored, app_receipt))
-        self._batch_bytes += len(data)
+        self._batch_bytes += len(stored.frame)
         return len(self._batch) >= BATCH_FRAMES or self._batch_bytes >= BATCH_BYTES
 
     async def write(self) -> None:
@@ -175,6 +199,33 @@ class Spool:
         for _, _, receipt in batch:
             if receipt is not None:
                 await self.out.answer_locally(receipt)
+
+    async def store(self, frames: Sequence[Frame]) -> None:
+        """Store ``frames`` (as they go upstream) in one append, all or none; durable when
+        this returns (a transaction's SENDs at its COMMIT). Waits for room up to
+        ``call_timeout``.
+
+        Raises:
+            OutboxFullTimeout: no room within ``call_timeout`` (names ``outbox_max_bytes``).
+            OutboxFull: more than ``outbox_max_bytes`` by themselves.
+            OutboxError: the write failed (OutboxWriteError) or the outbox is closing
+                (OutboxClosed); nothing was stored.
+        """
+        if not frames:
+            return
+        stored = [self._stored(frame) for frame in frames]
+        deadline = trio.current_time() + self.core.durations.call_timeout
+        await self.outbox.committer.append(self.key, stored, deadline=deadline)
+        self.stored += len(stored)
+        self.outbox.notify(self.key)
+
+    @staticmethod
+    def _stored(frame: Frame) -> OutboxFrame:
+        """``frame`` as the outbox stores it (:data:`STORED_VERSION` bytes)."""
+        data = protocol.serialize(frame, STORED_VERSION)
+        return OutboxFrame(
+            frame.get(DUPLICATE_ID_HEADER) or "", frame.get("destination") or "", data
+        )
 
     async def _refuse(
         self, batch: Sequence[tuple[Frame, OutboxFrame, str | None]], reason: str
@@ -222,10 +273,12 @@ class Spool:
         core = self.core
         committer = self.outbox.committer
         window = core.window
+        fetch = FetchSize(window.max_bytes)
         while not self._stopped:
             await core.wait_link_ready()
             wakeup = self.outbox.wakeup(self.key)  # before the read: no append is missed
-            stored = await committer.pending(self.key, after_seq=self._fed, limit=FETCH_FRAMES)
+            stored = await committer.pending(self.key, after_seq=self._fed, limit=fetch.frames)
+            fetch.update(stored)
             if not stored:
                 await wakeup.wait()
                 continue

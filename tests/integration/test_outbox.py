@@ -263,3 +263,28 @@ def test_with_a_broker_up_the_broker_connected_and_every_message_arrives_once(
         assert raw.frame().get("receipt-id") == "bye"  # once each RECEIPT: none a second time
         raw.close()
         _consume_once_in_order(live_broker, destination, bodies)
+
+
+@pytest.mark.activemq
+def test_a_transaction_committed_with_the_broker_down_is_durable_and_forwarded(
+    tmp_path: Path,
+) -> None:
+    broker = ActiveMQ("amq-outbox-tx", tmp_path / "amq")
+    destination = unique("/queue/outbox")
+    bodies = [f"t{n}" for n in range(10)]
+    with SidecarThread(_outbox_config(broker.stomp_url, tmp_path / "ob")) as sidecar:
+        raw = RawClient(sidecar.address)
+        raw.connect()
+        raw.send_frame("BEGIN", {"transaction": "tx"})
+        for body in bodies:
+            raw.send_frame("SEND", {"destination": destination, "transaction": "tx"}, body.encode())
+        raw.send_frame("COMMIT", {"transaction": "tx", "receipt": "commit"})
+        answer = raw.frame()
+        assert (answer.command, answer.get("receipt-id")) == (Command.RECEIPT, "commit")
+        assert sidecar.status()["outbox"]["frames"] == len(bodies)  # durable at the RECEIPT
+        with broker:
+            wait_until(
+                lambda: sidecar.status()["outbox"]["forwarded_total"] == len(bodies), timeout=60
+            )
+            _consume_once_in_order(broker, destination, bodies)
+        raw.close()

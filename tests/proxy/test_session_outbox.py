@@ -91,3 +91,68 @@ async def test_connect_with_no_broker_up_then_the_first_leg_is_restored_onto(
         assert _frames(outbox) == 0
         assert running.session.statistics().state == "running"
         assert app.receipt_ids().count("r") == 1
+
+
+async def test_a_transaction_of_stored_sends_is_stored_at_commit_and_forwarded_plain(
+    nursery: trio.Nursery, network: Network, tmp_path: Path
+) -> None:
+    broker = network.add("only", 61001)
+    broker.reachable = False
+    config = make_config(broker, outbox=True, outbox_dir=str(tmp_path))
+    async with open_outbox(config) as outbox:
+        running = await start_session(nursery, network, config, outbox=outbox)
+        app = running.app
+        assert (await app.connect()).command is Command.CONNECTED  # the sidecar's own
+        await app.send(Command.BEGIN, {"transaction": "t1", "receipt": "b"})
+        for n in range(2):
+            headers = {"destination": QUEUE, "transaction": "t1", "receipt": f"s{n}"}
+            await app.send(Command.SEND, headers, b"t%d" % n)
+        await app.wait_receipt("s1")
+        assert _frames(outbox) == 0  # held until COMMIT
+        await app.send(Command.BEGIN, {"transaction": "t2"})
+        await app.send(Command.SEND, {"destination": QUEUE, "transaction": "t2"}, b"gone")
+        await app.send(Command.ABORT, {"transaction": "t2", "receipt": "a"})
+        await app.send(Command.COMMIT, {"transaction": "t1", "receipt": "c"})
+        await app.wait_receipt("c")  # durable: both SENDs in one append
+        assert _frames(outbox) == 2
+        assert app.receipt_ids() == ["b", "s0", "s1", "a", "c"]
+
+        broker.reachable = True
+        forwarded = await broker.wait_for(Command.SEND, 2)
+        assert [f.body for f in forwarded] == [b"t0", b"t1"]
+        assert [f.get("transaction") for f in forwarded] == [None, None]
+        assert all(f.get("mq-sidecar-id") for f in forwarded)
+        spool = running.session.spool
+        assert spool is not None
+        await wait_until(lambda: spool.forwarded == 2)
+        commands = broker.link.commands()
+        assert Command.BEGIN not in commands
+        assert Command.COMMIT not in commands
+        assert Command.ABORT not in commands
+
+
+async def test_a_transaction_with_another_frame_goes_to_the_broker(
+    nursery: trio.Nursery, network: Network, tmp_path: Path
+) -> None:
+    broker = network.add("only", 61001)
+    config = make_config(
+        broker, outbox=True, outbox_dir=str(tmp_path), outbox_destinations=(QUEUE,)
+    )
+    async with open_outbox(config) as outbox:
+        running = await start_session(nursery, network, config, outbox=outbox)
+        app = running.app
+        assert (await app.connect()).command is Command.CONNECTED
+        await app.send(Command.BEGIN, {"transaction": "t", "receipt": "b"})
+        stored = {"destination": QUEUE, "transaction": "t", "receipt": "s0"}
+        await app.send(Command.SEND, stored, b"stored-kind")
+        other = {"destination": "/queue/other", "transaction": "t", "receipt": "s1"}
+        await app.send(Command.SEND, other, b"other-kind")
+        await app.send(Command.COMMIT, {"transaction": "t", "receipt": "c"})
+        await app.wait_receipt("c")  # the broker's, for its COMMIT
+        commands = [f.command for f in broker.link.frames if f.command is not Command.CONNECT]
+        assert commands == [Command.BEGIN, Command.SEND, Command.SEND, Command.COMMIT]
+        sends = broker.link.received(Command.SEND)
+        assert [f.body for f in sends] == [b"stored-kind", b"other-kind"]
+        assert [f.get("transaction") for f in sends] == ["t", "t"]
+        assert _frames(outbox) == 0
+        assert app.receipt_ids().count("s0") == 1  # answered when held, not again

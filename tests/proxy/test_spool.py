@@ -12,9 +12,9 @@ import protocol
 from config import Config
 from protocol import Command, Frame
 from proxy._errors import OutboxUnusable
-from proxy.outbox import OutboxStore
+from proxy.outbox import OutboxStore, StoredFrame
 from proxy.session.phase import Phase, PhaseMachine
-from proxy.session.spool import STORED_VERSION, parse
+from proxy.session.spool import FETCH_FRAMES, STORED_VERSION, FetchSize, parse
 from proxy.spool import open_outbox
 
 
@@ -89,3 +89,27 @@ def test_a_session_answered_by_the_sidecar_starts_reconnecting() -> None:
     phases.advance(Phase.RECONNECTING)
     phases.advance(Phase.RUNNING)
     assert phases.phase is Phase.RUNNING
+
+
+def _read(count: int, size: int) -> tuple[StoredFrame, ...]:
+    return tuple(
+        StoredFrame(n, "k", n, f"id-{n}", "/queue/a", 0.0, b"x" * size) for n in range(count)
+    )
+
+
+def test_a_forwarder_reads_about_a_window_of_bytes_at_once() -> None:
+    fetch = FetchSize(budget=10_000)
+    assert fetch.frames == 1
+    for expected in (2, 4, 8, 16):  # small frames: doubles after each full read
+        fetch.update(_read(fetch.frames, 100))
+        assert fetch.frames == expected
+    fetch.update(_read(3, 100))  # a short read (the session had no more): stays
+    assert fetch.frames == 16
+    fetch.update(_read(16, 1000))  # 16,000 bytes: past the budget, halves
+    assert fetch.frames == 8
+    for _ in range(10):
+        fetch.update(_read(fetch.frames, 50_000))  # each frame alone is past it: down to 1
+    assert fetch.frames == 1
+    for _ in range(20):
+        fetch.update(_read(fetch.frames, 1))
+    assert fetch.frames == FETCH_FRAMES  # never more
