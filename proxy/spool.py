@@ -21,7 +21,7 @@ import fnmatch
 import logging
 import sqlite3
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -39,14 +39,129 @@ from proxy.outbox import (
     open_group_committer,
 )
 from proxy.statistics import OutboxStatistics
+from proxy.tracking import SessionState
 
-__all__ = ["DEPTH_REFRESH", "OutboxService", "open_outbox"]
+__all__ = ["DEPTH_REFRESH", "SEEN_PENDING_MAX", "OutboxService", "SeenRecorder", "open_outbox"]
 
 log = logging.getLogger("mq_sidecar.outbox")
 
 #: Seconds between reads of the outbox's depth (oldest frame's age, sessions) for ``/status``
 #: and the gauges; frames and bytes are the store's own counters, always current.
 DEPTH_REFRESH = 1.0
+#: Consumer-side duplicate-suppression ids waiting for their commit, at most (summed over
+#: destinations): past it, handing more waits for the writer (back-pressure on the session's
+#: relay). One burst of a session holds at most ``max_unacked`` of them.
+SEEN_PENDING_MAX = 65_536
+
+
+class SeenRecorder:
+    """Persists the ``mq-sidecar-id`` s of the messages the apps settled on queue subscriptions
+    (issue 17 part 3, docs/behaviour.md "Duplicate detection"), so that a copy arriving after a
+    restart of this sidecar is hidden: :meth:`add` queues ``(destination, id)`` pairs and
+    returns at once; :meth:`run`, a task of :func:`open_outbox`'s nursery, writes everything
+    queued at that moment through the group committer, one ``record_seen`` per destination,
+    submitted together so that they share one transaction (one fsync) with each other and with
+    the appends of that moment. So a record trails the MESSAGE (or the app's ACK) by one commit
+    at most, and a burst of N messages costs one fsync, not N.
+
+    Args:
+        committer: the running group committer.
+
+    Attributes:
+        recorded: ids written since start. commits: the batches written. failed: ids a
+        write error lost (logged; the in-memory sets still hide duplicates until a restart).
+    """
+
+    def __init__(self, committer: GroupCommitter) -> None:
+        self.committer = committer
+        self._pending: dict[str, list[str]] = {}
+        self._count = 0
+        self._wake = trio.Event()
+        self._room = trio.Event()
+        self._idle = trio.Event()
+        self._idle.set()
+        self.recorded = 0
+        self.commits = 0
+        self.failed = 0
+
+    @property
+    def queued(self) -> int:
+        """Ids handed to :meth:`add` and not yet taken by the writer."""
+        return self._count
+
+    async def add(self, pairs: Iterable[tuple[str, str]]) -> None:
+        """Queue ``(destination, mq-sidecar-id)`` pairs for the next commit; waits only while
+        :data:`SEEN_PENDING_MAX` ids are queued already."""
+        while self._count >= SEEN_PENDING_MAX:
+            await self._room.wait()
+        pending = self._pending
+        for destination, sidecar_id in pairs:
+            pending.setdefault(destination, []).append(sidecar_id)
+            self._count += 1
+        if self._count:
+            self._idle = trio.Event() if self._idle.is_set() else self._idle
+            self._wake.set()
+
+    def queued_ids(self, destination: str) -> tuple[str, ...]:
+        """The ids of ``destination`` queued and not yet taken by the writer (a SUBSCRIBE
+        seeds from the store and these)."""
+        return tuple(self._pending.get(destination, ()))
+
+    async def seed(self, state: SessionState, upstream_id: str, *, now: float) -> int:
+        """Seed the seen ids of ``state`` 's subscription ``upstream_id``, when it persists
+        them (a queue, :attr:`Subscription.persist_seen
+        <proxy.tracking.Subscription.persist_seen>`), from those persisted for its destination
+        and those still queued here; called before its SUBSCRIBE goes upstream, so a copy of
+        a message an app settled before a restart of this sidecar is hidden as a duplicate.
+        ``now``: trio's clock (the in-memory age bound). A read error is logged, and the
+        subscription starts with no ids, as without the outbox. Returns the number seeded."""
+        sub = state.subscriptions.get(upstream_id)
+        if sub is None or not sub.persist_seen:
+            return 0
+        try:
+            stored = await self.committer.seen_ids(sub.destination)
+        except (OutboxError, sqlite3.Error) as exc:
+            log.warning("outbox: persisted seen ids of %s not read: %s", sub.destination, exc)
+            stored = ()
+        ids = (*stored, *self.queued_ids(sub.destination))
+        return state.seed_seen(upstream_id, ids, now)
+
+    async def run(self) -> None:
+        """Write what is queued, batch after batch, until cancelled."""
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            await self.write()
+
+    async def write(self) -> None:
+        """Write everything queued now (one commit); errors are logged, never raised."""
+        batch, self._pending, self._count = self._pending, {}, 0
+        self._room.set()
+        self._room = trio.Event()
+        if batch:
+            async with trio.open_nursery() as nursery:
+                for destination, ids in batch.items():
+                    nursery.start_soon(self._write_one, destination, ids)
+            self.commits += 1
+        if not self._count:
+            self._idle.set()
+
+    async def drained(self) -> None:
+        """Wait until every id queued so far has been written (or has failed)."""
+        await self._idle.wait()
+
+    async def _write_one(self, destination: str, ids: list[str]) -> None:
+        try:
+            self.recorded += await self.committer.record_seen(destination, ids)
+        except (OutboxError, sqlite3.Error) as exc:
+            self.failed += len(ids)
+            log.warning(
+                "outbox: %d seen id(s) of %s not persisted (a restart may show their copies "
+                "again): %s",
+                len(ids),
+                destination,
+                exc,
+            )
 
 
 class OutboxService:
@@ -77,6 +192,8 @@ class OutboxService:
         #: session that ended), oldest first: the recovery forwarder's (proxy.orphans).
         self.orphans: deque[str] = deque()
         self._orphaned = trio.Event()
+        #: The consumer side's persisted duplicate-suppression ids (:class:`SeenRecorder`).
+        self.seen = SeenRecorder(committer)
 
     def spools(self, destination: str | None) -> bool:
         """Whether a SEND to ``destination`` goes through the outbox: it matches one of
@@ -189,10 +306,13 @@ async def open_outbox(config: Config) -> AsyncIterator[OutboxService]:
             service = OutboxService(config, committer)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(service.watch_depth)
+                nursery.start_soon(service.seen.run)
                 try:
                     yield service
                 finally:
                     nursery.cancel_scope.cancel()
+            with trio.CancelScope(shield=True):
+                await service.seen.write()  # what the last sessions settled (one commit)
     finally:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(store.close)

@@ -397,6 +397,8 @@ class AppSide:
         ):
             raise ForBroker("durable SUBSCRIBE without id")  # RabbitMQ refuses it
         upstream = state.subscribe(frame)
+        if core.seen is not None:  # outbox mode: before the SUBSCRIBE goes upstream
+            await core.seen.seed(state, upstream.get("id") or "", now=trio.current_time())
         if core.wildcard_receipt_bug and _is_wildcard(upstream.get("destination") or ""):
             # No receipt on the SUBSCRIBE itself (it can make ActiveMQ dispatch none of the
             # waiting messages): an empty transaction after it carries the receipt, which
@@ -462,6 +464,7 @@ class AppSide:
         tx = state.transaction_of(frame)
         settled = state.settle(bare, upstream_version=upstream_version, now=trio.current_time())
         core.acks_freed.set()
+        await core.hand_seen()  # the ids it acknowledged, persisted in outbox mode
         if tx is not None and not tx.rolled_back:
             # The settle charged its deliveries; the ACK frames count when held until COMMIT.
             frames = (*settled.more, settled.to_broker) if settled.to_broker else settled.more
@@ -506,6 +509,7 @@ class AppSide:
         assert state is not None
         app_receipt = frame.get("receipt")
         tx = state.end(frame, now=trio.current_time())
+        await self.core.hand_seen()  # a COMMIT's acknowledged ids, persisted in outbox mode
         if tx.rolled_back:
             if frame.command is Command.COMMIT:
                 raise TransactionRolledBack(

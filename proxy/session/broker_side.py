@@ -110,6 +110,10 @@ class BrokerSide:
             core.held_back += 1
             return
         decision = state.deliver(frame, upstream_version=upstream.version, now=trio.current_time())
+        if state.seen_out:
+            # An auto subscription's message: its id is persisted once the app has it.
+            self.out.seen.extend(state.seen_out)
+            state.seen_out.clear()
         if decision.to_app is not None:
             core.metrics.frame_to_app(Command.MESSAGE, len(decision.to_app.body))
             await self.out.send(decision.to_app, flush=False)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -28,6 +29,9 @@ from proxy.tracking import SessionState
 from proxy.upstream import Upstream
 from proxy.window import ConfirmationWindow, Entry
 from proxy.wire import FrameStream
+
+if TYPE_CHECKING:
+    from proxy.spool import SeenRecorder
 
 __all__ = ["ERROR_CLOSE_WINDOW", "GOODBYE_TIMEOUT", "SessionCore", "log"]
 
@@ -169,7 +173,21 @@ class SessionCore:
         #: The broker copies a SEND's ``receipt`` header into its MESSAGEs
         #: (:attr:`proxy.upstream.Upstream.copies_receipt_into_messages`).
         self.receipts_copied = False
+        #: Outbox mode: where the ids of messages the app settled on queue subscriptions are
+        #: persisted (issue 17 part 3, docs/behaviour.md "Duplicate detection").
+        self.seen: SeenRecorder | None = None
         self._internal_tx = 0
+
+    async def hand_seen(self) -> None:
+        """Hand what the session state settled to persist (:attr:`SessionState.seen_out
+        <proxy.tracking.SessionState.seen_out>`) to :attr:`seen`, and clear it. Waits only
+        while the recorder is full (:data:`proxy.spool.SEEN_PENDING_MAX`)."""
+        state = self.state
+        if state is None or not state.seen_out:
+            return
+        pairs, state.seen_out = state.seen_out, []
+        if self.seen is not None:
+            await self.seen.add(pairs)
 
     @property
     def link_ready(self) -> bool:

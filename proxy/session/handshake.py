@@ -102,6 +102,8 @@ async def accept_connect(core: SessionCore, open_stream: StreamOpener) -> Frame 
         max_unacked=config.max_unacked,
         transparent=config.failover_mode is FailoverMode.TRANSPARENT,
     )
+    # Outbox mode: queue subscriptions persist the ids the app settles (issue 17 part 3).
+    core.state.persist_seen_ids = core.seen is not None
     core.connect = connect
     return connect
 

@@ -169,6 +169,7 @@ class Session:
         self.spool: Spool | None = None
         if outbox is not None:
             self.spool = Spool(core, self.out, self.control, self.confirmations, outbox)
+            core.seen = outbox.seen
             self.app_side.use_spool(self.spool)
             self.confirmations.on_spooled = self.spool.confirmed
 

@@ -19,6 +19,7 @@ from proxy.tracking.records import (
     Subscription,
     Transaction,
     TransactionBytes,
+    persists_seen,
 )
 
 __all__ = ["SessionState"]
@@ -74,6 +75,13 @@ class SessionState(Deliveries):
         self.temps = TempNames()
         #: The current link's broker browses (ActiveMQ Classic ``browser:true``).
         self.browsers = False
+        #: Outbox mode: queue subscriptions persist the ids of what the app settles
+        #: (:attr:`Subscription.persist_seen`); set by the daemon before any SUBSCRIBE.
+        self.persist_seen_ids = False
+        #: ``(destination, mq-sidecar-id)`` pairs to persist, in the order settled: appended
+        #: by :meth:`deliver`, :meth:`settle` and :meth:`end` (COMMIT); the daemon takes and
+        #: clears them after each such call, so they hold at most what one call settles.
+        self.seen_out: list[tuple[str, str]] = []
 
     # -- links ------------------------------------------------------------------------------
 
@@ -197,6 +205,12 @@ class SessionState(Deliveries):
             frame=upstream,
             local=local,
             browser=frame.get("browser") == "true",
+            persist_seen=(
+                self.persist_seen_ids
+                and not local
+                and frame.get("browser") != "true"
+                and persists_seen(destination)
+            ),
         )
         return upstream
 
@@ -275,6 +289,11 @@ class SessionState(Deliveries):
             raise ForBroker(f"{frame.command} of transaction {tx!r}, not open")
         ended = self.transactions.pop(tx)
         acked = ended.forget_settled()
+        if frame.command == "COMMIT":
+            for d in acked:
+                seen = d.subscription.seen.get(d.identity) if d.identity is not None else None
+                if seen is not None and seen[1] == "acked":
+                    self.persist(d)
         if frame.command == "ABORT":
             # The broker keeps what the transaction acknowledged unacknowledged (ActiveMQ
             # StompSubscription.onStompAbort); so does the sidecar: the app holds them again.
