@@ -253,6 +253,8 @@ class OutboxService:
             recovered_frames=recovery.frames,
             recovery_problems=tuple(recovery.problems()),
             orphan_sessions=len(self.orphans),
+            seen_recorded=self.seen.recorded,
+            seen_failed=self.seen.failed,
         )
 
     async def watch_depth(self) -> None:

@@ -65,6 +65,8 @@ class OutboxStatistics:
         recovery_problems: what recovery at start reported, one line each (empty: clean).
         orphan_sessions: session keys left to the recovery forwarder (no live session
             forwards them: a previous process's, an ended session's), not done yet.
+        seen_recorded: consumer-side duplicate-suppression ids persisted since start
+            (docs/behaviour.md, "Duplicate detection"); seen_failed: ids a write error lost.
     """
 
     frames: int
@@ -77,6 +79,8 @@ class OutboxStatistics:
     recovered_frames: int
     recovery_problems: tuple[str, ...]
     orphan_sessions: int = 0
+    seen_recorded: int = 0
+    seen_failed: int = 0
 
     def status(self) -> dict[str, object]:
         """``/status``'s ``outbox`` object (ages rounded to ms)."""
@@ -90,6 +94,8 @@ class OutboxStatistics:
             "forwarded_total": self.forwarded_total,
             "commits": self.commits,
             "orphan_sessions": self.orphan_sessions,
+            "seen_recorded": self.seen_recorded,
+            "seen_failed": self.seen_failed,
             "recovery": {
                 "frames": self.recovered_frames,
                 "clean": not self.recovery_problems,

@@ -22,6 +22,7 @@ from tests.integration.support import (
     RawClient,
     SidecarThread,
     sidecar_config,
+    sidecar_process,
     unique,
     wait_until,
 )
@@ -33,6 +34,18 @@ FAST = {"retry_interval": "50", "max_retry_interval": "250", "connect_timeout": 
 def _nowhere() -> str:
     """A broker URL on a loopback port where nothing listens."""
     return f"stomp://127.0.0.1:{free_port()}"
+
+
+def outbox_env(brokers: str, directory: Path, admin_listen: str) -> dict[str, str]:
+    """The environment of a ``mq-sidecar run`` process in outbox mode on ``directory``
+    (:func:`~tests.integration.support.sidecar_process`), with :data:`FAST` reconnects."""
+    return {
+        "MQ_SIDECAR_BROKERS": brokers,
+        "MQ_SIDECAR_ADMIN_LISTEN": admin_listen,
+        "MQ_SIDECAR_OUTBOX": "true",
+        "MQ_SIDECAR_OUTBOX_DIR": str(directory),
+        **{f"MQ_SIDECAR_{k.upper()}": v for k, v in FAST.items()},
+    }
 
 
 def _outbox_config(brokers: str, directory: Path, **overrides: object) -> Config:
@@ -176,19 +189,7 @@ def test_what_a_killed_sidecar_stored_is_forwarded_by_the_next(tmp_path: Path) -
     destination = unique("/queue/outbox")
     bodies = [f"k{n}" for n in range(40)]
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "proxy", "run", "--listen", f"127.0.0.1:{port}"],
-        env={
-            **os.environ,
-            "MQ_SIDECAR_BROKERS": broker.stomp_url,
-            "MQ_SIDECAR_ADMIN_LISTEN": "127.0.0.1:0",
-            "MQ_SIDECAR_OUTBOX": "true",
-            "MQ_SIDECAR_OUTBOX_DIR": str(directory),
-            **{f"MQ_SIDECAR_{k.upper()}": v for k, v in FAST.items()},
-        },
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc = sidecar_process(port, outbox_env(broker.stomp_url, directory, "127.0.0.1:0"))
     try:
         wait_stomp("127.0.0.1", port, timeout=30)  # answered by the sidecar: no broker
         producer = Client(("127.0.0.1", port))
