@@ -78,16 +78,9 @@ class SeenRecorder:
         self._count = 0
         self._wake = trio.Event()
         self._room = trio.Event()
-        self._idle = trio.Event()
-        self._idle.set()
         self.recorded = 0
         self.commits = 0
         self.failed = 0
-
-    @property
-    def queued(self) -> int:
-        """Ids handed to :meth:`add` and not yet taken by the writer."""
-        return self._count
 
     async def add(self, pairs: Iterable[tuple[str, str]]) -> None:
         """Queue ``(destination, mq-sidecar-id)`` pairs for the next commit; waits only while
@@ -99,7 +92,6 @@ class SeenRecorder:
             pending.setdefault(destination, []).append(sidecar_id)
             self._count += 1
         if self._count:
-            self._idle = trio.Event() if self._idle.is_set() else self._idle
             self._wake.set()
 
     def queued_ids(self, destination: str) -> tuple[str, ...]:
@@ -143,12 +135,6 @@ class SeenRecorder:
                 for destination, ids in batch.items():
                     nursery.start_soon(self._write_one, destination, ids)
             self.commits += 1
-        if not self._count:
-            self._idle.set()
-
-    async def drained(self) -> None:
-        """Wait until every id queued so far has been written (or has failed)."""
-        await self._idle.wait()
 
     async def _write_one(self, destination: str, ids: list[str]) -> None:
         try:
