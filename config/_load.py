@@ -383,6 +383,7 @@ def _validate(cfg: Config, settings: Mapping[str, _Setting], skip: set[str]) -> 
         "max_header_line_bytes",
         "max_subscriptions",
         "max_unacked",
+        "id_cache_size",
         "max_transaction_size",
         "max_sessions",
         "outbox_max_bytes",

@@ -260,6 +260,10 @@ class Config:
         max_header_line_bytes: Longest header line, bytes, > 0.
         max_subscriptions: Most live subscriptions per app session, > 0.
         max_unacked: Most delivered-but-unacked messages per app session, > 0.
+        id_cache_size: Duplicate-detection ids (``mq-sidecar-id``) remembered per
+            subscription, > 0 (Artemis' ``id-cache-size``, same default): a copy that arrives
+            after more ids than this came on its subscription is shown again; with the outbox,
+            also the ids kept on disk per queue (docs/behaviour.md, "Duplicate detection").
         max_transaction_size: Bytes a session's open transactions may hold, > 0: the SENDs
             kept to re-run them after a failover (``transaction_failover = replay``), 256 per
             message an ACK settled in one, 512 per open transaction. A frame that would go
@@ -330,6 +334,7 @@ class Config:
     max_header_line_bytes: int = 65_536
     max_subscriptions: int = 1000
     max_unacked: int = 10_000
+    id_cache_size: int = 20_000
     max_transaction_size: int = 16_777_216  # 16 MiB
     max_sessions: int = 1000
     events_destination: str = "/mq-sidecar/events"

@@ -220,6 +220,7 @@ _ROWS = (
     Option("max_header_line_bytes", "int", "longest header line, bytes, > 0", "bytes"),
     Option("max_subscriptions", "int", "most subscriptions per app session, > 0"),
     Option("max_unacked", "int", "most delivered-but-unacked messages per app session, > 0"),
+    Option("id_cache_size", "int", "duplicate-detection ids remembered per subscription, > 0"),
     Option(
         "max_transaction_size",
         "int",

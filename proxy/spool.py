@@ -257,7 +257,9 @@ def _open_store(config: Config) -> OutboxStore:
     assert config.outbox_dir is not None
     directory = Path(config.outbox_dir)
     try:
-        return OutboxStore.open(directory, max_bytes=config.outbox_max_bytes)
+        return OutboxStore.open(
+            directory, max_bytes=config.outbox_max_bytes, seen_max=config.id_cache_size
+        )
     except (OutboxError, OSError, sqlite3.Error, ValueError) as exc:
         raise OutboxUnusable(f"outbox_dir {directory}: {exc}") from exc
 

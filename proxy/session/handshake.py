@@ -100,6 +100,7 @@ async def accept_connect(core: SessionCore, open_stream: StreamOpener) -> Frame 
         version,
         max_subscriptions=config.max_subscriptions,
         max_unacked=config.max_unacked,
+        id_cache_size=config.id_cache_size,
         transparent=config.failover_mode is FailoverMode.TRANSPARENT,
     )
     # Outbox mode: queue subscriptions persist the ids the app settles (issue 17 part 3).

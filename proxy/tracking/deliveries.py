@@ -13,7 +13,6 @@ from proxy.tracking.records import (
     ARTEMIS_DUPLICATE_ID,
     DUPLICATE_ID_HEADER,
     SEEDED,
-    SEEN_MAX,
     SEEN_SECONDS,
     SIDECAR_RECEIPT,
     AckMode,
@@ -39,6 +38,7 @@ class Deliveries:
 
     app_version: str
     max_unacked: int
+    id_cache_size: int
     transparent: bool
     generation: int
     stable_message_ids: bool
@@ -72,7 +72,7 @@ class Deliveries:
         if identity in seen:
             seen.move_to_end(identity)
         seen[identity] = (self.generation if generation is None else generation, status, now)
-        if len(seen) > SEEN_MAX:
+        if len(seen) > self.id_cache_size:
             seen.popitem(last=False)
         if now >= sub.sweep_at:  # the age bound, checked at most once a second (hot path)
             sub.sweep_at = now + 1.0
@@ -424,7 +424,7 @@ class Deliveries:
         copy of one of them is hidden and acknowledged upstream as a duplicate, on any link and
         in both ``failover_mode`` s. ``now``: the caller's clock (seconds, as for
         :meth:`deliver`); a seeded id is kept for up to ``SEEN_SECONDS`` from then, within
-        ``SEEN_MAX``. An identity the subscription already has is left as it is. Returns the
+        ``id_cache_size``. An identity the subscription already has is left as it is. Returns the
         number seeded; 0 for an unknown subscription."""
         sub = self.subscriptions.get(upstream_id)
         if sub is None:
@@ -436,7 +436,7 @@ class Deliveries:
             if identity not in seen:
                 seen[identity] = (SEEDED, "acked", now)
                 count += 1
-        while len(seen) > SEEN_MAX:
+        while len(seen) > self.id_cache_size:
             seen.popitem(last=False)
         return count
 

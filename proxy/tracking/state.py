@@ -12,6 +12,7 @@ from proxy.tracking.links import LinkEnd, TempNames, misses_messages
 from proxy.tracking.records import (
     ACK_MODES,
     DUPLICATE_ID_HEADER,
+    SEEN_MAX,
     AckMode,
     Delivery,
     ForBroker,
@@ -34,6 +35,8 @@ class SessionState(Deliveries):
         max_subscriptions: live subscriptions allowed per session (docs/behaviour.md, "Limits
             and bad input").
         max_unacked: delivered-but-unacknowledged messages allowed (same page).
+        id_cache_size: duplicate-detection ids each subscription remembers (``id_cache_size``,
+            docs/behaviour.md, "Duplicate detection"; default :data:`SEEN_MAX`).
         transparent: ``failover_mode`` is "transparent" (else "strict", JMS semantics).
 
     Methods raise :class:`SessionError` (fatal) or :class:`FrameRejected` (that frame only).
@@ -47,11 +50,13 @@ class SessionState(Deliveries):
         max_subscriptions: int,
         max_unacked: int,
         transparent: bool = True,
+        id_cache_size: int = SEEN_MAX,
     ) -> None:
         self.session_id = session_id
         self.app_version = app_version
         self.max_subscriptions = max_subscriptions
         self.max_unacked = max_unacked
+        self.id_cache_size = id_cache_size
         self.transparent = transparent
         self.generation = 0
         self.stable_message_ids = False
