@@ -131,6 +131,12 @@ SIDECAR_OPTIONS: dict[str, object] = {
 #: the last 20,000 ids of the subscription (docs/behaviour.md, "Duplicate detection"). With 2 cores
 #: publishing at once, 10,000-row partitions keep a retried partition's copies inside that window.
 ROWS_PER_PARTITION = 10_000
+#: The consumer sidecar's ``id_cache_size`` with ``--kill-sidecar``: a Spark task that failed
+#: with the producer's sidecar is retried from its partition's first row, so the copies of a
+#: partition's first rows come after the rest of it and what the other tasks published
+#: meanwhile. The default 20,000 ids let 7,289 copies through on all rows (2 of 34 partitions
+#: retried); ten partitions' worth (about 27 MB at most) leaves room for any retry.
+KILL_SIDECAR_ID_CACHE = 10 * ROWS_PER_PARTITION
 
 
 class DrillUsageError(ValueError):
@@ -413,11 +419,14 @@ class Drill:
     def sidecar_options(self, role: str) -> dict[str, object]:
         """The options of the ``producer``'s or the ``consumer``'s sidecar:
         :data:`SIDECAR_OPTIONS`, and for the producer with ``--outbox`` ``outbox = true``
-        with its ``outbox_dir`` (:attr:`outbox_dir`)."""
+        with its ``outbox_dir`` (:attr:`outbox_dir`); for the consumer with ``--kill-sidecar``
+        an ``id_cache_size`` of :data:`KILL_SIDECAR_ID_CACHE`."""
         options = dict(SIDECAR_OPTIONS)
         if role == "producer" and self.options.outbox:
             options["outbox"] = True
             options["outbox_dir"] = str(self.outbox_dir)
+        if role == "consumer" and self.options.kill_sidecar:
+            options["id_cache_size"] = KILL_SIDECAR_ID_CACHE
         return options
 
     def _start_sidecars(self, brokers: str) -> tuple[SidecarProcess, SidecarProcess]:
