@@ -21,11 +21,14 @@ from bench.relay import RelayProcess
 from bench.sidecar import SidecarProcess, broker_url
 from testbed import ActiveMQ, BrokerProcess, RabbitMQ
 
-__all__ = ["TARGETS", "BrokerCtx", "Front", "Settings", "bench_broker"]
+__all__ = ["OUTBOX_TARGETS", "TARGETS", "BrokerCtx", "Front", "Settings", "bench_broker"]
 
 #: The targets of the throughput and latency workloads: the broker itself, the broker behind
 #: a C byte relay, the broker behind the sidecar.
 TARGETS: tuple[str, ...] = ("direct", "relay", "sidecar")
+#: The targets of the outbox workload (:mod:`bench.workloads.outbox_mode`): the broker itself,
+#: the broker behind the sidecar, the broker behind a second sidecar with ``outbox = true``.
+OUTBOX_TARGETS: tuple[str, ...] = ("direct", "sidecar", "outbox")
 
 #: What stands in front of the broker for a target other than "direct".
 Front = SidecarProcess | RelayProcess
@@ -85,6 +88,7 @@ class BrokerCtx:
     run_id: str = field(default_factory=lambda: time.strftime("%H%M%S"))
     _sidecar: SidecarProcess | None = None
     _relay: RelayProcess | None = None
+    _outbox: SidecarProcess | None = None
     _names: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     @property
@@ -122,6 +126,26 @@ class BrokerCtx:
             self._sidecar.start()
         return self._sidecar
 
+    def outbox_options(self, directory: Path) -> dict[str, object]:
+        """The options of a sidecar in outbox mode: ``settings.sidecar_options`` with
+        ``outbox = true`` and ``outbox_dir = directory``."""
+        return {**self.settings.sidecar_options, "outbox": True, "outbox_dir": str(directory)}
+
+    def outbox_sidecar(self) -> SidecarProcess:
+        """The second sidecar in front of this broker, in outbox mode (``outbox_dir`` under
+        ``workdir/outbox``), started on first use."""
+        if self._outbox is None or not self._outbox.alive():
+            if self._outbox is not None:
+                self._outbox.stop()
+            self._outbox = SidecarProcess(
+                self.url,
+                self.workdir,
+                options=self.outbox_options(self.workdir / "outbox"),
+                vhost=self.vhost,
+            )
+            self._outbox.start()
+        return self._outbox
+
     def shared_relay(self) -> RelayProcess:
         """The socat relay in front of this broker (started on first use). Raises
         :class:`bench.relay.RelayError` when socat is missing or does not start."""
@@ -133,14 +157,17 @@ class BrokerCtx:
         return self._relay
 
     def front(self, target: str) -> Front | None:
-        """What ``target`` (one of :data:`TARGETS`) connects to: None for "direct", else the
-        shared relay or sidecar. Raises ValueError for another target."""
+        """What ``target`` (one of :data:`TARGETS` or :data:`OUTBOX_TARGETS`) connects to:
+        None for "direct", else the shared relay, sidecar or outbox sidecar. Raises ValueError
+        for another target."""
         if target == "direct":
             return None
         if target == "relay":
             return self.shared_relay()
         if target == "sidecar":
             return self.shared_sidecar()
+        if target == "outbox":
+            return self.outbox_sidecar()
         raise ValueError(f"unknown target {target!r}")
 
     def target_port(self, target: str) -> int:
@@ -149,18 +176,22 @@ class BrokerCtx:
         return self.port if front is None else front.port
 
     def settle(self) -> None:
-        """Wait (bounded) until the broker and the shared sidecar are idle again."""
+        """Wait (bounded) until the broker and the shared sidecars are idle again."""
         pid = self.broker.pid
         if pid is not None:
             wait_cpu_quiet(pid, below=0.1, window=0.2, timeout=2.0)
-        if self._sidecar is not None and self._sidecar.alive():
-            wait_cpu_quiet(self._sidecar.pid, below=0.1, window=0.2, timeout=2.0)
+        for front in (self._sidecar, self._outbox):
+            if front is not None and front.alive():
+                wait_cpu_quiet(front.pid, below=0.1, window=0.2, timeout=2.0)
 
     def close(self) -> None:
-        """Stop the shared sidecar and relay, if any."""
+        """Stop the shared sidecars and relay, if any."""
         if self._sidecar is not None:
             self._sidecar.stop()
             self._sidecar = None
+        if self._outbox is not None:
+            self._outbox.stop()
+            self._outbox = None
         if self._relay is not None:
             self._relay.stop()
             self._relay = None
