@@ -18,10 +18,18 @@ from pathlib import Path
 
 from bench.procstat import cpu_seconds, wait_cpu_quiet
 from bench.relay import RelayProcess
-from bench.sidecar import SidecarProcess, broker_url
+from bench.sidecar import SidecarError, SidecarProcess, broker_url
 from testbed import ActiveMQ, BrokerProcess, RabbitMQ
 
-__all__ = ["OUTBOX_TARGETS", "TARGETS", "BrokerCtx", "Front", "Settings", "bench_broker"]
+__all__ = [
+    "OUTBOX_TARGETS",
+    "TARGETS",
+    "BrokerCtx",
+    "Front",
+    "Settings",
+    "bench_broker",
+    "start_sidecar",
+]
 
 #: The targets of the throughput and latency workloads: the broker itself, the broker behind
 #: a C byte relay, the broker behind the sidecar.
@@ -43,6 +51,25 @@ def bench_broker(flavor: str, name: str, workdir: Path) -> BrokerProcess:
     if flavor == "rabbitmq":
         return RabbitMQ(name, workdir)
     raise ValueError(f"unknown broker flavor {flavor!r}")
+
+
+def start_sidecar(
+    brokers: str, workdir: Path, options: dict[str, object], vhost: str, *, attempts: int = 3
+) -> SidecarProcess:
+    """A started :class:`SidecarProcess` (arguments as its own). Its ports are picked free
+    before it binds them, so on a shared machine another process can take one meanwhile:
+    "Address already in use" is tried again with fresh ports, up to ``attempts`` times in all;
+    other errors (and the last) raise :class:`bench.sidecar.SidecarError`."""
+    for attempt in range(1, attempts + 1):
+        sidecar = SidecarProcess(brokers, workdir, options=options, vhost=vhost)
+        try:
+            sidecar.start()
+        except SidecarError as exc:
+            if attempt == attempts or "Address already in use" not in str(exc):
+                raise
+            continue
+        return sidecar
+    raise SidecarError("no attempt made")  # attempts < 1
 
 
 @dataclass
@@ -137,13 +164,9 @@ class BrokerCtx:
         if self._outbox is None or not self._outbox.alive():
             if self._outbox is not None:
                 self._outbox.stop()
-            self._outbox = SidecarProcess(
-                self.url,
-                self.workdir,
-                options=self.outbox_options(self.workdir / "outbox"),
-                vhost=self.vhost,
+            self._outbox = start_sidecar(
+                self.url, self.workdir, self.outbox_options(self.workdir / "outbox"), self.vhost
             )
-            self._outbox.start()
         return self._outbox
 
     def shared_relay(self) -> RelayProcess:

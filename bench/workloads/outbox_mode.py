@@ -42,7 +42,7 @@ from bench import loadgen
 from bench.loadgen import Measurement, RawStomp
 from bench.report import Row, median
 from bench.sidecar import SidecarProcess, broker_url
-from bench.workloads import OUTBOX_TARGETS, BrokerCtx
+from bench.workloads import OUTBOX_TARGETS, BrokerCtx, start_sidecar
 from bench.workloads.latency import percentile
 from testbed import free_port
 
@@ -272,10 +272,7 @@ def _broker_down(ctx: BrokerCtx, n: int) -> Row:
     port: nothing drains, so the outbox's own rate and its disk bytes per frame held."""
     directory = ctx.workdir / "outbox-down"
     dead = broker_url("127.0.0.1", free_port(), ctx.vhost)
-    sidecar = SidecarProcess(
-        dead, ctx.workdir, options=ctx.outbox_options(directory), vhost=ctx.vhost
-    )
-    sidecar.start()
+    sidecar = start_sidecar(dead, ctx.workdir, ctx.outbox_options(directory), ctx.vhost)
     try:
         empty = dir_bytes(directory)
         before = _outbox(sidecar)
