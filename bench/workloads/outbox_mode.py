@@ -322,9 +322,14 @@ def run_outbox(ctx: BrokerCtx) -> list[Row]:
     rows.append(_throughput(ctx, "send-pipelined", 0.2))
     rows.append(_throughput(ctx, "send-ff", 0.5))
     rows.append(_broker_down(ctx, max(50, int(st.n * 0.2))))
+    broker = (
+        "a publisher confirm: on disk in its message store"
+        if ctx.flavor == "rabbitmq"
+        else "synced in KahaDB's journal"
+    )
     for row in rows:
         row.notes.append(
             "outbox: the RECEIPT means stored and fsynced on the sidecar's disk, not yet at "
-            "the broker; direct and sidecar: the broker's RECEIPT (stored in its journal)"
+            f"the broker; direct and sidecar: the broker's RECEIPT ({broker})"
         )
     return rows
