@@ -26,7 +26,8 @@ Examples::
     .venv/bin/python -m bench.run --broker activemq --only outbox  # persistent SENDs, outbox
     .venv/bin/python -m bench.run --list                     # workload names
 
-A full run takes about 10 minutes on a 2-core machine. Never run as a timed test.
+A full run takes about 12 minutes on a 2-core machine (the outbox workload: 1-2 per broker).
+Never run as a timed test.
 """
 
 from __future__ import annotations
