@@ -13,14 +13,21 @@ issue 18 (``bench.goals``: figure / relay / sidecar / goal / met?) and writes
 ``bench/results/latest-meta.json`` (run settings, machine, load generator capacity, timings,
 the goals table).
 
+``outbox`` (issue 17, :mod:`bench.workloads.outbox_mode`): persistent SENDs direct, through
+the sidecar and through a second sidecar with ``outbox = true``, in rotation; its rows carry
+an ``outbox`` figure and are printed again in a table of their own (RECEIPT latency and
+throughput, the outbox sidecar's CPU, fsyncs and disk bytes per frame).
+
 Examples::
 
     .venv/bin/python -m bench.run                            # everything, both brokers
     .venv/bin/python -m bench.run --broker activemq --only latency send-ff
     .venv/bin/python -m bench.run --quick                    # small counts: a smoke run
+    .venv/bin/python -m bench.run --broker activemq --only outbox  # persistent SENDs, outbox
     .venv/bin/python -m bench.run --list                     # workload names
 
-A full run takes about 10 minutes on a 2-core machine. Never run as a timed test.
+A full run takes about 12 minutes on a 2-core machine (the outbox workload: 1-2 per broker).
+Never run as a timed test.
 """
 
 from __future__ import annotations
@@ -42,10 +49,11 @@ from typing import Any
 from bench import loadgen
 from bench.goals import format_goals, goal_lines
 from bench.loadgen import RawStomp
-from bench.report import Row, print_table, write_json
+from bench.report import Row, print_outbox_table, print_table, write_json
 from bench.workloads import TARGETS, BrokerCtx, Settings, bench_broker
 from bench.workloads.failover import run_blackhole, run_kill9, run_reset
 from bench.workloads.latency import run_latency
+from bench.workloads.outbox_mode import run_outbox
 from bench.workloads.scale import run_scale
 from bench.workloads.throughput import WORKLOADS, run_throughput
 from protocol import _native
@@ -57,7 +65,15 @@ __all__ = ["ALL", "main"]
 RESULTS = Path(__file__).parent / "results"
 
 #: Workload names for ``--only``, in run order per broker (``kill9``: ActiveMQ only).
-ALL: tuple[str, ...] = (*WORKLOADS, "latency", "reset", "blackhole", "scale", "kill9")
+ALL: tuple[str, ...] = (
+    *WORKLOADS,
+    "latency",
+    "outbox",
+    "reset",
+    "blackhole",
+    "scale",
+    "kill9",
+)
 #: Group names for ``--only``.
 GROUPS: dict[str, tuple[str, ...]] = {
     "throughput": tuple(WORKLOADS),
@@ -275,9 +291,10 @@ def _attempt(
     for row in got:
         ratio = "-" if row.ratio is None else f"{row.ratio:.3f}"
         relay = "" if row.relay is None else f"relay {_num(row.relay)}, "
+        outbox = "" if row.outbox is None else f", outbox {_num(row.outbox)}"
         print(
             f"[{broker}]   {row.workload}: direct {_num(row.direct)}, {relay}sidecar "
-            f"{_num(row.sidecar)} {row.unit}, ratio {ratio}",
+            f"{_num(row.sidecar)}{outbox} {row.unit}, ratio {ratio}",
             flush=True,
         )
     print(f"[{broker}] {label} done in {time.monotonic() - t0:.1f} s", flush=True)
@@ -308,6 +325,8 @@ def _run_broker(
                 _attempt(rows, failures, label, where, one)
         if "latency" in selected:
             _attempt(rows, failures, "latency", where, lambda: run_latency(ctx))
+        if "outbox" in selected:
+            _attempt(rows, failures, "outbox", where, lambda: run_outbox(ctx))
         ctx.close()  # the shared sidecar and relay are not needed any more
         if "reset" in selected:
             _attempt(rows, failures, "reattach-after-reset", where, lambda: [run_reset(ctx)])
@@ -399,6 +418,9 @@ def main(argv: list[str] | None = None) -> int:
     meta["failures"] = failures
     print()
     meta["table"] = print_table(rows)
+    if any(r.outbox is not None for r in rows):
+        print()
+        meta["outbox_table"] = print_outbox_table(rows)
     goals = goal_lines([r for r in rows if r.error is None])
     meta["goals"] = [g.to_json() for g in goals]
     print()

@@ -18,14 +18,25 @@ from pathlib import Path
 
 from bench.procstat import cpu_seconds, wait_cpu_quiet
 from bench.relay import RelayProcess
-from bench.sidecar import SidecarProcess, broker_url
+from bench.sidecar import SidecarError, SidecarProcess, broker_url
 from testbed import ActiveMQ, BrokerProcess, RabbitMQ
 
-__all__ = ["TARGETS", "BrokerCtx", "Front", "Settings", "bench_broker"]
+__all__ = [
+    "OUTBOX_TARGETS",
+    "TARGETS",
+    "BrokerCtx",
+    "Front",
+    "Settings",
+    "bench_broker",
+    "start_sidecar",
+]
 
 #: The targets of the throughput and latency workloads: the broker itself, the broker behind
 #: a C byte relay, the broker behind the sidecar.
 TARGETS: tuple[str, ...] = ("direct", "relay", "sidecar")
+#: The targets of the outbox workload (:mod:`bench.workloads.outbox_mode`): the broker itself,
+#: the broker behind the sidecar, the broker behind a second sidecar with ``outbox = true``.
+OUTBOX_TARGETS: tuple[str, ...] = ("direct", "sidecar", "outbox")
 
 #: What stands in front of the broker for a target other than "direct".
 Front = SidecarProcess | RelayProcess
@@ -40,6 +51,25 @@ def bench_broker(flavor: str, name: str, workdir: Path) -> BrokerProcess:
     if flavor == "rabbitmq":
         return RabbitMQ(name, workdir)
     raise ValueError(f"unknown broker flavor {flavor!r}")
+
+
+def start_sidecar(
+    brokers: str, workdir: Path, options: dict[str, object], vhost: str, *, attempts: int = 3
+) -> SidecarProcess:
+    """A started :class:`SidecarProcess` (arguments as its own). Its ports are picked free
+    before it binds them, so on a shared machine another process can take one meanwhile:
+    "Address already in use" is tried again with fresh ports, up to ``attempts`` times in all;
+    other errors (and the last) raise :class:`bench.sidecar.SidecarError`."""
+    for attempt in range(1, attempts + 1):
+        sidecar = SidecarProcess(brokers, workdir, options=options, vhost=vhost)
+        try:
+            sidecar.start()
+        except SidecarError as exc:
+            if attempt == attempts or "Address already in use" not in str(exc):
+                raise
+            continue
+        return sidecar
+    raise SidecarError("no attempt made")  # attempts < 1
 
 
 @dataclass
@@ -85,6 +115,7 @@ class BrokerCtx:
     run_id: str = field(default_factory=lambda: time.strftime("%H%M%S"))
     _sidecar: SidecarProcess | None = None
     _relay: RelayProcess | None = None
+    _outbox: SidecarProcess | None = None
     _names: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     @property
@@ -122,6 +153,22 @@ class BrokerCtx:
             self._sidecar.start()
         return self._sidecar
 
+    def outbox_options(self, directory: Path) -> dict[str, object]:
+        """The options of a sidecar in outbox mode: ``settings.sidecar_options`` with
+        ``outbox = true`` and ``outbox_dir = directory``."""
+        return {**self.settings.sidecar_options, "outbox": True, "outbox_dir": str(directory)}
+
+    def outbox_sidecar(self) -> SidecarProcess:
+        """The second sidecar in front of this broker, in outbox mode (``outbox_dir`` under
+        ``workdir/outbox``), started on first use."""
+        if self._outbox is None or not self._outbox.alive():
+            if self._outbox is not None:
+                self._outbox.stop()
+            self._outbox = start_sidecar(
+                self.url, self.workdir, self.outbox_options(self.workdir / "outbox"), self.vhost
+            )
+        return self._outbox
+
     def shared_relay(self) -> RelayProcess:
         """The socat relay in front of this broker (started on first use). Raises
         :class:`bench.relay.RelayError` when socat is missing or does not start."""
@@ -133,14 +180,17 @@ class BrokerCtx:
         return self._relay
 
     def front(self, target: str) -> Front | None:
-        """What ``target`` (one of :data:`TARGETS`) connects to: None for "direct", else the
-        shared relay or sidecar. Raises ValueError for another target."""
+        """What ``target`` (one of :data:`TARGETS` or :data:`OUTBOX_TARGETS`) connects to:
+        None for "direct", else the shared relay, sidecar or outbox sidecar. Raises ValueError
+        for another target."""
         if target == "direct":
             return None
         if target == "relay":
             return self.shared_relay()
         if target == "sidecar":
             return self.shared_sidecar()
+        if target == "outbox":
+            return self.outbox_sidecar()
         raise ValueError(f"unknown target {target!r}")
 
     def target_port(self, target: str) -> int:
@@ -149,18 +199,22 @@ class BrokerCtx:
         return self.port if front is None else front.port
 
     def settle(self) -> None:
-        """Wait (bounded) until the broker and the shared sidecar are idle again."""
+        """Wait (bounded) until the broker and the shared sidecars are idle again."""
         pid = self.broker.pid
         if pid is not None:
             wait_cpu_quiet(pid, below=0.1, window=0.2, timeout=2.0)
-        if self._sidecar is not None and self._sidecar.alive():
-            wait_cpu_quiet(self._sidecar.pid, below=0.1, window=0.2, timeout=2.0)
+        for front in (self._sidecar, self._outbox):
+            if front is not None and front.alive():
+                wait_cpu_quiet(front.pid, below=0.1, window=0.2, timeout=2.0)
 
     def close(self) -> None:
-        """Stop the shared sidecar and relay, if any."""
+        """Stop the shared sidecars and relay, if any."""
         if self._sidecar is not None:
             self._sidecar.stop()
             self._sidecar = None
+        if self._outbox is not None:
+            self._outbox.stop()
+            self._outbox = None
         if self._relay is not None:
             self._relay.stop()
             self._relay = None

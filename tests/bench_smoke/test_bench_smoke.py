@@ -22,10 +22,11 @@ from bench.goals import GOALS, goal_lines
 from bench.loadgen import RawStomp, header
 from bench.profile import hot_functions
 from bench.relay import RelayProcess, socat_path
-from bench.report import Goal, Row
+from bench.report import Goal, Row, print_outbox_table
 from bench.syscalls import parse_summary
 from bench.workloads.failover import _outage_after
 from bench.workloads.latency import percentile
+from bench.workloads.outbox_mode import dir_bytes
 from testbed import activemq_installed
 
 REPO = Path(__file__).resolve().parents[2]
@@ -105,6 +106,24 @@ def test_row_json_ratio_and_goal() -> None:
     out = three.to_json()
     assert out["relay_ratio"] == 1.2
     assert out["sidecar_vs_relay"] == 0.5
+
+
+def test_outbox_row_ratios_and_table(tmp_path: Path) -> None:
+    row = Row("outbox-send-sync/persistent", "activemq", "msg/s", direct=400.0, sidecar=200.0)
+    row.outbox = 800.0
+    row.extra = {"outbox_cpu_us_per_msg": 90.0, "commits_per_frame": 2.0}
+    out = row.to_json()
+    assert (out["outbox"], out["outbox_ratio"], out["outbox_vs_sidecar"]) == (800, 2.0, 4.0)
+    assert "outbox" not in Row("send-ff/persistent", "activemq", "msg/s", direct=1.0).to_json()
+    text = print_outbox_table([row, Row("latency-send-receipt-p50", "activemq", "ms")])
+    assert "outbox-send-sync/persistent" in text
+    assert "latency-send-receipt-p50" not in text  # rows without an outbox figure: not here
+    assert "-/90.0" in text
+    assert print_outbox_table([]) == ""
+    assert dir_bytes(tmp_path / "missing") == 0
+    (tmp_path / "a").write_bytes(b"x" * 10)
+    (tmp_path / "b").write_bytes(b"x" * 5)
+    assert dir_bytes(tmp_path) == 15
 
 
 def test_goals_table_reads_relay_and_sidecar_figures() -> None:
@@ -237,6 +256,46 @@ def test_quick_run_writes_latest_json(tmp_path: Path) -> None:
     assert goals["throughput, fire-and-forget"]["met"] is not None
     assert goals["added latency p99"]["met"] is not None
     assert "goals (activemq):" in proc.stdout
+
+
+@pytest.mark.activemq
+def test_quick_outbox_run_writes_outbox_rows(tmp_path: Path) -> None:
+    """``python -m bench.run --quick --only outbox`` on ActiveMQ: persistent SENDs direct,
+    through the sidecar and through a sidecar in outbox mode; every row has its figures, the
+    outbox's commits per frame and CPU, the broker-down row its disk bytes per frame (about
+    30 s)."""
+    if not activemq_installed():
+        pytest.fail("ActiveMQ is not installed: run scripts/setup.sh", pytrace=False)
+    out = tmp_path / "latest.json"
+    proc = _bench("run", "--quick", "--broker", "activemq", "--only", "outbox", "--out", str(out))
+    rows = {r["workload"]: r for r in json.loads(out.read_text())}
+    assert set(rows) == {
+        "outbox-send-sync/persistent",
+        "outbox-receipt-p50",
+        "outbox-receipt-p99",
+        "outbox-send-pipelined/persistent",
+        "outbox-send-ff/persistent",
+        "outbox-broker-down/persistent",
+    }
+    for name, r in rows.items():
+        assert "error" not in r, r
+        assert r["outbox"] > 0, r
+        if name == "outbox-broker-down/persistent":
+            assert r["disk_bytes_per_frame"] > 1000  # a 1 KiB body, stored
+            assert r["commits_per_frame"] > 0
+            continue
+        assert r["direct"] > 0, r
+        assert r["sidecar"] > 0, r
+        assert r["outbox_ratio"] == pytest.approx(r["outbox"] / r["direct"], rel=0.01, abs=0.002)
+        if r["unit"] == "msg/s":
+            assert r["outbox_cpu_us_per_msg"] > 0, r
+            assert r["commits_per_frame"] > 0, r
+            forwarded = r["outbox_forwarded_frames"]
+            assert forwarded == r["count"] or forwarded == [r["count"]] * r.get("reps", 1), r
+    meta = json.loads((tmp_path / "latest-meta.json").read_text())
+    assert meta["failures"] == []
+    assert "outbox-broker-down/persistent" in meta["outbox_table"]
+    assert "fsync/fr" in proc.stdout
 
 
 @pytest.mark.activemq
