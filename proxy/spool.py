@@ -136,6 +136,7 @@ class OutboxService:
             recovered_frames=recovery.frames,
             recovery_problems=tuple(recovery.problems()),
             orphan_sessions=len(self.orphans),
+            room_waiters=stats.room_waiters,
         )
 
     async def watch_depth(self) -> None:

@@ -65,6 +65,7 @@ class OutboxStatistics:
         recovery_problems: what recovery at start reported, one line each (empty: clean).
         orphan_sessions: session keys left to the recovery forwarder (no live session
             forwards them: a previous process's, an ended session's), not done yet.
+        room_waiters: appends waiting for room now (the outbox is full for them).
     """
 
     frames: int
@@ -77,6 +78,7 @@ class OutboxStatistics:
     recovered_frames: int
     recovery_problems: tuple[str, ...]
     orphan_sessions: int = 0
+    room_waiters: int = 0
 
     def status(self) -> dict[str, object]:
         """``/status``'s ``outbox`` object (ages rounded to ms)."""
@@ -90,6 +92,7 @@ class OutboxStatistics:
             "forwarded_total": self.forwarded_total,
             "commits": self.commits,
             "orphan_sessions": self.orphan_sessions,
+            "room_waiters": self.room_waiters,
             "recovery": {
                 "frames": self.recovered_frames,
                 "clean": not self.recovery_problems,
