@@ -3,6 +3,12 @@
 Readiness (issue 4): *at least one broker reachable* — a STOMP CONNECT answered recently — and
 *no session stuck beyond its* ``call_timeout``.
 
+In outbox mode (issue 17) the sidecar serves apps with no broker up (it answers their CONNECT
+and stores their SENDs), so readiness is *the outbox open and not full* instead: no broker
+reachable is no reason, and while none is, sessions reconnecting (without end, by design) or
+waiting for confirmations are not stuck. A full outbox (its frames fill ``outbox_max_bytes``,
+or an append waits for room) is a reason, broker or not.
+
 Reachability is never checked inside a request: :class:`BrokerProber` runs one small task per
 configured broker that, every ``broker_probe_interval``, either
 
@@ -27,7 +33,7 @@ import protocol
 from config import Broker, Config
 from protocol import Command, ConnectionClosed, Frame
 from proxy.metrics import Metrics
-from proxy.statistics import SessionStatistics
+from proxy.statistics import OutboxStatistics, SessionStatistics
 from proxy.upstream import (
     BrokerStreams,
     ConnectFailed,
@@ -83,11 +89,19 @@ class Readiness:
     ready: bool
     reasons: tuple[str, ...]
     brokers_up: tuple[str, ...]
+    #: Outbox mode: what the outbox holds (``outbox: F frame(s), B of M bytes``); None: off.
+    outbox: str | None = None
 
     def text(self) -> str:
         """The response body: ``ready`` or ``not ready`` and one line per reason/broker."""
         if self.ready:
-            return "ready: broker(s) reachable: " + ", ".join(self.brokers_up) + "\n"
+            if self.outbox is None:
+                return "ready: broker(s) reachable: " + ", ".join(self.brokers_up) + "\n"
+            if self.brokers_up:
+                brokers = "broker(s) reachable: " + ", ".join(self.brokers_up)
+            else:
+                brokers = "no broker reachable: SENDs are stored in the outbox"
+            return f"ready: {brokers}; {self.outbox}\n"
         return "not ready:\n" + "".join(f"- {r}\n" for r in self.reasons)
 
 
@@ -111,19 +125,47 @@ def evaluate_readiness(
     sessions: Sequence[SessionStatistics],
     call_timeout: float,
     shutting_down: bool = False,
+    outbox_mode: bool = False,
+    outbox: OutboxStatistics | None = None,
 ) -> Readiness:
-    """Ready when not shutting down, some broker is ``up`` and no session is stuck.
+    """Ready when not shutting down, some broker is ``up`` and no session is stuck; in outbox
+    mode, when not shutting down and the outbox is open and not full, with or without a
+    broker (see the module docstring).
 
     Args:
         brokers: the prober's view (states already account for staleness).
         sessions: the live sessions' statistics.
         call_timeout: seconds (``Config.durations.call_timeout``) a session may be stuck.
         shutting_down: a graceful shutdown has begun.
+        outbox_mode: the ``outbox`` option is on.
+        outbox: the open outbox's statistics (None: not open, or off).
     """
     reasons: list[str] = []
     if shutting_down:
         reasons.append("shutting down: draining sessions")
     up = tuple(b.broker for b in brokers if b.state == "up")
+    held: str | None = None
+    if outbox_mode:
+        if outbox is None:
+            reasons.append("outbox not open (outbox_dir)")
+        else:
+            held = (
+                f"outbox: {outbox.frames} frame(s), {outbox.bytes} of {outbox.max_bytes} bytes "
+                "(outbox_max_bytes)"
+            )
+            if outbox.bytes >= outbox.max_bytes:
+                reasons.append(
+                    f"outbox full: {outbox.bytes} bytes held, outbox_max_bytes {outbox.max_bytes}"
+                )
+            elif outbox.room_waiters:
+                reasons.append(
+                    f"outbox full: {outbox.room_waiters} append(s) waiting for room "
+                    f"({outbox.bytes} of outbox_max_bytes {outbox.max_bytes} bytes held)"
+                )
+        if not up:
+            # The outbox serves the apps: sessions reconnect without end and their SENDs are
+            # stored, so neither the brokers nor the sessions' waits are reasons.
+            return Readiness(ready=not reasons, reasons=tuple(reasons), brokers_up=up, outbox=held)
     if not up:
         if not brokers:
             reasons.append("no brokers configured")
@@ -139,7 +181,7 @@ def evaluate_readiness(
                 f"session {s.session_id} ({s.state}, broker {s.broker or '-'}) stuck for "
                 f"{age:.1f} s, longer than call_timeout {call_timeout:g} s"
             )
-    return Readiness(ready=not reasons, reasons=tuple(reasons), brokers_up=up)
+    return Readiness(ready=not reasons, reasons=tuple(reasons), brokers_up=up, outbox=held)
 
 
 def _connect_frame(broker: Broker, config: Config) -> tuple[Frame, bool]:

@@ -7,7 +7,8 @@ Endpoints (all ``GET``; ``HEAD`` too, except ``/events``):
                 asks for ``application/openmetrics-text``.
 ``/healthz``    Liveness: 200 ``ok`` whenever the event loop answers.
 ``/readyz``     Readiness: 200 when a broker answered a STOMP CONNECT recently and no session
-                is stuck beyond ``call_timeout``; 503 with one line per reason otherwise.
+                is stuck beyond ``call_timeout`` (in outbox mode: the outbox open and not
+                full, broker or not); 503 with one line per reason otherwise.
 ``/status``     JSON: brokers and their state, sessions (broker, window, reconnects), version,
                 config digest and the redacted config. Never credentials.
 ``/events``     Server-Sent Events: every RECONNECTING/FAILOVER/DISCONNECT of every session, as
@@ -201,11 +202,14 @@ class AdminServer:
 
     def readiness(self) -> Readiness:
         """The current verdict of ``/readyz`` (reads statistics only; never blocks)."""
+        stats = self.sidecar.statistics()
         return evaluate_readiness(
             brokers=self.prober.statistics(),
-            sessions=self.sidecar.statistics().sessions,
+            sessions=stats.sessions,
             call_timeout=self.config.durations.call_timeout,
             shutting_down=self.sidecar.shutdown_requested.is_set(),
+            outbox_mode=self.config.outbox,
+            outbox=stats.outbox,
         )
 
     async def serve(
@@ -413,9 +417,10 @@ class AdminServer:
         body = (
             f"mq-sidecar {VERSION} admin plane\n"
             "/metrics  Prometheus metrics (OpenMetrics with Accept: application/openmetrics-text)\n"
-            "/healthz  liveness\n/readyz   readiness (a broker reachable, no session stuck)\n"
+            "/healthz  liveness\n/readyz   readiness (a broker reachable, no session stuck; "
+            "outbox mode: the outbox open, not full)\n"
             "/status   JSON status\n/events   Server-Sent Events: RECONNECTING, FAILOVER, "
-            "DISCONNECT\n"
+            "DISCONNECT, OUTCOME, SPOOLING, SPOOL_DRAINED\n"
         ).encode()
         await http.respond(200, body)
         return 200

@@ -1,4 +1,5 @@
-"""Session events (RECONNECTING, FAILOVER, DISCONNECT, OUTCOME) and the bus that fans them out.
+"""Session events (RECONNECTING, FAILOVER, DISCONNECT, OUTCOME; SPOOLING and SPOOL_DRAINED in
+outbox mode) and the bus that fans them out.
 
 The events tell an app what happened to its broker connection, like the codes JMS clients give
 their ``ExceptionListener``/``FailoverEventListener`` (AMQ Broker 7.1 "Client Failover":
@@ -42,6 +43,12 @@ class EventKind(enum.StrEnum):
     #: App frames that did not end plainly confirmed, each named with its outcome
     #: (:class:`FrameReport`; docs/behaviour.md, "Frame outcomes").
     OUTCOME = "OUTCOME"
+    #: Outbox mode: the session stored an app frame in the outbox while no broker was up
+    #: (its SENDs are answered from local disk and wait there); once per switch.
+    SPOOLING = "SPOOLING"
+    #: Outbox mode, after a SPOOLING: every frame the session stored reached a broker
+    #: (confirmed and removed from the outbox); its SENDs go straight through again.
+    SPOOL_DRAINED = "SPOOL_DRAINED"
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +127,17 @@ class SessionEvent:
     frames_lost: tuple[str, ...] = ()
     renamed_destinations: tuple[tuple[str, str], ...] = ()
     frames: tuple[FrameReport, ...] = ()
+    #: SPOOLING and SPOOL_DRAINED (None in the others): the session's frames in the outbox
+    #: (stored, not yet confirmed by a broker), and the whole outbox's frames, frame bytes
+    #: and ``outbox_max_bytes`` (every session's, and what recovery left).
+    spooled_frames: int | None = None
+    outbox_frames: int | None = None
+    outbox_bytes: int | None = None
+    outbox_max_bytes: int | None = None
+    #: SPOOL_DRAINED: the session's frames forwarded since its SPOOLING, and ms from the
+    #: SPOOLING to the last of them confirmed.
+    forwarded_frames: int | None = None
+    spooled_ms: int | None = None
     timestamp: float = field(default_factory=time.time)
 
     def to_dict(self) -> dict[str, object]:

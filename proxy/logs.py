@@ -89,6 +89,17 @@ def _event_message(e: SessionEvent) -> str:
         if e.frames_lost:
             parts.append(f"frames lost {len(e.frames_lost)}")
         return ", ".join(parts) + f" ({e.reason})"
+    if e.kind is EventKind.SPOOLING:
+        return (
+            f"session {e.session_id}: SPOOLING: no broker up, SENDs stored in the outbox "
+            f"({e.spooled_frames} of the session's, outbox {e.outbox_frames} frame(s), "
+            f"{e.outbox_bytes} of {e.outbox_max_bytes} bytes): {e.reason}"
+        )
+    if e.kind is EventKind.SPOOL_DRAINED:
+        return (
+            f"session {e.session_id}: SPOOL_DRAINED: {e.forwarded_frames} stored frame(s) "
+            f"forwarded to {e.to_broker or '-'} after {e.spooled_ms} ms: {e.reason}"
+        )
     lost = f"; {len(e.frames_lost)} frame(s) never confirmed" if e.frames_lost else ""
     return (
         f"session {e.session_id}: DISCONNECT from {e.from_broker or '-'} after {attempts}: "
@@ -118,7 +129,8 @@ def log_session_event(event: SessionEvent) -> None:
     """Log one session event on ``mq_sidecar.events`` (with session and broker): one line,
     or for an OUTCOME event naming many frames, one line per :data:`OUTCOME_NAMES_PER_LINE`.
 
-    RECONNECTING is a warning, FAILOVER (the session runs again) info, DISCONNECT an error;
+    RECONNECTING is a warning, FAILOVER (the session runs again) info, DISCONNECT an error,
+    SPOOLING a warning and SPOOL_DRAINED info;
     OUTCOME is info when every frame was replayed, else a warning.
     """
     kind = event.kind
@@ -131,9 +143,15 @@ def log_session_event(event: SessionEvent) -> None:
             EventKind.RECONNECTING: logging.WARNING,
             EventKind.FAILOVER: logging.INFO,
             EventKind.DISCONNECT: logging.ERROR,
+            EventKind.SPOOLING: logging.WARNING,
+            EventKind.SPOOL_DRAINED: logging.INFO,
         }[kind]
         lines = [_event_message(event)]
-    broker = event.to_broker if kind is EventKind.FAILOVER else event.from_broker
+    broker = (
+        event.to_broker
+        if kind in (EventKind.FAILOVER, EventKind.SPOOL_DRAINED)
+        else event.from_broker
+    )
     for line in lines:
         _events_log.log(
             level,

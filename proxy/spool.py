@@ -241,6 +241,7 @@ class OutboxService:
             orphan_sessions=len(self.orphans),
             seen_recorded=self.seen.recorded,
             seen_failed=self.seen.failed,
+            room_waiters=stats.room_waiters,
         )
 
     async def watch_depth(self) -> None:

@@ -67,6 +67,7 @@ class OutboxStatistics:
             forwards them: a previous process's, an ended session's), not done yet.
         seen_recorded: consumer-side duplicate-suppression ids persisted since start
             (docs/behaviour.md, "Duplicate detection"); seen_failed: ids a write error lost.
+        room_waiters: appends waiting for room now (the outbox is full for them).
     """
 
     frames: int
@@ -81,6 +82,7 @@ class OutboxStatistics:
     orphan_sessions: int = 0
     seen_recorded: int = 0
     seen_failed: int = 0
+    room_waiters: int = 0
 
     def status(self) -> dict[str, object]:
         """``/status``'s ``outbox`` object (ages rounded to ms)."""
@@ -96,6 +98,7 @@ class OutboxStatistics:
             "orphan_sessions": self.orphan_sessions,
             "seen_recorded": self.seen_recorded,
             "seen_failed": self.seen_failed,
+            "room_waiters": self.room_waiters,
             "recovery": {
                 "frames": self.recovered_frames,
                 "clean": not self.recovery_problems,

@@ -18,6 +18,10 @@ local disk and answered once durable, then forwarded to the broker in order.
 - **Removal** (:meth:`Spool.remove_confirmed`, a task beside it): a frame the broker confirmed
   (or refused with an ERROR, which reached the app) leaves the outbox, in the order it was
   forwarded.
+- **Events** (the control channel): SPOOLING when the session stores a frame while no broker
+  is up (the first such frame since the last switch back), SPOOL_DRAINED once everything it
+  stored has been forwarded, confirmed and removed after that: one event per switch, never
+  one per frame.
 
 The session key is the session id (its prefix is the process's own, so a later process never
 takes a key of an earlier one).
@@ -32,7 +36,7 @@ import trio
 
 import protocol
 from protocol import Frame
-from proxy.events import FrameReport
+from proxy.events import EventKind, FrameReport, SessionEvent
 from proxy.outbox import OutboxClosed, OutboxError, OutboxFrame, StoredFrame
 from proxy.session.confirmations import Confirmations
 from proxy.session.control import ControlChannel
@@ -141,6 +145,10 @@ class Spool:
         #: Frames this session stored (appended) and forwarded (confirmed and removed).
         self.stored = 0
         self.forwarded = 0
+        #: Since a SPOOLING event (trio seconds) and :attr:`forwarded` then; None: the
+        #: session is not spooling (no SPOOLING, or its SPOOL_DRAINED was published).
+        self.spooling_since: float | None = None
+        self._forwarded_at_spooling = 0
 
     # -- spooling (the app side) --------------------------------------------------------------
 
@@ -194,8 +202,7 @@ class Spool:
         except OutboxError as exc:
             await self._refuse(batch, str(exc))
             return
-        self.stored += len(batch)
-        self.outbox.notify(self.key)
+        await self._stored_now(len(batch))
         for _, _, receipt in batch:
             if receipt is not None:
                 await self.out.answer_locally(receipt)
@@ -216,8 +223,54 @@ class Spool:
         stored = [self._stored(frame) for frame in frames]
         deadline = trio.current_time() + self.core.durations.call_timeout
         await self.outbox.committer.append(self.key, stored, deadline=deadline)
-        self.stored += len(stored)
+        await self._stored_now(len(stored))
+
+    async def _stored_now(self, count: int) -> None:
+        """``count`` frames were appended: wake the forwarder, and when no broker is up and
+        the session was not spooling yet, publish SPOOLING (before the app's RECEIPTs of
+        them, so the app learns of the switch first)."""
+        self.stored += count
         self.outbox.notify(self.key)
+        core = self.core
+        if self.spooling_since is not None or core.upstream is not None:
+            return
+        self.spooling_since = trio.current_time()
+        self._forwarded_at_spooling = self.forwarded
+        loss = core.loss
+        await self.control.publish(
+            self._event(
+                EventKind.SPOOLING,
+                loss.reason if loss is not None else "no broker up",
+                from_broker=loss.broker if loss is not None else None,
+            )
+        )
+
+    def _event(
+        self,
+        kind: EventKind,
+        reason: str,
+        *,
+        from_broker: str | None = None,
+        to_broker: str | None = None,
+        forwarded_frames: int | None = None,
+        spooled_ms: int | None = None,
+    ) -> SessionEvent:
+        """A SPOOLING or SPOOL_DRAINED event with the depth fields: the session's frames in
+        the outbox, the whole outbox's frames, bytes and bound."""
+        stats = self.outbox.committer.statistics()
+        return SessionEvent(
+            kind,
+            self.core.id,
+            reason,
+            from_broker=from_broker,
+            to_broker=to_broker,
+            spooled_frames=self.stored - self.forwarded,
+            outbox_frames=stats.frames,
+            outbox_bytes=stats.bytes,
+            outbox_max_bytes=stats.max_bytes,
+            forwarded_frames=forwarded_frames,
+            spooled_ms=spooled_ms,
+        )
 
     @staticmethod
     def _stored(frame: Frame) -> OutboxFrame:
@@ -297,6 +350,22 @@ class Spool:
                 self._in_window.append(item.seq)
             await self.confirmations.flush_upstream()
 
+    async def _drained_event(self) -> None:
+        """SPOOL_DRAINED: the switch back from a SPOOLING."""
+        core = self.core
+        assert self.spooling_since is not None
+        since, self.spooling_since = self.spooling_since, None
+        upstream = core.upstream
+        await self.control.publish(
+            self._event(
+                EventKind.SPOOL_DRAINED,
+                "every frame the session stored reached a broker",
+                to_broker=upstream.broker.label if upstream is not None else None,
+                forwarded_frames=self.forwarded - self._forwarded_at_spooling,
+                spooled_ms=round((trio.current_time() - since) * 1000),
+            )
+        )
+
     def confirmed(self, context: Spooled) -> None:
         """A RECEIPT (or the broker's ERROR) settled the window entry of outbox frame
         ``context.seq``: it may leave the outbox (:meth:`remove_confirmed`). Never blocks."""
@@ -309,13 +378,15 @@ class Spool:
         while True:
             await self._removable.wait()
             self._removable = trio.Event()
-            await self.remove_settled()
+            await self.remove_settled(report=True)
 
-    async def remove_settled(self) -> None:
+    async def remove_settled(self, *, report: bool = False) -> None:
         """Remove the frames settled at the head of what was forwarded, as one range (a
         frame confirmed ahead of an earlier one waits for it: the outbox removes by range).
         A removal that fails leaves them in the outbox: forwarded again after a restart (the
-        consumer side suppresses the copy by its ``mq-sidecar-id``)."""
+        consumer side suppresses the copy by its ``mq-sidecar-id``). With ``report`` (not
+        when the session is closing), a session spooling whose stored frames have all been
+        removed publishes SPOOL_DRAINED, before a DISCONNECT waiting for it goes on."""
         first = last = count = 0
         while self._in_window and self._in_window[0] in self._confirmed:
             last = self._in_window.popleft()
@@ -332,5 +403,7 @@ class Spool:
         self.forwarded += count
         self.outbox.forwarded_total += count
         self.core.metrics.outbox_forwarded(count)
+        if report and self.spooling_since is not None and self.forwarded >= self.stored:
+            await self._drained_event()
         self._removed.set()
         self._removed = trio.Event()

@@ -5,7 +5,8 @@ option under `config` set, existing broker Secret, chart-made client Secret, mut
 Secret, an admin token that /metrics needs too, plain-container sidecar, ServiceMonitor) and a
 third one ("plain-container": a chart-made broker Secret, a list of broker URLs, an image
 digest, only a CA from the TLS Secret, an admin token for /status and /events only, no Spark
-template).
+template), and a fourth ("outbox-pvc": the outbox on a claim the chart makes, with its
+destinations and bound; no Spark template, which a claim cannot serve).
 """
 
 from __future__ import annotations
@@ -77,6 +78,15 @@ CASES: dict[str, tuple[str, ...]] = {
         "--set", "admin.tokenSecret.key=bearer",
         "--set", "maxSessions=200",
     ),
+    "outbox-pvc": (
+        "--set", "outbox.enabled=true",
+        "--set-json", 'outbox.destinations=["/queue/orders.*","/topic/audit"]',
+        "--set", "outbox.maxBytes=536870912",
+        "--set", "outbox.volume.type=pvc",
+        "--set", "outbox.volume.size=1Gi",
+        "--set", "outbox.volume.storageClassName=local-ssd",
+        "--set", "sparkExecutor.enabled=false",
+    ),
 }  # fmt: skip
 
 #: What each case renders (kind/name), the list for the report and docs/deploy.md.
@@ -102,6 +112,12 @@ EXPECTED_OBJECTS = {
         "ServiceMonitor/rel-mq-sidecar-metrics",
         "Deployment/rel-mq-sidecar-example",
     },
+    "outbox-pvc": {
+        "ConfigMap/rel-mq-sidecar-config",
+        "PersistentVolumeClaim/rel-mq-sidecar-outbox",
+        "Service/rel-mq-sidecar-metrics",
+        "Deployment/rel-mq-sidecar-example",
+    },
 }
 
 #: Options that are deliberately not under `config`: listen/admin_listen come from
@@ -122,6 +138,10 @@ FROM_CHART_VALUES = {
     "admin_token_file": "admin.tokenSecret",
     "admin_token_metrics": "admin.tokenForMetrics",
     "max_sessions": "maxSessions",
+    "outbox": "outbox.enabled",
+    "outbox_dir": "outbox.volume",
+    "outbox_destinations": "outbox.destinations",
+    "outbox_max_bytes": "outbox.maxBytes",
 }
 
 #: Secret volumes of the sidecar container: volume name -> mount path.
@@ -140,6 +160,7 @@ EXPECTED_SECRET_FILES: dict[str, dict[str, tuple[str, str]]] = {
         "tls_ca_file": ("broker-ca", "ca.crt"),
         "admin_token_file": ("mq-admin", "bearer"),
     },
+    "outbox-pvc": {},
 }
 
 case_ids = pytest.mark.parametrize("case", list(CASES))
@@ -394,6 +415,18 @@ def test_chart_values_match_their_options() -> None:
             assert set(entry["required"]) == {"name", "key"}
             assert default["name"] == ""
             continue
+        if name == "outbox_dir":  # the volume's mount
+            assert entry["properties"]["type"]["enum"] == ["emptyDir", "pvc"]
+            assert default["type"] == "emptyDir"
+            continue
+        if option.kind == "strings":
+            assert {
+                "type": "array",
+                "minItems": 1,
+                "items": {"type": "string", "minLength": 1},
+            } in (entry["oneOf"]), name
+            assert default is None, name
+            continue
         if name.endswith("_file"):
             assert entry["type"] == "string", name
             assert entry["pattern"] == "^[-._a-zA-Z0-9]*$", name  # a Secret key, or ""
@@ -407,7 +440,7 @@ def test_chart_values_match_their_options() -> None:
             assert default == "", name
         else:
             assert default in (option.default, None), name
-    assert {"tls", "admin"} <= set(schema["required"])
+    assert {"tls", "admin", "outbox"} <= set(schema["required"])
 
 
 # --- rendered manifests ------------------------------------------------------------------------
@@ -740,6 +773,191 @@ def test_metrics_service_selects_the_sidecar_pods(case: str) -> None:
             }
         else:
             assert "authorization" not in endpoint
+
+
+# --- the outbox's volume (docs/deploy.md, "The outbox volume") --------------------------------
+
+OUTBOX_MOUNT = "/var/lib/mq-sidecar/outbox"
+
+
+def _outbox_of(docs: list[Manifest]) -> list[tuple[str, Manifest, Manifest]]:
+    """(where, the outbox volume, the sidecar's mount of it) of every pod; only the sidecar
+    container mounts it."""
+    found = []
+    for where, spec in pod_specs(docs):
+        container = sidecar(spec)
+        (volume,) = [v for v in spec["volumes"] if v["name"] == "mq-sidecar-outbox"]
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == "mq-sidecar-outbox"]
+        others = [
+            c for c in [*spec.get("initContainers", []), *spec["containers"]] if c is not container
+        ]
+        assert others
+        for other in others:
+            assert "mq-sidecar-outbox" not in json.dumps(other), f"{where}: {other['name']}"
+        found.append((where, volume, mount))
+    return found
+
+
+def test_outbox_on_an_empty_dir_by_default() -> None:
+    """outbox.enabled alone: an emptyDir (no sizeLimit) mounted read-write into the sidecar
+    container only, in the example app and the Spark executors alike; the config says
+    outbox = true and outbox_dir = the mount, and nothing else of the outbox."""
+    docs = documents(render("--set", "outbox.enabled=true"))
+    config = tomllib.loads(config_toml(docs))
+    assert {k: v for k, v in config.items() if k.startswith("outbox")} == {
+        "outbox": True,
+        "outbox_dir": OUTBOX_MOUNT,
+    }
+    found = _outbox_of(docs)
+    assert len(found) == 2  # the example app and the executor template
+    for where, volume, mount in found:
+        assert volume == {"name": "mq-sidecar-outbox", "emptyDir": {}}, where
+        assert mount == {"name": "mq-sidecar-outbox", "mountPath": OUTBOX_MOUNT}, where
+    assert "PersistentVolumeClaim" not in [d["kind"] for d in docs]
+    deployment = find(docs, "Deployment", "-example")["spec"]
+    assert "strategy" not in deployment  # a new pod has its own emptyDir
+    assert "fsGroup" not in deployment["template"]["spec"]["securityContext"]
+    limited = documents(
+        render("--set", "outbox.enabled=true", "--set", "outbox.volume.sizeLimit=3Gi")
+    )
+    for where, volume, _ in _outbox_of(limited):
+        assert volume["emptyDir"] == {"sizeLimit": "3Gi"}, where
+
+
+def test_outbox_on_a_claim_the_chart_makes() -> None:
+    docs = docs_of("outbox-pvc")
+    config = tomllib.loads(config_toml(docs))
+    assert {k: v for k, v in config.items() if k.startswith("outbox")} == {
+        "outbox": True,
+        "outbox_dir": OUTBOX_MOUNT,
+        "outbox_destinations": ["/queue/orders.*", "/topic/audit"],
+        "outbox_max_bytes": 536870912,
+    }
+    claim = find(docs, "PersistentVolumeClaim", "-outbox")
+    assert claim["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    assert claim["spec"] == {
+        "accessModes": ["ReadWriteOnce"],
+        "storageClassName": "local-ssd",
+        "resources": {"requests": {"storage": "1Gi"}},
+    }
+    ((where, volume, mount),) = _outbox_of(docs)
+    assert volume["persistentVolumeClaim"] == {"claimName": "rel-mq-sidecar-outbox"}, where
+    assert mount == {"name": "mq-sidecar-outbox", "mountPath": OUTBOX_MOUNT}
+    deployment = find(docs, "Deployment", "-example")["spec"]
+    # One pod per claim: the old pod lets go of it before the new one starts; the claim's
+    # root directory is made writable for the sidecar's group.
+    assert deployment["strategy"] == {"type": "Recreate"}
+    security = deployment["template"]["spec"]["securityContext"]
+    assert security["fsGroup"] == 10001
+    assert security["fsGroupChangePolicy"] == "OnRootMismatch"
+    assert security["runAsNonRoot"] is True  # podSecurityContext's own values stay
+
+
+def test_outbox_on_an_existing_claim() -> None:
+    docs = documents(
+        render(
+            "--set", "outbox.enabled=true",
+            "--set", "outbox.volume.type=pvc",
+            "--set", "outbox.volume.existingClaim=orders-outbox-0",
+            "--set", "outbox.volume.size=1Mi",  # not the chart's claim: not checked
+            "--set", "outbox.volume.accessMode=ReadWriteOncePod",
+            "--set", "sparkExecutor.enabled=false",
+            "--set-json", 'podSecurityContext={"fsGroup": 2000}',
+        )
+    )  # fmt: skip
+    assert "PersistentVolumeClaim" not in [d["kind"] for d in docs]
+    ((_, volume, _),) = _outbox_of(docs)
+    assert volume["persistentVolumeClaim"] == {"claimName": "orders-outbox-0"}
+    spec = find(docs, "Deployment", "-example")["spec"]["template"]["spec"]
+    assert spec["securityContext"]["fsGroup"] == 2000  # a given fsGroup wins
+    assert "fsGroupChangePolicy" not in spec["securityContext"]
+
+
+def test_outbox_claim_options() -> None:
+    docs = documents(
+        render(
+            "--set", "outbox.enabled=true",
+            "--set", "outbox.volume.type=pvc",
+            "--set", "outbox.volume.keep=false",
+            "--set", "outbox.volume.storageClassName=",
+            "--set", "outbox.volume.accessMode=ReadWriteOncePod",
+            "--set", "sparkExecutor.enabled=false",
+        )
+    )  # fmt: skip
+    claim = find(docs, "PersistentVolumeClaim", "-outbox")
+    assert "annotations" not in claim["metadata"]
+    assert claim["spec"] == {
+        "accessModes": ["ReadWriteOncePod"],
+        "storageClassName": "",  # "" = no class (a pre-bound volume); null = the default
+        "resources": {"requests": {"storage": "2Gi"}},
+    }
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ("--set", "outbox.volume.sizeLimit=1Gi"),
+            "outbox.volume.sizeLimit: 1Gi is less than 2 x outbox.maxBytes (1073741824 bytes)",
+        ),
+        (
+            (
+                "--set", "outbox.volume.type=pvc",
+                "--set", "outbox.volume.size=900Mi",
+                "--set", "outbox.maxBytes=500000000",
+                "--set", "sparkExecutor.enabled=false",
+            ),
+            "outbox.volume.size: 900Mi is less than 2 x outbox.maxBytes (500000000 bytes)",
+        ),
+        (
+            ("--set", "outbox.volume.type=pvc"),
+            "sparkExecutor.enabled: every executor made from the template would mount the "
+            "outbox's one claim",
+        ),
+        (
+            (
+                "--set", "outbox.volume.type=pvc",
+                "--set", "exampleApp.replicas=2",
+                "--set", "sparkExecutor.enabled=false",
+            ),
+            "exampleApp.replicas: 2 pods cannot share the outbox's claim rel-mq-sidecar-outbox",
+        ),
+    ],
+    ids=["empty-dir-too-small", "claim-too-small", "claim-and-spark", "claim-and-replicas"],
+)  # fmt: skip
+def test_outbox_templates_refuse(args: tuple[str, ...], message: str) -> None:
+    result = helm("template", "rel", CHART, "--set", "outbox.enabled=true", *args)
+    assert result.returncode != 0
+    assert message in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ("--set", "config.outbox_dir=/data"),
+            "at '/config': additional properties 'outbox_dir' not allowed",
+        ),
+        (
+            ("--set", "outbox.volume.type=hostPath"),
+            "at '/outbox/volume/type': value must be one of 'emptyDir', 'pvc'",
+        ),
+        (("--set", "outbox.volume.size=lots"), "at '/outbox/volume/size'"),
+        (("--set", "outbox.maxBytes=0"), "at '/outbox/maxBytes': minimum: got 0, want 1"),
+        (
+            ("--set", "outbox.volume.accessMode=ReadWriteMany"),
+            "at '/outbox/volume/accessMode'",
+        ),
+        (("--set-json", "outbox.destinations=[]"), "at '/outbox/destinations'"),
+    ],
+    ids=["dir-not-configurable", "volume-type", "size", "max-bytes", "access-mode", "no-patterns"],
+)
+def test_outbox_schema_refuses(args: tuple[str, ...], message: str) -> None:
+    result = helm("template", "rel", CHART, *args)
+    assert result.returncode != 0, f"helm template accepted {args}"
+    output = result.stdout + result.stderr
+    assert "don't meet the specifications of the schema" in output, output
+    assert message in output, output
 
 
 def test_executor_pod_template_for_spark() -> None:

@@ -5,6 +5,7 @@ killed sidecar or an ended session left, forwarded by the recovery forwarder."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -290,3 +291,43 @@ def test_a_transaction_committed_with_the_broker_down_is_durable_and_forwarded(
             )
             _consume_once_in_order(broker, destination, bodies)
         raw.close()
+
+
+@pytest.mark.activemq
+def test_spooling_events_and_readiness_while_activemq_is_down_then_up(tmp_path: Path) -> None:
+    """The control channel says when the session's SENDs started to wait in the outbox
+    (SPOOLING, before their first RECEIPT) and when they had all reached ActiveMQ
+    (SPOOL_DRAINED, after the FAILOVER onto it), once each; /readyz is ready throughout
+    (docs/behaviour.md, "SPOOLING and SPOOL_DRAINED"; docs/operations.md, "Readiness in
+    outbox mode")."""
+    broker = ActiveMQ("amq-outbox-events", tmp_path / "amq")
+    destination = unique("/queue/outbox")
+    bodies = [f"e{n}" for n in range(10)]
+    with SidecarThread(_outbox_config(broker.stomp_url, tmp_path / "ob")) as sidecar:
+        raw = RawClient(sidecar.address)
+        raw.connect()  # answered by the sidecar: no broker yet
+        events = {"destination": "/mq-sidecar/events", "id": "ev", "ack": "auto"}
+        raw.send_frame("SUBSCRIBE", {**events, "receipt": "ev"})
+        assert raw.frame().get("receipt-id") == "ev"
+        for n, body in enumerate(bodies):
+            raw.send_frame("SEND", {"destination": destination, "receipt": f"r{n}"}, body.encode())
+        frames = [raw.frame() for _ in range(len(bodies) + 1)]
+        assert [(f.command, f.get("event")) for f in frames[:2]] == [
+            (Command.MESSAGE, "SPOOLING"),
+            (Command.RECEIPT, None),
+        ]
+        assert [f.get("receipt-id") for f in frames[1:]] == [f"r{n}" for n in range(len(bodies))]
+        spooling = json.loads(frames[0].body)
+        assert spooling["spooled_frames"] == 1
+        assert spooling["outbox_max_bytes"] == sidecar.config.outbox_max_bytes
+        status = sidecar.status()
+        assert status["ready"] is True, status["not_ready_reasons"]
+        with broker:
+            got = [raw.frame(), raw.frame()]
+            assert [f.get("event") for f in got] == ["FAILOVER", "SPOOL_DRAINED"]
+            drained = json.loads(got[1].body)
+            assert drained["forwarded_frames"] == len(bodies)
+            assert drained["to_broker"] == f"{broker.host}:{broker.stomp_port}"
+            assert sidecar.status()["outbox"]["frames"] == 0
+            _consume_once_in_order(broker, destination, bodies)
+            raw.close()

@@ -24,7 +24,7 @@ from proxy._health import (
     stuck_for,
 )
 from proxy.metrics import Metrics
-from proxy.statistics import SessionStatistics
+from proxy.statistics import OutboxStatistics, SessionStatistics
 from proxy.vocabulary import ProbeOutcome
 from proxy.window import WindowStatistics
 
@@ -153,6 +153,115 @@ def test_a_session_stuck_beyond_call_timeout_makes_it_not_ready(
         (reason,) = verdict.reasons
         assert reason.startswith(f"session s-9 (reconnecting, broker {A.label}) stuck for ")
         assert "call_timeout 30 s" in reason
+
+
+def outbox_stats(held: int = 0, max_bytes: int = 1000, room_waiters: int = 0) -> OutboxStatistics:
+    return OutboxStatistics(
+        frames=held // 100,
+        bytes=held,
+        max_bytes=max_bytes,
+        oldest_age_seconds=None,
+        sessions=1 if held else 0,
+        forwarded_total=0,
+        commits=0,
+        recovered_frames=0,
+        recovery_problems=(),
+        room_waiters=room_waiters,
+    )
+
+
+def test_outbox_mode_is_ready_with_no_broker_and_sessions_reconnecting() -> None:
+    """Outbox mode: the sidecar serves apps with no broker up, so neither the brokers nor
+    sessions reconnecting (without end) longer than call_timeout take it out of service."""
+    verdict = evaluate_readiness(
+        brokers=[health(A, "down", "connection refused"), health(B, "unknown")],
+        sessions=[session_stats("s-9", "reconnecting", None, reconnecting_for=600.0)],
+        call_timeout=30.0,
+        outbox_mode=True,
+        outbox=outbox_stats(held=300),
+    )
+    assert verdict.ready
+    assert verdict.brokers_up == ()
+    assert verdict.text() == (
+        "ready: no broker reachable: SENDs are stored in the outbox; "
+        "outbox: 3 frame(s), 300 of 1000 bytes (outbox_max_bytes)\n"
+    )
+
+
+def test_outbox_mode_with_a_broker_up_names_both_and_counts_stuck_sessions() -> None:
+    verdict = evaluate_readiness(
+        brokers=[health(A, "up")],
+        sessions=[session_stats()],
+        call_timeout=30.0,
+        outbox_mode=True,
+        outbox=outbox_stats(),
+    )
+    assert verdict.text() == (
+        f"ready: broker(s) reachable: {A.label}; outbox: 0 frame(s), 0 of 1000 bytes "
+        "(outbox_max_bytes)\n"
+    )
+    stuck = session_stats("s-9", "running", oldest_unconfirmed_age=31.0)
+    verdict = evaluate_readiness(
+        brokers=[health(A, "up")],
+        sessions=[stuck],
+        call_timeout=30.0,
+        outbox_mode=True,
+        outbox=outbox_stats(),
+    )
+    assert not verdict.ready
+    assert verdict.reasons[0].startswith("session s-9 (running")
+
+
+@pytest.mark.parametrize("broker_state", ["up", "down"])
+@pytest.mark.parametrize(
+    ("stats", "reason"),
+    [
+        (None, "outbox not open (outbox_dir)"),
+        (outbox_stats(held=1000), "outbox full: 1000 bytes held, outbox_max_bytes 1000"),
+        (
+            outbox_stats(held=1200),  # recovered over a smaller bound
+            "outbox full: 1200 bytes held, outbox_max_bytes 1000",
+        ),
+        (
+            outbox_stats(held=900, room_waiters=2),
+            "outbox full: 2 append(s) waiting for room (900 of outbox_max_bytes 1000 bytes held)",
+        ),
+    ],
+)
+def test_outbox_mode_is_not_ready_when_the_outbox_is_closed_or_full(
+    broker_state: str, stats: OutboxStatistics | None, reason: str
+) -> None:
+    verdict = evaluate_readiness(
+        brokers=[health(A, broker_state, "connection refused")],
+        sessions=[],
+        call_timeout=30.0,
+        outbox_mode=True,
+        outbox=stats,
+    )
+    assert verdict.reasons == (reason,)
+    assert verdict.text() == f"not ready:\n- {reason}\n"
+
+
+def test_outbox_mode_while_shutting_down_is_not_ready() -> None:
+    verdict = evaluate_readiness(
+        brokers=[],
+        sessions=[],
+        call_timeout=30.0,
+        shutting_down=True,
+        outbox_mode=True,
+        outbox=outbox_stats(),
+    )
+    assert verdict.reasons == ("shutting down: draining sessions",)
+
+
+def test_without_the_outbox_its_statistics_change_nothing() -> None:
+    verdict = evaluate_readiness(
+        brokers=[health(A, "down", "connection refused")],
+        sessions=[],
+        call_timeout=30.0,
+        outbox=outbox_stats(held=1000),
+    )
+    assert verdict.reasons == (f"broker {A.label}: unreachable: connection refused",)
 
 
 def test_stuck_for_takes_the_larger_age() -> None:

@@ -6,6 +6,8 @@ No broker is needed: the configured broker is a closed port, so readiness says "
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import trio
 
@@ -139,3 +141,22 @@ async def test_shutdown_closes_open_admin_connections() -> None:
             while await stream.receive_some(65536):  # the server closed its end: EOF
                 pass
             await stream.aclose()
+
+
+async def test_readyz_in_outbox_mode_is_ready_with_no_broker(tmp_path: Path) -> None:
+    """Outbox mode (docs/operations.md, "Readiness"): with the broker down, the sidecar still
+    serves apps (it answers CONNECT and stores SENDs), so /readyz says ready, and why."""
+    with trio.fail_after(GUARD):
+        config = make_config(outbox=True, outbox_dir=str(tmp_path / "outbox"))
+        async with trio.open_nursery() as nursery:
+            sidecar: Sidecar = await nursery.start(serve, config)
+            assert sidecar.admin is not None
+            assert sidecar.admin_address is not None
+            await sidecar.admin.prober.first_round_done.wait()
+            reply = await http(sidecar.admin_address, get("/readyz"))
+            assert reply.startswith(b"HTTP/1.1 200 OK\r\n")
+            assert reply.endswith(
+                b"\r\n\r\nready: no broker reachable: SENDs are stored in the outbox; outbox: "
+                b"0 frame(s), 0 of %d bytes (outbox_max_bytes)\n" % config.outbox_max_bytes
+            )
+            nursery.cancel_scope.cancel()

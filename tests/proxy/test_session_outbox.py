@@ -1,16 +1,21 @@
 """Session in outbox mode on scripted brokers (docs/outbox.md): the app's SENDs are answered
 once stored, forwarded from the outbox, replayed from the window after a failover and removed
 once confirmed; a CONNECT with no broker up is answered by the sidecar, and its first leg is
-restored onto. A real outbox in a temporary directory (its writes run in a worker thread), so
-these run on the real clock: every wait is bounded (scripted_broker.WAIT)."""
+restored onto; the SPOOLING and SPOOL_DRAINED events, once per switch. A real outbox in a
+temporary directory (its writes run in a worker thread), so these run on the real clock: every
+wait is bounded (scripted_broker.WAIT)."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
+import pytest
 import trio
 
 from protocol import Command
+from proxy.events import EventKind, SessionEvent
+from proxy.logs import log_session_event
 from proxy.spool import OutboxService, open_outbox
 from tests.proxy.scripted_broker import (
     Network,
@@ -156,3 +161,139 @@ async def test_a_transaction_with_another_frame_goes_to_the_broker(
         assert [f.get("transaction") for f in sends] == ["t", "t"]
         assert _frames(outbox) == 0
         assert app.receipt_ids().count("s0") == 1  # answered when held, not again
+
+
+# -- the control channel: SPOOLING and SPOOL_DRAINED (docs/behaviour.md, "Control channel") ---
+
+EVENTS_SUB = {"destination": "/mq-sidecar/events", "id": "events", "ack": "auto"}
+
+
+async def test_spooling_with_no_broker_at_connect_then_spool_drained_once_forwarded(
+    nursery: trio.Nursery, network: Network, tmp_path: Path
+) -> None:
+    broker = network.add("only", 61001)
+    broker.reachable = False
+    config = make_config(broker, outbox=True, outbox_dir=str(tmp_path))
+    async with open_outbox(config) as outbox:
+        running = await start_session(nursery, network, config, outbox=outbox)
+        app = running.app
+        assert (await app.connect()).command is Command.CONNECTED  # the sidecar's own
+        await app.send(Command.SUBSCRIBE, {**EVENTS_SUB, "receipt": "e"})
+        await app.wait_receipt("e")
+        for n in range(3):  # three bursts, one switch: one event
+            await app.send(Command.SEND, {"destination": QUEUE, "receipt": f"r{n}"}, b"m%d" % n)
+            await app.wait_receipt(f"r{n}")
+        (spooling,) = app.events("SPOOLING")
+        assert spooling["spooled_frames"] == 1  # when the first was stored
+        assert spooling["outbox_frames"] == 1
+        assert spooling["outbox_bytes"] > 0
+        assert spooling["outbox_max_bytes"] == config.outbox_max_bytes
+        assert spooling["reason"] == "no broker answered at CONNECT"
+        assert spooling["from_broker"] is None
+        assert spooling["forwarded_frames"] is None
+        # Before the RECEIPT of the frame that switched the session.
+        assert app.index(lambda f: f.get("event") == "SPOOLING") < app.index(
+            lambda f: f.get("receipt-id") == "r0"
+        )
+        assert app.events("SPOOL_DRAINED") == []
+
+        broker.reachable = True
+        drained = await app.wait_event("SPOOL_DRAINED")
+        assert drained["forwarded_frames"] == 3
+        assert drained["spooled_frames"] == 0
+        assert drained["outbox_frames"] == 0
+        assert drained["to_broker"] == broker.label
+        assert drained["spooled_ms"] >= 0
+        kinds = [e["event"] for e in app.events()]
+        assert kinds == ["SPOOLING", "FAILOVER", "SPOOL_DRAINED"]
+        assert _frames(outbox) == 0
+
+        # With a broker up, stored frames go straight through: no event.
+        await app.send(Command.SEND, {"destination": QUEUE, "receipt": "r9"}, b"m9")
+        await app.wait_receipt("r9")
+        spool = running.session.spool
+        assert spool is not None
+        await wait_until(lambda: spool.forwarded == 4)
+        assert [e["event"] for e in app.events()] == kinds
+
+
+async def test_spooling_after_a_broker_loss_and_back_once_per_switch(
+    nursery: trio.Nursery, network: Network, tmp_path: Path
+) -> None:
+    broker = network.add("only", 61001)
+    config = make_config(broker, outbox=True, outbox_dir=str(tmp_path))
+    async with open_outbox(config) as outbox:
+        running = await start_session(nursery, network, config, outbox=outbox)
+        app = running.app
+        assert (await app.connect()).get("server") == broker.server
+        await app.send(Command.SUBSCRIBE, {**EVENTS_SUB, "receipt": "e"})
+        await app.wait_receipt("e")
+        await app.send(Command.SEND, {"destination": QUEUE, "receipt": "up"}, b"up")
+        await app.wait_receipt("up")
+        spool = running.session.spool
+        assert spool is not None
+        await wait_until(lambda: spool.forwarded == 1)
+        assert app.events() == []  # a broker up: no switch
+
+        for round_ in range(2):  # two outages: two switches each way
+            broker.reachable = False
+            await broker.link.drop("reset")
+            await app.wait_event("RECONNECTING", round_ + 1)
+            for n in range(2):
+                receipt = f"d{round_}-{n}"
+                await app.send(Command.SEND, {"destination": QUEUE, "receipt": receipt}, b"d")
+                await app.wait_receipt(receipt)
+            spooling = await app.wait_event("SPOOLING", round_ + 1)
+            assert spooling["from_broker"] == broker.label
+            assert spooling["spooled_frames"] == 1
+            broker.reachable = True
+            drained = await app.wait_event("SPOOL_DRAINED", round_ + 1)
+            assert drained["forwarded_frames"] == 2
+            assert drained["to_broker"] == broker.label
+        assert [e["event"] for e in app.events()] == [
+            "RECONNECTING",
+            "SPOOLING",
+            "FAILOVER",
+            "SPOOL_DRAINED",
+        ] * 2
+        assert _frames(outbox) == 0
+
+
+def test_spooling_events_are_logged_once_each(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="mq_sidecar.events"):
+        log_session_event(
+            SessionEvent(
+                EventKind.SPOOLING,
+                "s1",
+                "lost",
+                from_broker="a:1",
+                spooled_frames=2,
+                outbox_frames=7,
+                outbox_bytes=700,
+                outbox_max_bytes=1000,
+            )
+        )
+        log_session_event(
+            SessionEvent(
+                EventKind.SPOOL_DRAINED,
+                "s1",
+                "every frame the session stored reached a broker",
+                to_broker="b:2",
+                spooled_frames=0,
+                forwarded_frames=5,
+                spooled_ms=1200,
+            )
+        )
+    spooling, drained = caplog.records
+    assert spooling.levelno == logging.WARNING
+    assert spooling.getMessage() == (
+        "session s1: SPOOLING: no broker up, SENDs stored in the outbox (2 of the session's, "
+        "outbox 7 frame(s), 700 of 1000 bytes): lost"
+    )
+    assert spooling.__dict__["broker"] == "a:1"
+    assert drained.levelno == logging.INFO
+    assert drained.getMessage().startswith(
+        "session s1: SPOOL_DRAINED: 5 stored frame(s) forwarded to b:2 after 1200 ms"
+    )
+    assert drained.__dict__["broker"] == "b:2"
+    assert drained.__dict__["event"] == "SPOOL_DRAINED"

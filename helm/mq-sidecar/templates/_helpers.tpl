@@ -95,6 +95,72 @@ made inside another read-only volume. */}}
 /var/run/secrets/mq-sidecar/admin
 {{- end -}}
 
+{{/* Where the sidecar container mounts the outbox volume: outbox_dir. */}}
+{{- define "mq-sidecar.outboxDir" -}}
+/var/lib/mq-sidecar/outbox
+{{- end -}}
+
+{{/*
+mq-sidecar.outboxVolume: the outbox's volume type, "emptyDir" or "pvc", or "" when the outbox
+is off. Refuses a volume smaller than 2 x outbox.maxBytes (the outbox takes up to about 1.7
+times its frame bytes on disk, plus its write-ahead log): an emptyDir past its sizeLimit gets
+the pod evicted, frames and all; a full claim refuses every SEND.
+*/}}
+{{- define "mq-sidecar.outboxVolume" -}}
+{{- $v := .values | default .root.Values -}}
+{{- $outbox := $v.outbox | default dict -}}
+{{- if $outbox.enabled -}}
+{{- $volume := $outbox.volume | default dict -}}
+{{- $type := $volume.type | default "emptyDir" -}}
+{{- $maxBytes := 1073741824.0 -}}
+{{- if not (kindIs "invalid" $outbox.maxBytes) -}}{{- $maxBytes = float64 $outbox.maxBytes -}}{{- end -}}
+{{- $key := ternary "size" "sizeLimit" (eq $type "pvc") -}}
+{{- $quantity := ternary ($volume.size | default "") ($volume.sizeLimit | default "") (eq $type "pvc") -}}
+{{- if and $quantity (not (and (eq $type "pvc") $volume.existingClaim)) -}}
+{{- $bytes := include "mq-sidecar.quantityBytes" $quantity -}}
+{{- if and $bytes (lt (float64 $bytes) (mulf 2 $maxBytes)) -}}
+{{- fail (printf "outbox.volume.%s: %s is less than 2 x outbox.maxBytes (%d bytes): the outbox takes up to about 1.7 times its frame bytes on disk, plus its write-ahead log; %s" $key $quantity (int64 $maxBytes) (ternary "a full claim refuses every SEND" "past the sizeLimit the kubelet evicts the pod, and its emptyDir with the frames in it" (eq $type "pvc"))) -}}
+{{- end -}}
+{{- end -}}
+{{- $type -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A Kubernetes quantity (2Gi, 500M, 1073741824) in bytes, or "" for a form it does not read
+(the check above is then skipped). */}}
+{{- define "mq-sidecar.quantityBytes" -}}
+{{- $units := dict "" 1.0 "k" 1e3 "M" 1e6 "G" 1e9 "T" 1e12 "P" 1e15 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 "Pi" 1125899906842624.0 -}}
+{{- if regexMatch "^[0-9]+(\\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$" . -}}
+{{- $number := regexFind "^[0-9]+(\\.[0-9]+)?" . -}}
+{{- $unit := trimPrefix $number . -}}
+{{- mulf (float64 $number) (index $units $unit) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The outbox's PersistentVolumeClaim: outbox.volume.existingClaim, or <fullname>-outbox
+(made by the chart). */}}
+{{- define "mq-sidecar.outboxClaimName" -}}
+{{- $v := .values | default .root.Values -}}
+{{- $v.outbox.volume.existingClaim | default (printf "%s-outbox" (include "mq-sidecar.fullname" .)) -}}
+{{- end -}}
+
+{{/* The pod's securityContext: podSecurityContext, with fsGroup (the sidecar's runAsGroup)
+and fsGroupChangePolicy OnRootMismatch added for an outbox on a claim, whose root directory
+belongs to root: the sidecar (not root) must write there. An fsGroup given wins. */}}
+{{- define "mq-sidecar.podSecurityContext" -}}
+{{- $v := .values | default .root.Values -}}
+{{- $context := deepCopy ($v.podSecurityContext | default dict) -}}
+{{- if and (eq (include "mq-sidecar.outboxVolume" .) "pvc") (not (hasKey $context "fsGroup")) -}}
+{{- $group := 10001 -}}
+{{- with $v.sidecar.securityContext -}}{{- if .runAsGroup -}}{{- $group = .runAsGroup -}}{{- end -}}{{- end -}}
+{{- $_ := set $context "fsGroup" (int64 $group) -}}
+{{- $_ := set $context "fsGroupChangePolicy" "OnRootMismatch" -}}
+{{- end -}}
+{{- if $context -}}
+{{- toYaml $context -}}
+{{- end -}}
+{{- end -}}
+
 {{/*
 mq-sidecar.tlsFiles: the files of the TLS Secret (tls.existingSecret) the sidecar uses, as a
 JSON list of {"option", "key", "path"}: the mq-sidecar option, the Secret's key, the file name
@@ -142,7 +208,7 @@ admin.tokenForMetrics without a token. */}}
 {{/*
 mq-sidecar.chartOptions: the options the chart sets from values outside `config`, as TOML
 lines: the TLS files (where the Secret is mounted) and settings, the admin token file,
-max_sessions.
+max_sessions, the outbox (outbox_dir: where its volume is mounted).
 */}}
 {{- define "mq-sidecar.chartOptions" -}}
 {{- $v := .values | default .root.Values -}}
@@ -170,6 +236,16 @@ admin_token_metrics = {{ if $admin.tokenForMetrics }}true{{ else }}false{{ end }
 {{- end }}
 {{- if not (kindIs "invalid" $v.maxSessions) }}
 max_sessions = {{ include "mq-sidecar.tomlValue" $v.maxSessions }}
+{{- end }}
+{{- if include "mq-sidecar.outboxVolume" . }}
+outbox = true
+outbox_dir = {{ include "mq-sidecar.outboxDir" . | quote }}
+{{- if not (kindIs "invalid" $v.outbox.destinations) }}
+outbox_destinations = {{ include "mq-sidecar.tomlValue" $v.outbox.destinations }}
+{{- end }}
+{{- if not (kindIs "invalid" $v.outbox.maxBytes) }}
+outbox_max_bytes = {{ include "mq-sidecar.tomlValue" $v.outbox.maxBytes }}
+{{- end }}
 {{- end }}
 {{- end -}}
 

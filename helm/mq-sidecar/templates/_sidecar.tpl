@@ -171,11 +171,16 @@ TLS files and admin token from Secrets (this container only), hardened securityC
       mountPath: {{ include "mq-sidecar.adminTokenDir" . }}
       readOnly: true
     {{- end }}
+    {{- if include "mq-sidecar.outboxVolume" . }}
+    # The outbox (outbox_dir): this container only; one sidecar per directory (a lock).
+    - name: mq-sidecar-outbox
+      mountPath: {{ include "mq-sidecar.outboxDir" . }}
+    {{- end }}
 {{- end -}}
 
 {{/* mq-sidecar.volumes: the volumes the container mounts, as items of a `volumes` list: the
-config, and the TLS and admin token Secrets when configured (only the sidecar container
-mounts them). */}}
+config, the TLS and admin token Secrets when configured, and the outbox's volume (an
+emptyDir or a claim) when it is on (only the sidecar container mounts them). */}}
 {{- define "mq-sidecar.volumes" -}}
 {{- $v := .values | default .root.Values -}}
 {{- $tlsFiles := include "mq-sidecar.tlsFiles" . | fromJsonArray -}}
@@ -202,6 +207,20 @@ mounts them). */}}
     items:
       - key: {{ $v.admin.tokenSecret.key }}
         path: token
+{{- end }}
+{{- $outbox := include "mq-sidecar.outboxVolume" . }}
+{{- if eq $outbox "pvc" }}
+- name: mq-sidecar-outbox
+  persistentVolumeClaim:
+    claimName: {{ include "mq-sidecar.outboxClaimName" . }}
+{{- else if $outbox }}
+- name: mq-sidecar-outbox
+  {{- with $v.outbox.volume.sizeLimit }}
+  emptyDir:
+    sizeLimit: {{ . }}
+  {{- else }}
+  emptyDir: {}
+  {{- end }}
 {{- end }}
 {{- end -}}
 
@@ -269,9 +288,9 @@ spec:
   imagePullSecrets:
     {{- toYaml . | nindent 4 }}
   {{- end }}
-  {{- with $v.podSecurityContext }}
+  {{- with include "mq-sidecar.podSecurityContext" . }}
   securityContext:
-    {{- toYaml . | nindent 4 }}
+    {{- . | nindent 4 }}
   {{- end }}
   {{- if $v.sidecar.native }}
   initContainers:
