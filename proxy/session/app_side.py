@@ -20,12 +20,13 @@ import trio
 
 import protocol
 from config import TransactionFailover
-from protocol import Command, ConnectionClosed, Frame, HeartBeat
+from protocol import Command, ConnectionClosed, Frame, HeartBeat, RawFrame
 from proxy.session.confirmations import Confirmations
 from proxy.session.control import SCOPE_HEADER, ControlChannel, scope_refused
 from proxy.session.core import SessionCore, log
 from proxy.session.ending import Ending, error_frame, summary
 from proxy.session.outcomes import report_of_frame, unsettled
+from proxy.session.phase import Phase
 from proxy.session.to_app import AppOutput
 from proxy.tracking import (
     ARTEMIS_DUPLICATE_ID,
@@ -82,7 +83,7 @@ class AppSide:
         #: Set when the drain has stopped the reading: every frame read is in the window.
         self.reading_stopped = trio.Event()
         #: The frame read ahead of the one being handled (None between bursts).
-        self._upcoming: Frame | HeartBeat | ConnectionClosed | None = None
+        self._upcoming: Frame | RawFrame | HeartBeat | ConnectionClosed | None = None
         self._handlers: dict[Command, _Handler] = {
             Command.SEND: self._send,
             Command.SUBSCRIBE: self._subscribe,
@@ -103,8 +104,9 @@ class AppSide:
         held = self.confirmations.waiting
         out = [held] if held is not None else []
         upcoming = self._upcoming
-        while isinstance(upcoming, Frame):
-            out.append((upcoming, upcoming.get("receipt")))
+        while isinstance(upcoming, Frame | RawFrame):
+            frame = upcoming.to_frame() if isinstance(upcoming, RawFrame) else upcoming
+            out.append((frame, frame.get("receipt")))
             try:
                 upcoming = self.core.app.next_buffered()
             except protocol.RemoteProtocolError:
@@ -133,7 +135,7 @@ class AppSide:
             self._read_scope = trio.CancelScope()
             try:
                 with self._read_scope:  # a cancelled read loses no byte (trio streams)
-                    event = await core.app.receive_event()
+                    event = await core.app.receive_fast_event()
                 if self._read_scope.cancelled_caught:
                     continue
             except HeartBeatTimeout as exc:
@@ -163,24 +165,32 @@ class AppSide:
                     core.end(Ending("app closed the connection"))
                     return
                 try:
-                    upcoming = core.app.next_buffered()
+                    upcoming = core.app.next_buffered_fast()
                 except protocol.RemoteProtocolError as exc:
                     upcoming = None  # reported when read again, after this frame
                     core.app_broke = exc
                 self._upcoming = upcoming
                 if core.app_hold is not None:
                     await core.frame_boundary()  # a failback holds the app (session.link)
-                if isinstance(event, Frame) and await self._dispatch(event, upcoming is None):
+                if isinstance(event, Frame | RawFrame) and await self._dispatch(
+                    event, upcoming is None
+                ):
                     return
                 if upcoming is None:
                     del event  # an idle session holds no frame of its app's (a large one...)
                     break
                 event = upcoming
 
-    async def _dispatch(self, frame: Frame, idle: bool) -> bool:
+    async def _dispatch(self, frame: Frame | RawFrame, idle: bool) -> bool:
         """Handle one app frame; True when the session is over (DISCONNECT, or a
-        :class:`SessionError` that ended it)."""
+        :class:`SessionError` that ended it). A :class:`protocol.RawFrame` takes the fast
+        lane when :meth:`_fast_lane` allows, else it is parsed and handled as any frame."""
         core = self.core
+        if isinstance(frame, RawFrame):
+            if self._fast_lane(frame):
+                # A SEND outside transactions: nothing in _send can refuse it.
+                return await self._send(frame, idle)
+            frame = frame.to_frame()
         handler = self._handlers.get(frame.command)
         try:
             if handler is None:  # CONNECT/STOMP again: protocol.Connection rejects these first
@@ -234,15 +244,33 @@ class AppSide:
             context=PASS_THROUGH,
         )
 
+    def _fast_lane(self, frame: RawFrame) -> bool:
+        """Whether a SEND read as its bytes goes on as bytes (docs/architecture.md, "The
+        fast lane"): the session is RUNNING on a leg that takes frames as they come (not
+        reconnecting, no restore writing the window) and the SEND names no transaction (a
+        tracked transaction's frames are charged, held and re-run: the general path). What
+        the SEND then goes through (:meth:`upstream_send`, the window, the leg) is the
+        general path's code on the bytes, which writes what the general path writes."""
+        core = self.core
+        return (
+            frame.command is Command.SEND
+            and core.link_ready
+            and core.phase is Phase.RUNNING
+            and not frame.has("transaction")
+        )
+
     # -- one handler per command ------------------------------------------------------------
 
-    def upstream_send(self, frame: Frame) -> tuple[Frame, str | None]:
+    def upstream_send(self, frame: Frame | RawFrame) -> tuple[Frame | RawFrame, str | None]:
         """An app SEND as it goes upstream, and the app's receipt id, in one pass over the
         headers (the hot path): every ``receipt`` entry removed (the sidecar requests its
         own), and the duplicate-detection id added: ``mq-sidecar-id``, kept when the app set
         one, and the same value as Artemis' ``_AMQ_DUPL_ID`` unless present or the leg is a
         broker that ignores it (:attr:`proxy.upstream.Upstream.artemis_duplicate_ids`). A
-        frame replayed on a new leg keeps the headers it was made with."""
+        frame replayed on a new leg keeps the headers it was made with. A
+        :class:`protocol.RawFrame` is spliced (:meth:`_upstream_raw`)."""
+        if isinstance(frame, RawFrame):
+            return self._upstream_raw(frame)
         app_receipt: str | None = None
         dup_id: str | None = None
         artemis = False
@@ -267,11 +295,28 @@ class AppSide:
             headers.append((ARTEMIS_DUPLICATE_ID, dup_id))
         return Frame.unchecked(Command.SEND, tuple(headers), frame.body), app_receipt
 
-    async def _send(self, frame: Frame, idle: bool) -> bool:
+    def _upstream_raw(self, frame: RawFrame) -> tuple[Frame | RawFrame, str | None]:
+        """:meth:`upstream_send` on the bytes: the same headers in the same places (the
+        receipt lines cut out, the ids appended), so the same bytes leave; a Frame when an
+        id needs escaping (:meth:`protocol.RawFrame.with_header`)."""
+        app_receipt = frame.get("receipt")
+        bare = frame.without("receipt")
+        up: Frame | RawFrame = bare
+        dup_id = bare.get(DUPLICATE_ID_HEADER)
+        if dup_id is None:
+            self._dup_seq += 1
+            dup_id = f"{self.core.id}-{self._dup_seq}"
+            up = up.with_header(DUPLICATE_ID_HEADER, dup_id)
+        if self.core.artemis_ids and not bare.has(ARTEMIS_DUPLICATE_ID):
+            up = up.with_header(ARTEMIS_DUPLICATE_ID, dup_id)
+        return up, app_receipt
+
+    async def _send(self, frame: Frame | RawFrame, idle: bool) -> bool:
         state = self.core.state
         assert state is not None
         up, app_receipt = self.upstream_send(frame)
-        tx = state.transaction_of(frame)
+        # A RawFrame names no transaction (_fast_lane).
+        tx = None if isinstance(frame, RawFrame) else state.transaction_of(frame)
         if tx is not None and tx.rolled_back:
             await self.out.answer_locally(app_receipt)  # COMMIT will fail, ABORT succeeds
             return False

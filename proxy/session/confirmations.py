@@ -13,7 +13,7 @@ import contextlib
 
 import trio
 
-from protocol import Command, Frame
+from protocol import Command, Frame, RawFrame
 from proxy.events import FrameReport
 from proxy.session.control import ControlChannel
 from proxy.session.core import SessionCore, log
@@ -60,7 +60,7 @@ class Confirmations:
 
     async def submit(
         self,
-        frame: Frame,
+        frame: Frame | RawFrame,
         *,
         app_receipt: str | None,
         idle: bool,
@@ -81,7 +81,8 @@ class Confirmations:
         size = frame_size(frame)
         if not window.has_room(size):
             core.metrics.window_full()
-            self.waiting = (frame, app_receipt)
+            held = frame.to_frame() if isinstance(frame, RawFrame) else frame
+            self.waiting = (held, app_receipt)
             try:
                 await self.flush_upstream()  # the receipts that make room answer queued frames
                 # Only a pending receipt makes room; with none, the frame goes in after what
@@ -128,7 +129,7 @@ class Confirmations:
 
     def _append(
         self,
-        frame: Frame,
+        frame: Frame | RawFrame,
         app_receipt: str | None,
         want_receipt: bool | None,
         context: EntryContext | None,
@@ -155,14 +156,15 @@ class Confirmations:
         )
         if app_receipt is not None:
             core.window_changed()  # a receipt for the call_timeout watch (appends make no room)
-        core.metrics.frame_to_broker(frame.command, len(frame.body))
+        body = frame.body_length if isinstance(frame, RawFrame) else len(frame.body)
+        core.metrics.frame_to_broker(frame.command, body)
         upstream = core.upstream
         if core.link_ready and upstream is not None:
             if core.state is not None:  # the order the leg names temporary destinations
-                core.state.temps.note(entry.frame)
+                core.state.temps.note(entry.held)
             try:
                 entry.sent_at = now
-                upstream.queue(entry.frame)
+                upstream.queue(entry.held)
                 entry.sent = True
             except TransportLost:
                 pass  # the link task sees the loss and replays the window
@@ -192,7 +194,7 @@ class Confirmations:
         for entry in confirmed:
             if entry.receipt == receipt and entry.sent_at:
                 metrics.receipt_roundtrip(now - entry.sent_at)
-            if entry.frame.command is Command.COMMIT:
+            if entry.command is Command.COMMIT:
                 metrics.transaction(TransactionOutcome.COMMITTED)
                 if isinstance(entry.context, Transaction):
                     entry.context.finished()
@@ -276,7 +278,7 @@ class Confirmations:
         state = "while reconnecting" if core.phase is Phase.RECONNECTING else "by the broker"
         reports = []
         for entry in due:
-            command = entry.frame.command
+            command = entry.command
             if entry.confirmed:
                 # Its RECEIPT came while the send lock was awaited (marked answered, so the
                 # confirmation wrote none): it is plainly confirmed after all.
