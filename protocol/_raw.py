@@ -57,23 +57,27 @@ ORDINARY_LINES = re.compile(rb"(?:" + _PLAIN + rb":" + _PLAIN + rb"\n)*")
 #: A plain text value (str): what a spliced header line may hold.
 _PLAIN_TEXT = re.compile(r"[^\x00\n\r:\\\x80-\U0010ffff]*")
 _COMMANDS = {command.value.encode("ascii"): command for command in Command}
-#: Header names as the bytes a lookup searches for (``LF name :``), made once per name.
-_KEYS: dict[str, bytes] = {}
 
 
-def _key(name: str) -> bytes:
-    key = _KEYS.get(name)
-    if key is None:
-        if len(_KEYS) >= 256:  # names come from the code, not the peer; bounded all the same
-            _KEYS.clear()
-        key = _KEYS[name] = b"\n" + name.encode("utf-8") + b":"
-    return key
+class _Keys(dict[str, bytes]):
+    """Header names as the bytes a lookup searches for (``LF name :``), made once per name
+    (``_KEYS[name]``: one C-level lookup on the hot path)."""
+
+    def __missing__(self, name: str) -> bytes:
+        if len(self) >= 256:  # names come from the code, not the peer; bounded all the same
+            self.clear()
+        key = self[name] = b"\n" + name.encode("utf-8") + b":"
+        return key
+
+
+_KEYS = _Keys()
+_plain = _PLAIN_TEXT.fullmatch
 
 
 def is_plain(text: str) -> bool:
     """Whether ``text`` can be spliced into an ordinary head as it is (see the module
     docstring): ASCII without NUL, LF, CR, ``:`` or backslash."""
-    return _PLAIN_TEXT.fullmatch(text) is not None
+    return _plain(text) is not None
 
 
 class RawFrame:
@@ -97,6 +101,18 @@ class RawFrame:
         self.data = data
         self.head_end = head_end
 
+    @classmethod
+    def build(cls, command: Command, headers: tuple[tuple[str, str], ...]) -> RawFrame | None:
+        """A frame without a body, made by the caller, as bytes: None unless every name and
+        value is plain (:func:`is_plain`), when its bytes would depend on the version."""
+        lines = [command._value_, "\n"]  # _value_: .value is a slow property in 3.11
+        for name, value in headers:
+            if _plain(name) is None or _plain(value) is None:
+                return None
+            lines += (name, ":", value, "\n")
+        head = "".join(lines).encode("ascii")
+        return cls(command, head + b"\n\0", len(head))
+
     def __repr__(self) -> str:
         return f"RawFrame(Command.{self.command.name}, {len(self.data)} bytes)"
 
@@ -114,7 +130,7 @@ class RawFrame:
         """The value of the FIRST header called ``name``, or ``default`` (as
         :meth:`Frame.get`; STOMP 1.2 "Repeated Header Entries")."""
         data = self.data
-        key = _key(name)
+        key = _KEYS[name]
         at = data.find(key, 0, self.head_end)
         if at < 0:
             return default
@@ -123,18 +139,18 @@ class RawFrame:
 
     def has(self, name: str) -> bool:
         """Whether at least one header is called ``name``."""
-        return self.data.find(_key(name), 0, self.head_end) >= 0
+        return self.data.find(_KEYS[name], 0, self.head_end) >= 0
 
     def count(self, name: str) -> int:
         """How many header entries are called ``name``."""
-        return self.data.count(_key(name), 0, self.head_end)
+        return self.data.count(_KEYS[name], 0, self.head_end)
 
     def without(self, name: str) -> RawFrame:
         """A copy without any entry of header ``name`` (as :meth:`Frame.without` with one
         name); ``self`` when there is none."""
         data = self.data
         end = self.head_end
-        key = _key(name)
+        key = _KEYS[name]
         at = data.find(key, 0, end)
         if at < 0:
             return self
@@ -157,18 +173,17 @@ class RawFrame:
         Returns a :class:`Frame` (the general path's) when ``name`` or ``value`` is not plain
         (:func:`is_plain`): its bytes would depend on the version's escaping.
         """
-        if not (is_plain(name) and is_plain(value)):
+        if _plain(name) is None or _plain(value) is None:
             return self.to_frame().with_header(name, value)
         line = f"{name}:{value}\n".encode("ascii")
-        frame = self
         data = self.data
-        at = data.find(_key(name), 0, self.head_end)
-        if at >= 0:
-            frame = self.without(name)
-            data = frame.data
-            at += 1  # where the first entry's line started
-        else:
-            at = frame.head_end
+        at = data.find(_KEYS[name], 0, self.head_end)
+        if at < 0:  # the usual case: appended
+            at = self.head_end
+            return RawFrame(self.command, data[:at] + line + data[at:], at + len(line))
+        frame = self.without(name)
+        data = frame.data
+        at += 1  # where the first entry's line started
         return RawFrame(self.command, data[:at] + line + data[at:], frame.head_end + len(line))
 
     def to_frame(self) -> Frame:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import trio
 
 import protocol
-from protocol import Command, ConnectionClosed, Frame, HeartBeat
+from protocol import Command, ConnectionClosed, Frame, HeartBeat, RawFrame
 from proxy.events import FrameReport
 from proxy.session.acks import SidecarAcks
 from proxy.session.confirmations import Confirmations
@@ -41,14 +41,15 @@ class BrokerSide:
         after an ERROR (an application error, not a failover)."""
         core = self.core
         kind = FailoverReason.CONNECTION_LOST
+        upstream.wire.conn.raw_commands = core.broker_fast_lane
         try:
             while True:
-                event = upstream.next_buffered()
+                event = upstream.next_buffered_fast()
                 if event is None:
                     # The burst read so far is handled: what it queued for the app leaves
                     # in one write, before we wait for the broker again.
                     await self.out.flush()
-                    event = await upstream.receive_event()
+                    event = await upstream.receive_fast_event()
                 if isinstance(event, HeartBeat):
                     continue
                 if isinstance(event, ConnectionClosed):
@@ -77,7 +78,13 @@ class BrokerSide:
             core.end(Ending(f"{reason} after an ERROR", disconnect_upstream=False))
         return reason, kind
 
-    async def _on_frame(self, upstream: Upstream, frame: Frame) -> None:
+    async def _on_frame(self, upstream: Upstream, frame: Frame | RawFrame) -> None:
+        if isinstance(frame, RawFrame):
+            if frame.command is Command.RECEIPT:
+                # The fast lane: the receipt id read from the bytes (ordinary: no escapes).
+                await self.confirmations.confirm(frame.get("receipt-id") or "")
+                return
+            frame = frame.to_frame()
         command = frame.command
         if command is Command.MESSAGE:
             await self._on_message(upstream, frame)

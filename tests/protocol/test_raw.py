@@ -191,3 +191,21 @@ def test_a_judging_connection_checks_raw_frames() -> None:
     with pytest.raises(RemoteProtocolError, match="receipt-id"):
         client.next_fast_event()
     assert isinstance(Connection(Role.CLIENT).raw_commands, frozenset)
+
+
+@settings(max_examples=300)
+@given(
+    headers=st.lists(st.tuples(_names, _values), max_size=3),
+    command=st.sampled_from([Command.RECEIPT, Command.ACK, Command.MESSAGE]),
+)
+def test_built_frames_are_what_serialize_writes(
+    headers: list[tuple[str, str]], command: Command
+) -> None:
+    built = RawFrame.build(command, tuple(headers))
+    frame = Frame(command, tuple(headers))
+    if built is None:
+        assert any(v in ("é", "x:y", "back\\slash", "line\nbreak") for _, v in headers)
+        return
+    assert built.to_frame() == frame
+    for version in VERSIONS:
+        assert built.data == serialize(frame, version)

@@ -1,8 +1,8 @@
 """The fast lane against the general path, by property: the same bytes from the app, through a
-Session with the fast lane and through one without (``APP_FAST_LANE`` empty: every frame
-parsed), give the broker the same bytes, the app the same frames, and leave the same session
-state (the window's entries, counters, statistics). Scripted brokers on the mock clock
-(docs/architecture.md, "The fast lane")."""
+Session with the fast lane and through one without (``APP_FAST_LANE`` and ``BROKER_FAST_LANE``
+empty: every frame parsed), give the broker the same bytes, the app the same frames, and leave
+the same session state (the window's entries, counters, statistics). Scripted brokers on the
+mock clock (docs/architecture.md, "The fast lane")."""
 
 from __future__ import annotations
 
@@ -131,6 +131,7 @@ def _run(
         patch.setattr(scripted_broker.LinkSocket, "send_all", record)
         if not fast:
             patch.setattr(proxy.session.core, "APP_FAST_LANE", frozenset())
+            patch.setattr(proxy.session.core, "BROKER_FAST_LANE", frozenset())
         trio.run(scenario, clock=trio.testing.MockClock(autojump_threshold=0))
     finally:
         patch.undo()
