@@ -8,6 +8,15 @@ broker's answer reaches the app: the broker judges what is not the sidecar's to 
 the sidecar itself must refuse (its own limits and ids) gets an ERROR:
 :class:`proxy.tracking.FrameRejected` refuses that frame and keeps the session,
 :class:`proxy.tracking.SessionError` ends it.
+
+The fast lane (docs/architecture.md, "The fast lane"): an ordinary SEND outside transactions,
+while the session runs on a ready leg, is read, spliced, kept in the window and written as its
+bytes (:class:`protocol.RawFrame`), by the same handler as any SEND; anything else is parsed.
+Scheduling, chosen for the cost of a trip through trio's scheduler against fairness: one read
+(up to ``proxy.wire.RECEIVE_SIZE`` bytes) per wakeup, every complete frame of it handled
+without a checkpoint of its own (a frame's awaits yield only for a full window, an out-buffer
+past ``FLUSH_THRESHOLD`` or a failback's hold), one write per burst. Cancellation is seen at
+the next read; other sessions wait for at most one read's worth of frames.
 """
 
 from __future__ import annotations
