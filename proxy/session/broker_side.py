@@ -19,6 +19,7 @@ from proxy.session.ending import Ending
 from proxy.session.to_app import AppOutput
 from proxy.upstream import Upstream
 from proxy.vocabulary import FailoverReason
+from proxy.window import body_size
 from proxy.wire import HeartBeatTimeout, TransportLost
 
 __all__ = ["BrokerSide"]
@@ -80,9 +81,13 @@ class BrokerSide:
 
     async def _on_frame(self, upstream: Upstream, frame: Frame | RawFrame) -> None:
         if isinstance(frame, RawFrame):
+            # The fast lane: a RECEIPT's id read from the bytes (ordinary: no escapes), a
+            # MESSAGE delivered on its bytes where it can be (SessionState.deliver).
             if frame.command is Command.RECEIPT:
-                # The fast lane: the receipt id read from the bytes (ordinary: no escapes).
                 await self.confirmations.confirm(frame.get("receipt-id") or "")
+                return
+            if frame.command is Command.MESSAGE:
+                await self._on_message(upstream, frame)
                 return
             frame = frame.to_frame()
         command = frame.command
@@ -95,7 +100,7 @@ class BrokerSide:
         else:  # CONNECTED twice: protocol.Connection already rejects it
             log.warning("session %s: unexpected %s from broker ignored", self.core.id, command)
 
-    async def _on_message(self, upstream: Upstream, frame: Frame) -> None:
+    async def _on_message(self, upstream: Upstream, frame: Frame | RawFrame) -> None:
         core = self.core
         state = core.state
         assert state is not None
@@ -114,7 +119,7 @@ class BrokerSide:
             return
         decision = state.deliver(frame, upstream_version=upstream.version, now=trio.current_time())
         if decision.to_app is not None:
-            core.metrics.frame_to_app(Command.MESSAGE, len(decision.to_app.body))
+            core.metrics.frame_to_app(Command.MESSAGE, body_size(decision.to_app))
             await self.out.send(decision.to_app, flush=False)
         elif decision.hidden is not None:
             core.metrics.duplicates_suppressed()
@@ -136,7 +141,7 @@ class BrokerSide:
             # has it: held until the app's out-buffer is written (AppOutput.flush).
             await self.out.flush()
 
-    def _acked_by_the_app(self, message: Frame) -> bool:
+    def _acked_by_the_app(self, message: Frame | RawFrame) -> bool:
         """Whether ``message`` belongs to a subscription of the app's that the sidecar tracks
         (so the broker waits for its ACK); not one passed through untracked, nor a reply to a
         temporary queue, which may be ``auto`` upstream (holding those back would lose them)."""

@@ -40,7 +40,7 @@ UPSTREAM_MAX_HEADERS = 1 << 16
 #: side's ``_fast_lane``; docs/architecture.md, "The fast lane"). Empty: every frame is parsed.
 APP_FAST_LANE: frozenset[Command] = frozenset({Command.SEND})
 #: The broker's frames read as their bytes by the broker relay (``BrokerSide``).
-BROKER_FAST_LANE: frozenset[Command] = frozenset({Command.RECEIPT})
+BROKER_FAST_LANE: frozenset[Command] = frozenset({Command.RECEIPT, Command.MESSAGE})
 #: Seconds allowed for a goodbye (DISCONNECT receipt, final ERROR) when a session ends.
 GOODBYE_TIMEOUT = 2.0
 #: Seconds after a broker's ERROR within which its closing the connection is taken as the
