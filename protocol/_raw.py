@@ -173,18 +173,41 @@ class RawFrame:
         Returns a :class:`Frame` (the general path's) when ``name`` or ``value`` is not plain
         (:func:`is_plain`): its bytes would depend on the version's escaping.
         """
-        if _plain(name) is None or _plain(value) is None:
+        line = f"{name}:{value}\n".encode()
+        if ORDINARY_LINES.fullmatch(line) is None:
             return self.to_frame().with_header(name, value)
-        line = f"{name}:{value}\n".encode("ascii")
         data = self.data
-        at = data.find(_KEYS[name], 0, self.head_end)
+        end = self.head_end
+        at = data.find(_KEYS[name], 0, end)
         if at < 0:  # the usual case: appended
-            at = self.head_end
-            return RawFrame(self.command, data[:at] + line + data[at:], at + len(line))
+            return RawFrame(self.command, b"".join((data[:end], line, data[end:])), end + len(line))
         frame = self.without(name)
         data = frame.data
         at += 1  # where the first entry's line started
         return RawFrame(self.command, data[:at] + line + data[at:], frame.head_end + len(line))
+
+    def spliced(self, cut: str | None, add: list[tuple[str, str]]) -> RawFrame | None:
+        """A copy without any entry of header ``cut`` (None: none cut) and with the entries
+        ``add`` appended, in one copy: ``without(cut)`` then ``with_header`` of each of
+        ``add``, when none of them is there already (the caller's to know). None when a name
+        or value of ``add`` is not plain (the caller then takes the general path)."""
+        lines = "".join([f"{name}:{value}\n" for name, value in add]).encode()
+        if ORDINARY_LINES.fullmatch(lines) is None:
+            return None
+        data = self.data
+        end = self.head_end
+        if cut is not None:
+            key = _KEYS[cut]
+            at = data.find(key, 0, end)
+            if at >= 0:
+                stop = data.index(b"\n", at + 1)
+                if data.find(key, stop, end) < 0:  # one entry, the usual case: one copy
+                    kept = (data[: at + 1], data[stop + 1 : end], lines, data[end:])
+                    return RawFrame(self.command, b"".join(kept), end - stop + at + len(lines))
+                frame = self.without(cut)
+                data = frame.data
+                end = frame.head_end
+        return RawFrame(self.command, b"".join((data[:end], lines, data[end:])), end + len(lines))
 
     def to_frame(self) -> Frame:
         """The :class:`Frame` the general parser reads from :attr:`data` (any version)."""

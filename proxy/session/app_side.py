@@ -306,19 +306,25 @@ class AppSide:
 
     def _upstream_raw(self, frame: RawFrame) -> tuple[Frame | RawFrame, str | None]:
         """:meth:`upstream_send` on the bytes: the same headers in the same places (the
-        receipt lines cut out, the ids appended), so the same bytes leave; a Frame when an
-        id needs escaping (:meth:`protocol.RawFrame.with_header`)."""
+        receipt lines cut out, the ids appended), so the same bytes leave, in one splice; a
+        Frame when an id needs escaping (:meth:`protocol.RawFrame.spliced`)."""
         app_receipt = frame.get("receipt")
-        bare = frame.without("receipt")
-        up: Frame | RawFrame = bare
-        dup_id = bare.get(DUPLICATE_ID_HEADER)
+        dup_id = frame.get(DUPLICATE_ID_HEADER)
+        add: list[tuple[str, str]] = []
         if dup_id is None:
             self._dup_seq += 1
             dup_id = f"{self.core.id}-{self._dup_seq}"
-            up = up.with_header(DUPLICATE_ID_HEADER, dup_id)
-        if self.core.artemis_ids and not bare.has(ARTEMIS_DUPLICATE_ID):
-            up = up.with_header(ARTEMIS_DUPLICATE_ID, dup_id)
-        return up, app_receipt
+            add.append((DUPLICATE_ID_HEADER, dup_id))
+        if self.core.artemis_ids and not frame.has(ARTEMIS_DUPLICATE_ID):
+            add.append((ARTEMIS_DUPLICATE_ID, dup_id))
+        cut = None if app_receipt is None else "receipt"
+        up = frame.spliced(cut, add)
+        if up is not None:
+            return up, app_receipt
+        general = frame.to_frame().without("receipt")
+        for name, value in add:
+            general = general.with_header(name, value)  # appended: not there
+        return general, app_receipt
 
     async def _send(self, frame: Frame | RawFrame, idle: bool) -> bool:
         state = self.core.state

@@ -143,6 +143,8 @@ class TempNames:
         makes the broker create (module docstring)."""
         command = frame.command
         if command is Command.SEND:
+            if isinstance(frame, RawFrame) and frame.data.find(b":/temp-", 0, frame.head_end) < 0:
+                return  # no header value names a temporary destination (the fast lane)
             destination = frame.get("destination")
             reply_to = frame.get("reply-to")
             if destination is not None and self._style == "activemq":

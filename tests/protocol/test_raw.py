@@ -23,6 +23,7 @@ from protocol import (
     Role,
     serialize,
 )
+from protocol._raw import is_plain
 from tests.protocol.helpers import ConnectionPair
 
 RAW = frozenset({Command.SEND, Command.MESSAGE, Command.RECEIPT, Command.ACK})
@@ -130,6 +131,11 @@ def test_splices_equal_the_frame_operations(
     without = raw.without(name)
     assert without.to_frame() == frame.without(name)
     assert without.data == serialize(frame.without(name), version)
+    spliced = raw.spliced(name, [(name, value)])
+    if spliced is None:
+        assert not is_plain(value)
+    else:
+        assert spliced.data == serialize(frame.without(name).with_header(name, value), version)
     changed = raw.with_header(name, value)
     expected = frame.with_header(name, value)
     if isinstance(changed, RawFrame):
