@@ -155,16 +155,6 @@ class Upstream:
         (:meth:`FrameStream.next_buffered`)."""
         return self.wire.next_buffered()
 
-    def next_buffered_fast(self) -> Frame | RawFrame | HeartBeat | ConnectionClosed | None:
-        """:meth:`next_buffered` with the fast lane's frames as bytes
-        (:meth:`FrameStream.next_buffered_fast`)."""
-        return self.wire.next_buffered_fast()
-
-    async def receive_fast_event(self) -> Frame | RawFrame | HeartBeat | ConnectionClosed:
-        """:meth:`receive_event` with the fast lane's frames as bytes
-        (:meth:`FrameStream.receive_fast_event`)."""
-        return await self.wire.receive_fast_event()
-
     async def receive_event(self) -> Frame | HeartBeat | ConnectionClosed:
         """Next frame, heart-beat or ``CONNECTION_CLOSED`` from the broker.
 

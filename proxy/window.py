@@ -24,19 +24,7 @@ from dataclasses import dataclass, field
 
 from protocol import Command, Frame, RawFrame
 
-__all__ = [
-    "ConfirmationWindow",
-    "Entry",
-    "EntryContext",
-    "WindowStatistics",
-    "body_size",
-    "frame_size",
-]
-
-
-def body_size(frame: Frame | RawFrame) -> int:
-    """Bytes of a frame's body (metrics), without copying a RawFrame's out."""
-    return frame.body_length if isinstance(frame, RawFrame) else len(frame.body)
+__all__ = ["ConfirmationWindow", "Entry", "EntryContext", "WindowStatistics", "frame_size"]
 
 
 def frame_size(frame: Frame | RawFrame) -> int:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import trio
 
 import protocol
-from protocol import Command, ConnectionClosed, Frame, HeartBeat, RawFrame
+from protocol import Command, ConnectionClosed, Frame, HeartBeat
 from proxy.events import FrameReport
 from proxy.session.acks import SidecarAcks
 from proxy.session.confirmations import Confirmations
@@ -19,7 +19,6 @@ from proxy.session.ending import Ending
 from proxy.session.to_app import AppOutput
 from proxy.upstream import Upstream
 from proxy.vocabulary import FailoverReason
-from proxy.window import body_size
 from proxy.wire import HeartBeatTimeout, TransportLost
 
 __all__ = ["BrokerSide"]
@@ -42,15 +41,14 @@ class BrokerSide:
         after an ERROR (an application error, not a failover)."""
         core = self.core
         kind = FailoverReason.CONNECTION_LOST
-        upstream.wire.conn.raw_commands = core.broker_fast_lane
         try:
             while True:
-                event = upstream.next_buffered_fast()
+                event = upstream.next_buffered()
                 if event is None:
                     # The burst read so far is handled: what it queued for the app leaves
                     # in one write, before we wait for the broker again.
                     await self.out.flush()
-                    event = await upstream.receive_fast_event()
+                    event = await upstream.receive_event()
                 if isinstance(event, HeartBeat):
                     continue
                 if isinstance(event, ConnectionClosed):
@@ -79,17 +77,7 @@ class BrokerSide:
             core.end(Ending(f"{reason} after an ERROR", disconnect_upstream=False))
         return reason, kind
 
-    async def _on_frame(self, upstream: Upstream, frame: Frame | RawFrame) -> None:
-        if isinstance(frame, RawFrame):
-            # The fast lane: a RECEIPT's id read from the bytes (ordinary: no escapes), a
-            # MESSAGE delivered on its bytes where it can be (SessionState.deliver).
-            if frame.command is Command.RECEIPT:
-                await self.confirmations.confirm(frame.get("receipt-id") or "")
-                return
-            if frame.command is Command.MESSAGE:
-                await self._on_message(upstream, frame)
-                return
-            frame = frame.to_frame()
+    async def _on_frame(self, upstream: Upstream, frame: Frame) -> None:
         command = frame.command
         if command is Command.MESSAGE:
             await self._on_message(upstream, frame)
@@ -100,7 +88,7 @@ class BrokerSide:
         else:  # CONNECTED twice: protocol.Connection already rejects it
             log.warning("session %s: unexpected %s from broker ignored", self.core.id, command)
 
-    async def _on_message(self, upstream: Upstream, frame: Frame | RawFrame) -> None:
+    async def _on_message(self, upstream: Upstream, frame: Frame) -> None:
         core = self.core
         state = core.state
         assert state is not None
@@ -119,7 +107,7 @@ class BrokerSide:
             return
         decision = state.deliver(frame, upstream_version=upstream.version, now=trio.current_time())
         if decision.to_app is not None:
-            core.metrics.frame_to_app(Command.MESSAGE, body_size(decision.to_app))
+            core.metrics.frame_to_app(Command.MESSAGE, len(decision.to_app.body))
             await self.out.send(decision.to_app, flush=False)
         elif decision.hidden is not None:
             core.metrics.duplicates_suppressed()
@@ -141,7 +129,7 @@ class BrokerSide:
             # has it: held until the app's out-buffer is written (AppOutput.flush).
             await self.out.flush()
 
-    def _acked_by_the_app(self, message: Frame | RawFrame) -> bool:
+    def _acked_by_the_app(self, message: Frame) -> bool:
         """Whether ``message`` belongs to a subscription of the app's that the sidecar tracks
         (so the broker waits for its ACK); not one passed through untracked, nor a reply to a
         temporary queue, which may be ``auto`` upstream (holding those back would lose them)."""

@@ -23,7 +23,7 @@ from proxy.session.phase import Phase
 from proxy.session.to_app import AppOutput
 from proxy.tracking import Transaction
 from proxy.vocabulary import FrameOutcome, OutcomeCause, TransactionOutcome
-from proxy.window import Entry, EntryContext, body_size, frame_size
+from proxy.window import Entry, EntryContext, frame_size
 from proxy.wire import TransportLost
 
 __all__ = ["ALWAYS_RECEIPTED", "Confirmations"]
@@ -156,7 +156,8 @@ class Confirmations:
         )
         if app_receipt is not None:
             core.window_changed()  # a receipt for the call_timeout watch (appends make no room)
-        core.metrics.frame_to_broker(frame.command, body_size(frame))
+        body = frame.body_length if isinstance(frame, RawFrame) else len(frame.body)
+        core.metrics.frame_to_broker(frame.command, body)
         upstream = core.upstream
         if core.link_ready and upstream is not None:
             if core.state is not None:  # the order the leg names temporary destinations

@@ -39,8 +39,6 @@ UPSTREAM_MAX_HEADERS = 1 << 16
 #: The app's frames read as their bytes while the session runs (the fast lane, the app
 #: side's ``_fast_lane``; docs/architecture.md, "The fast lane"). Empty: every frame is parsed.
 APP_FAST_LANE: frozenset[Command] = frozenset({Command.SEND})
-#: The broker's frames read as their bytes by the broker relay (``BrokerSide``).
-BROKER_FAST_LANE: frozenset[Command] = frozenset({Command.RECEIPT, Command.MESSAGE})
 #: Seconds allowed for a goodbye (DISCONNECT receipt, final ERROR) when a session ends.
 GOODBYE_TIMEOUT = 2.0
 #: Seconds after a broker's ERROR within which its closing the connection is taken as the
@@ -108,8 +106,6 @@ class SessionCore:
             grace=config.heartbeat_grace,
         )
         self.app.conn.raw_commands = APP_FAST_LANE
-        #: What the broker relay reads as bytes on each leg (BROKER_FAST_LANE).
-        self.broker_fast_lane = BROKER_FAST_LANE
         self.state: SessionState | None = None
         self.window = ConfirmationWindow(
             config.confirmation_window_size, receipt_prefix=f"{session_id}-r"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from protocol import Command, Frame, RawFrame
+from protocol import Command, Frame
 from proxy.tracking.links import TempNames
 from proxy.tracking.records import (
     ARTEMIS_DUPLICATE_ID,
@@ -77,13 +77,8 @@ class Deliveries:
             while seen and next(iter(seen.values()))[2] < cutoff:
                 seen.popitem(last=False)
 
-    def deliver(
-        self, message: Frame | RawFrame, *, upstream_version: str = "1.2", now: float
-    ) -> Delivered:
+    def deliver(self, message: Frame, *, upstream_version: str = "1.2", now: float) -> Delivered:
         """Decide what an upstream MESSAGE becomes for the app.
-
-        A :class:`protocol.RawFrame` (the fast lane) is read and changed in its bytes when it
-        is plain enough (:meth:`_deliver_raw`), else parsed; the result is the same.
 
         ``to_broker``, when set, is sent after ``to_app`` was written (for an ``auto``
         subscription: the sidecar's own ACK, see :class:`Subscription`). Normal case: the
@@ -103,11 +98,6 @@ class Deliveries:
         - a duplicate (same identity on the same link, e.g. a producer's replayed SEND):
           acknowledged upstream and hidden in both modes.
         """
-        if isinstance(message, RawFrame):
-            delivered = self._deliver_raw(message, upstream_version, now)
-            if delivered is not None:
-                return delivered
-            message = message.to_frame()
         # One pass over the headers (the hot path): the ids this needs, first entries only
         # (STOMP 1.2 "Repeated Header Entries"), and the app's headers without ``ack``.
         upstream_sub: str | None = None
@@ -177,72 +167,6 @@ class Deliveries:
             ]
             kept = [h for h in kept if not (h[0] == ARTEMIS_DUPLICATE_ID and h[1] == dup_id)]
             return Delivered(Frame.unchecked(Command.MESSAGE, tuple(kept), message.body))
-        return self._deliver_to(
-            sub,
-            message,
-            rest=rest,
-            sub_at=sub_at,
-            message_id=message_id,
-            upstream_ack=upstream_ack,
-            dup_id=dup_id,
-            upstream_version=upstream_version,
-            now=now,
-        )
-
-    def _deliver_raw(
-        self, message: RawFrame, upstream_version: str, now: float
-    ) -> Delivered | None:
-        """:meth:`deliver` of a MESSAGE on its bytes, for one of the app's subscriptions that
-        names each header the sidecar reads or rewrites at most once (``subscription``
-        exactly once) and has no ``receipt`` (a producer's sidecar's own, to cut) nor
-        ``browser`` (ActiveMQ's end of a browse): the same lines cut and replaced as in the
-        general path. None, having changed nothing, for any other MESSAGE."""
-        if (
-            message.count("subscription") != 1
-            or message.count("ack") > 1
-            or message.count(DUPLICATE_ID_HEADER) > 1
-            or message.count(ARTEMIS_DUPLICATE_ID) > 1
-            or message.has("receipt")
-            or message.has("browser")
-        ):
-            return None
-        sub = self.subscriptions.get(message.get("subscription") or "")
-        if sub is None:
-            return None
-        upstream_ack = message.get("ack")
-        dup_id = message.get(DUPLICATE_ID_HEADER)
-        base = message.without("ack").without(DUPLICATE_ID_HEADER)
-        if dup_id is not None and message.get(ARTEMIS_DUPLICATE_ID) == dup_id:
-            base = base.without(ARTEMIS_DUPLICATE_ID)
-        return self._deliver_to(
-            sub,
-            base,
-            rest=None,
-            sub_at=-1,
-            message_id=message.get("message-id"),
-            upstream_ack=upstream_ack,
-            dup_id=dup_id,
-            upstream_version=upstream_version,
-            now=now,
-        )
-
-    def _deliver_to(
-        self,
-        sub: Subscription,
-        message: Frame | RawFrame,
-        *,
-        rest: list[tuple[str, str]] | None,
-        sub_at: int,
-        message_id: str | None,
-        upstream_ack: str | None,
-        dup_id: str | None,
-        upstream_version: str,
-        now: float,
-    ) -> Delivered:
-        """:meth:`deliver` once the subscription is known: the ids read, and the app's
-        headers so far (``rest``, the upstream ``subscription`` entry at ``sub_at``; or, for a
-        RawFrame, ``message`` with the lines cut that the general path leaves out of
-        ``rest``)."""
         sub.arrivals += 1
         identity = self._identity_of(dup_id, message_id)
         message_id = message_id or ""
@@ -281,23 +205,14 @@ class Deliveries:
                         )
                     redelivered = True
         # The app's headers: its own subscription id in place of the first entry (or none).
-        out: Frame | RawFrame
-        if rest is None:
-            assert isinstance(message, RawFrame)  # its one entry replaced, or cut
-            if sub.app_id is not None:
-                out = message.with_header("subscription", sub.app_id)
+        if sub.app_id is not None:
+            if sub_at >= 0:
+                rest[sub_at] = ("subscription", sub.app_id)
             else:
-                out = message.without("subscription")
-        else:
-            if sub.app_id is not None:
-                if sub_at >= 0:
-                    rest[sub_at] = ("subscription", sub.app_id)
-                else:
-                    rest.append(("subscription", sub.app_id))
-            elif sub_at >= 0:
-                del rest[sub_at]
-            assert isinstance(message, Frame)
-            out = Frame.unchecked(Command.MESSAGE, tuple(rest), message.body)
+                rest.append(("subscription", sub.app_id))
+        elif sub_at >= 0:
+            del rest[sub_at]
+        out = Frame.unchecked(Command.MESSAGE, tuple(rest), message.body)
         if redelivered:
             out = out.with_header("redelivered", "true")
         if upstream_ack is None and message.get("browser") == "end":
@@ -329,18 +244,14 @@ class Deliveries:
             self._remember(sub, identity, "delivered", now)
         return Delivered(out)
 
-    def _app_ack_key(
-        self, sub: Subscription, out: Frame | RawFrame, message_id: str
-    ) -> tuple[Frame | RawFrame, str]:
+    def _app_ack_key(self, sub: Subscription, out: Frame, message_id: str) -> tuple[Frame, str]:
         """The key the app will acknowledge ``out`` by: a new sidecar ack id (STOMP 1.2, added
         as the ``ack`` header: appended, or before the first ``ack`` the frame still has, a
-        repeat the app put there, since the first entry counts; a RawFrame has none left, so
-        it is appended), ``subscription`` + ``message-id`` (1.1) or ``message-id`` (1.0)."""
+        repeat the app put there, since the first entry counts), ``subscription`` +
+        ``message-id`` (1.1) or ``message-id`` (1.0)."""
         if self.app_version == "1.2":
             self._next_ack += 1
             key = str(self._next_ack)
-            if isinstance(out, RawFrame):
-                return out.with_header("ack", key), key
             headers = out.headers
             mine = (("ack", key),)
             for at, (name, _) in enumerate(headers):
@@ -406,9 +317,7 @@ class Deliveries:
         if sub.ack is AckMode.AUTO:
             return out
         message_id = out.get("message-id", "") or ""
-        made, key = self._app_ack_key(sub, out, message_id)
-        assert isinstance(made, Frame)  # a Frame in, a Frame out
-        out = made
+        out, key = self._app_ack_key(sub, out, message_id)
         delivery = Delivery(key, sub, message_id, None, None, self.generation)
         self._deliveries[key] = delivery
         sub.deliveries[key] = delivery

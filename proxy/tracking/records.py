@@ -9,7 +9,7 @@ import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from protocol import Frame, RawFrame
+from protocol import Frame
 from proxy.window import Entry, EntryContext
 
 __all__ = [
@@ -282,14 +282,13 @@ class Transaction(EntryContext):
 class Delivered:
     """What to do with one upstream MESSAGE.
 
-    ``to_app``: the MESSAGE for the app (None: hidden; a :class:`protocol.RawFrame` from the
-    fast lane). ``to_broker``: an ACK/NACK to send for
+    ``to_app``: the MESSAGE for the app (None: hidden). ``to_broker``: an ACK/NACK to send for
     a hidden message. ``hidden``: why it was hidden ("duplicate", "redelivery") or None.
     ``coalesce``: set (the upstream subscription id) when ``to_broker`` is a cumulative
     ``client`` ACK of an auto subscription: a later one of the same subscription replaces it.
     """
 
-    to_app: Frame | RawFrame | None
+    to_app: Frame | None
     to_broker: Frame | None = None
     hidden: str | None = None
     coalesce: str | None = None
