@@ -50,7 +50,7 @@ from ._events import CONNECTION_CLOSED, HEARTBEAT, NEED_DATA, Event
 from ._frame import NEVER_ESCAPED, Command, Frame, trusted_frame
 from ._headers import unescape_header
 from ._limits import Limits
-from ._raw import RawFrame, copy_out, frame_end, read_raw
+from ._raw import RawFrame, command_prefixes, copy_out, frame_end, read_raw
 from ._versions import check_version
 
 # Everything in `__all__` gets re-exported as part of the public API of `protocol`.
@@ -275,7 +275,7 @@ class FrameParser:
                 if buf[pos + 1] == _LF:
                     self._pos = pos + 2
                     return HEARTBEAT
-            if raw:
+            if raw and buf.startswith(command_prefixes(raw), pos):
                 raw_frame = read_raw(buf, pos, self._limits, raw)
                 if raw_frame is not None:
                     end = pos + len(raw_frame.data)

@@ -244,6 +244,21 @@ def frame_end(buf: bytearray, pos: int, body_start: int, length: int, limits: Li
     return -1 if end - pos > limits.max_frame_bytes else end
 
 
+#: The bytes each set of fast-lane commands starts with (``COMMAND LF``), made once per set.
+_PREFIXES: dict[frozenset[Command], tuple[bytes, ...]] = {}
+
+
+def command_prefixes(commands: frozenset[Command]) -> tuple[bytes, ...]:
+    """``COMMAND LF`` of each of ``commands``: a frame that starts with none of them is not
+    read as a RawFrame, which one ``startswith`` tells before :func:`read_raw` looks further."""
+    prefixes = _PREFIXES.get(commands)
+    if prefixes is None:
+        if len(_PREFIXES) >= 64:  # sets come from the code; bounded all the same
+            _PREFIXES.clear()
+        prefixes = _PREFIXES[commands] = tuple(c.value.encode() + b"\n" for c in commands)
+    return prefixes
+
+
 def read_raw(
     buf: bytearray, pos: int, limits: Limits, commands: frozenset[Command]
 ) -> RawFrame | None:
