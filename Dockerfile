@@ -1,6 +1,8 @@
 # mq-sidecar container image: the wheel built from this repository (the runtime: protocol, proxy,
 # config; not the test harness in harness/) in a virtualenv, run as a fixed non-root uid
-# (10001), nothing written at run time (read-only root filesystem).
+# (10001), nothing written at run time (read-only root filesystem). The wheel carries the
+# compiled core (mypyc, setup.py; docs/architecture.md, "The compiled core"); the build stage
+# alone has the C compiler, and MQ_SIDECAR_PURE=1 in the container runs the sources instead.
 #
 #   docker build -t mq-sidecar:0.1.0 .
 #   podman build --isolation chroot --format docker \
@@ -30,25 +32,40 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
 SHELL ["/bin/sh", "-eu", "-c"]
 WORKDIR /src
+# A C compiler for the compiled core, and the Python headers where the base image has none
+# (Debian's python3 needs python3-dev; the official images ship them). Build stage only.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install --yes --no-install-recommends gcc libc6-dev \
+    && if ! python3 -c 'import sysconfig, os; os.stat(sysconfig.get_paths()["include"] + "/Python.h")' 2>/dev/null; then \
+        apt-get install --yes --no-install-recommends python3-dev; \
+    fi \
+    && rm -rf /var/lib/apt/lists/*
 RUN python3 -m venv /opt/build \
     && python3 -m venv /opt/mq-sidecar
 COPY pyproject.toml ./
-# Dependencies first (from pyproject.toml's [project] dependencies): this layer is rebuilt only
-# when pyproject.toml changes, not on every source change.
+# Dependencies first (from pyproject.toml's [project] dependencies; mypy, which compiles the
+# core, from its test extra): this layer is rebuilt only when pyproject.toml changes, not on
+# every source change.
 RUN python3 -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"], sep="\n")' \
         >/tmp/requirements.txt \
+    && python3 -c 'import tomllib; print(*(r for r in tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["test"] if r.startswith("mypy")), sep="\n")' \
+        >/tmp/build-requirements.txt \
     && /opt/build/bin/pip install --quiet ${PIP_CA_BUNDLE:+--cert "$PIP_CA_BUNDLE"} "setuptools>=70.1" \
+        --requirement /tmp/build-requirements.txt \
     && /opt/mq-sidecar/bin/pip install --quiet ${PIP_CA_BUNDLE:+--cert "$PIP_CA_BUNDLE"} \
         --requirement /tmp/requirements.txt
 COPY . ./
-# The wheel (no network: setuptools is already in the build venv), installed without touching
-# the dependencies (pip check: they are all there); pip and setuptools leave the runtime venv;
-# a smoke run; the empty config file.
-RUN /opt/build/bin/pip wheel --quiet --no-deps --no-build-isolation --wheel-dir /wheels . \
+# The wheel with the compiled core (no network: setuptools and mypy are already in the build
+# venv), installed without touching the dependencies (pip check: they are all there); pip and
+# setuptools leave the runtime venv; a smoke run that also fails the build if the compiled core
+# does not load; the empty config file.
+RUN MQ_SIDECAR_COMPILE=1 /opt/build/bin/pip wheel --quiet --no-deps --no-build-isolation --wheel-dir /wheels . \
     && /opt/mq-sidecar/bin/pip install --quiet --no-deps /wheels/mq_sidecar-*.whl \
     && /opt/mq-sidecar/bin/pip check \
     && /opt/mq-sidecar/bin/pip uninstall --quiet --yes pip setuptools \
     && /opt/mq-sidecar/bin/mq-sidecar --version \
+    && /opt/mq-sidecar/bin/python -I -c 'import sys, protocol._native as n; print(n.STATUS); sys.exit(not n.COMPILED)' \
     && mkdir -p /etc/mq-sidecar \
     && printf '%s\n' \
         '# mq-sidecar configuration (see config/examples/mq-sidecar.toml): no keys, all defaults.' \

@@ -1,8 +1,9 @@
 """CPU time and resident memory of a process, read from ``/proc`` (proc(5)); Linux only.
 
 Used to report what the sidecar, the broker and the load generator cost per workload: CPU
-seconds are ``utime + stime`` of ``/proc/PID/stat`` (all threads of the process), memory is
-``VmRSS`` of ``/proc/PID/status``.
+seconds are ``utime + stime`` of ``/proc/PID/stat`` (all threads of the process, clock ticks)
+or, where a run is too short for 10 ms ticks, the run time of ``/proc/PID/task/*/schedstat``
+(nanoseconds: :func:`run_ns`); memory is ``VmRSS`` of ``/proc/PID/status``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-__all__ = ["RssSampler", "cpu_seconds", "cpu_split", "rss_bytes", "wait_cpu_quiet"]
+__all__ = ["RssSampler", "cpu_seconds", "cpu_split", "rss_bytes", "run_ns", "wait_cpu_quiet"]
 
 #: Clock ticks per second of ``/proc/PID/stat`` times.
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -39,6 +40,20 @@ def cpu_split(pid: int) -> tuple[float, float]:
     # proc(5) (1-based) is index k - 3: utime (14) -> 11, stime (15) -> 12.
     fields = raw.rpartition(")")[2].split()
     return int(fields[11]) / _CLK_TCK, int(fields[12]) / _CLK_TCK
+
+
+def run_ns(pid: int) -> int:
+    """Nanoseconds process ``pid`` has run on a CPU, all threads (the first field of
+    ``/proc/PID/task/TID/schedstat``). Raises ProcessLookupError when it does not exist."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError as exc:
+        raise ProcessLookupError(f"no process {pid}: {exc}") from exc
+    total = 0
+    for tid in tasks:
+        with contextlib.suppress(OSError):
+            total += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+    return total
 
 
 def rss_bytes(pid: int) -> int:

@@ -1,21 +1,33 @@
-"""mq-sidecar benchmarks, direct vs through the sidecar: ``.venv/bin/python -m bench.run``.
+"""mq-sidecar benchmarks, direct vs through a C byte relay vs through the sidecar:
+``.venv/bin/python -m bench.run``.
 
 Starts its own brokers with ``testbed`` (ActiveMQ, RabbitMQ, and fresh ActiveMQ shared-store
 pairs for the kill -9 takeovers) on free 127.0.0.1 ports in a temporary directory and stops
 them at the end; the sidecar runs as its own process (``python -m proxy run``). Every figure
 through the sidecar is measured in the same run as the same workload sent directly to the same
-broker, by the same load generator (``bench.loadgen``), and reported as a ratio. Prints a table
-and writes ``bench/results/latest.json`` (one object per workload and broker) and
-``bench/results/latest-meta.json`` (run settings, machine, load generator capacity, timings).
+broker, by the same load generator (``bench.loadgen``), and reported as a ratio; the throughput
+and latency workloads also run through ``socat`` in front of the same broker (``bench.relay``),
+the floor any relay pays on this machine (issue 18). Prints a table and the goals table of
+issue 18 (``bench.goals``: figure / relay / sidecar / goal / met?) and writes
+``bench/results/latest.json`` (one object per workload and broker) and
+``bench/results/latest-meta.json`` (run settings, machine, load generator capacity, timings,
+the goals table).
+
+``outbox`` (issue 17, :mod:`bench.workloads.outbox_mode`): persistent SENDs direct, through
+the sidecar and through a second sidecar with ``outbox = true``, in rotation; its rows carry
+an ``outbox`` figure and are printed again in a table of their own (RECEIPT latency and
+throughput, the outbox sidecar's CPU, fsyncs and disk bytes per frame).
 
 Examples::
 
     .venv/bin/python -m bench.run                            # everything, both brokers
     .venv/bin/python -m bench.run --broker activemq --only latency send-ff
     .venv/bin/python -m bench.run --quick                    # small counts: a smoke run
+    .venv/bin/python -m bench.run --broker activemq --only outbox  # persistent SENDs, outbox
     .venv/bin/python -m bench.run --list                     # workload names
 
-A full run takes about 13 minutes on a 2-core machine. Never run as a timed test.
+A full run takes about 12 minutes on a 2-core machine (the outbox workload: 1-2 per broker).
+Never run as a timed test.
 """
 
 from __future__ import annotations
@@ -35,13 +47,16 @@ from pathlib import Path
 from typing import Any
 
 from bench import loadgen
+from bench.goals import format_goals, goal_lines
 from bench.loadgen import RawStomp
-from bench.report import Row, print_table, write_json
-from bench.workloads import BrokerCtx, Settings, bench_broker
+from bench.report import Row, print_outbox_table, print_table, write_json
+from bench.workloads import TARGETS, BrokerCtx, Settings, bench_broker
 from bench.workloads.failover import run_blackhole, run_kill9, run_reset
 from bench.workloads.latency import run_latency
+from bench.workloads.outbox_mode import run_outbox
 from bench.workloads.scale import run_scale
 from bench.workloads.throughput import WORKLOADS, run_throughput
+from protocol import _native
 from proxy._version import VERSION
 from testbed import activemq_installed, rabbitmq_installed
 
@@ -50,7 +65,15 @@ __all__ = ["ALL", "main"]
 RESULTS = Path(__file__).parent / "results"
 
 #: Workload names for ``--only``, in run order per broker (``kill9``: ActiveMQ only).
-ALL: tuple[str, ...] = (*WORKLOADS, "latency", "reset", "blackhole", "scale", "kill9")
+ALL: tuple[str, ...] = (
+    *WORKLOADS,
+    "latency",
+    "outbox",
+    "reset",
+    "blackhole",
+    "scale",
+    "kill9",
+)
 #: Group names for ``--only``.
 GROUPS: dict[str, tuple[str, ...]] = {
     "throughput": tuple(WORKLOADS),
@@ -183,10 +206,10 @@ def _raise_fd_limit(sessions: int) -> dict[str, Any]:
 
 
 def _warm_up(ctx: BrokerCtx) -> None:
-    """Untimed traffic on both paths: the JVM's JIT and the broker's caches warm up before
-    the first measured run (direct and sidecar alike)."""
+    """Untimed traffic on every path: the JVM's JIT and the broker's caches warm up before
+    the first measured run (direct, relay and sidecar alike)."""
     n = min(ctx.settings.n, 10_000)
-    for port in (ctx.port, ctx.shared_sidecar().port):
+    for port in (ctx.target_port(t) for t in TARGETS):
         dest = ctx.unique("warmup")
         c = RawStomp(port, ctx.vhost)
         loadgen.send_fire_and_forget(c, dest, n, persistent=False)
@@ -267,9 +290,11 @@ def _attempt(
                 row.notes.append(f"sidecar logs of the failures: {', '.join(kept)}")
     for row in got:
         ratio = "-" if row.ratio is None else f"{row.ratio:.3f}"
+        relay = "" if row.relay is None else f"relay {_num(row.relay)}, "
+        outbox = "" if row.outbox is None else f", outbox {_num(row.outbox)}"
         print(
-            f"[{broker}]   {row.workload}: direct {_num(row.direct)}, sidecar "
-            f"{_num(row.sidecar)} {row.unit}, ratio {ratio}",
+            f"[{broker}]   {row.workload}: direct {_num(row.direct)}, {relay}sidecar "
+            f"{_num(row.sidecar)}{outbox} {row.unit}, ratio {ratio}",
             flush=True,
         )
     print(f"[{broker}] {label} done in {time.monotonic() - t0:.1f} s", flush=True)
@@ -300,7 +325,9 @@ def _run_broker(
                 _attempt(rows, failures, label, where, one)
         if "latency" in selected:
             _attempt(rows, failures, "latency", where, lambda: run_latency(ctx))
-        ctx.close()  # the shared sidecar is not needed any more
+        if "outbox" in selected:
+            _attempt(rows, failures, "outbox", where, lambda: run_outbox(ctx))
+        ctx.close()  # the shared sidecar and relay are not needed any more
         if "reset" in selected:
             _attempt(rows, failures, "reattach-after-reset", where, lambda: [run_reset(ctx)])
         if "blackhole" in selected:
@@ -332,6 +359,8 @@ def main(argv: list[str] | None = None) -> int:
         "workloads": selected,
         "brokers": flavors,
         "sidecar_version": VERSION,
+        # the compiled core or the sources: the sidecar child decides as this process did
+        "sidecar_build": _native.STATUS,
         "machine": {
             "cpus": os.cpu_count(),
             "loadavg_start": os.getloadavg(),
@@ -341,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         "fd_limit": _raise_fd_limit(max(st.scale_sessions) if "scale" in selected else 0),
     }
     print(f"mq-sidecar benchmarks: {', '.join(selected)} on {', '.join(flavors)}", flush=True)
+    print(f"sidecar build: {_native.STATUS}", flush=True)
     cap_n = 5_000 if st.quick else 50_000
     try:
         meta["loadgen"] = loadgen.measure_capacity(cap_n, stomppy=not st.quick)
@@ -388,6 +418,13 @@ def main(argv: list[str] | None = None) -> int:
     meta["failures"] = failures
     print()
     meta["table"] = print_table(rows)
+    if any(r.outbox is not None for r in rows):
+        print()
+        meta["outbox_table"] = print_outbox_table(rows)
+    goals = goal_lines([r for r in rows if r.error is None])
+    meta["goals"] = [g.to_json() for g in goals]
+    print()
+    print(format_goals(goals), flush=True)
     print(f"\n{len(rows)} rows in {duration / 60:.1f} min; written to {args.out}")
     if failures:
         print(f"{len(failures)} failure(s):\n  " + "\n  ".join(failures))

@@ -43,6 +43,8 @@ logger = logging.getLogger("mq_sidecar.config")
 
 #: Environment variable naming the config file (used when ``path`` is not given).
 CONFIG_ENV = ENV_PREFIX + "CONFIG"
+#: Not an option either: which build of the core runs (protocol/_native.py).
+_PURE_ENV = ENV_PREFIX + "PURE"
 
 _NO_BROKERS = (
     "no brokers configured: set `brokers` in the config file, MQ_SIDECAR_BROKERS or --brokers"
@@ -251,7 +253,7 @@ def _env_layer(env: Mapping[str, str]) -> _Layer:
     by_var = {o.env_var: o for o in OPTIONS.values()}
     unknown: list[str] = []
     for var in sorted(env):
-        if not var.startswith(ENV_PREFIX) or var == CONFIG_ENV:
+        if not var.startswith(ENV_PREFIX) or var in (CONFIG_ENV, _PURE_ENV):
             continue
         option = by_var.get(var)
         if option is None:
@@ -381,10 +383,21 @@ def _validate(cfg: Config, settings: Mapping[str, _Setting], skip: set[str]) -> 
         "max_header_line_bytes",
         "max_subscriptions",
         "max_unacked",
+        "id_cache_size",
         "max_transaction_size",
         "max_sessions",
+        "outbox_max_bytes",
     ):
         check(name, getattr(cfg, name) > 0, "must be > 0")
+    # the outbox (docs/outbox.md): a directory when it is on, patterns that say something
+    if not {"outbox", "outbox_dir"} & skip and cfg.outbox and not cfg.outbox_dir:
+        problems.append(f"outbox_dir: required when outbox is true {where('outbox')}")
+    check("outbox_dir", cfg.outbox_dir != "", "must not be empty")
+    check(
+        "outbox_destinations",
+        cfg.outbox_destinations is None or all(cfg.outbox_destinations),
+        "must be non-empty patterns",
+    )
     problems.extend(_tls_problems(cfg, where, skip))
 
     # heart-beats (STOMP 1.2 "Heart-beating": 0 means "cannot/does not want to")

@@ -260,6 +260,10 @@ class Config:
         max_header_line_bytes: Longest header line, bytes, > 0.
         max_subscriptions: Most live subscriptions per app session, > 0.
         max_unacked: Most delivered-but-unacked messages per app session, > 0.
+        id_cache_size: Duplicate-detection ids (``mq-sidecar-id``) remembered per
+            subscription, > 0 (Artemis' ``id-cache-size``, same default): a copy that arrives
+            after more ids than this came on its subscription is shown again; with the outbox,
+            also the ids kept on disk per queue (docs/behaviour.md, "Duplicate detection").
         max_transaction_size: Bytes a session's open transactions may hold, > 0: the SENDs
             kept to re-run them after a failover (``transaction_failover = replay``), 256 per
             message an ACK settled in one, 512 per open transaction. A frame that would go
@@ -275,6 +279,18 @@ class Config:
             "Transactions").
         log_level: ``"debug"``, ``"info"``, ``"warning"`` or ``"error"``.
         log_format: ``"text"`` or ``"json"``.
+        outbox: Store and forward (issue 17; docs/outbox.md): an app SEND whose destination
+            matches ``outbox_destinations`` gets its RECEIPT once the frame is durable in
+            ``outbox_dir`` (fsync), and is forwarded to the broker later, in order per
+            session; an app's CONNECT is answered even when no broker is up.
+        outbox_dir: Directory of the outbox (created if missing; one sidecar process at a
+            time: it is locked). Required when ``outbox`` is true.
+        outbox_destinations: Destination patterns whose SENDs are spooled, matched with
+            :func:`fnmatch.fnmatchcase` (``*`` matches any characters, ``/`` and ``.``
+            included; ``?``, ``[...]``); ``None`` = every destination.
+        outbox_max_bytes: Frame bytes the outbox may hold, > 0 (1 GiB; disk use is about
+            1.4-1.7 times that, docs/outbox.md). Full: the app is not read until there is
+            room; a SEND that waits past ``call_timeout`` gets an ERROR naming this option.
     """
 
     listen: tuple[str, int] = ("127.0.0.1", 61613)
@@ -318,6 +334,7 @@ class Config:
     max_header_line_bytes: int = 65_536
     max_subscriptions: int = 1000
     max_unacked: int = 10_000
+    id_cache_size: int = 20_000
     max_transaction_size: int = 16_777_216  # 16 MiB
     max_sessions: int = 1000
     events_destination: str = "/mq-sidecar/events"
@@ -325,6 +342,10 @@ class Config:
     transaction_failover: TransactionFailover = TransactionFailover.REPLAY
     log_level: str = "info"
     log_format: str = "text"
+    outbox: bool = False
+    outbox_dir: str | None = None
+    outbox_destinations: tuple[str, ...] | None = None
+    outbox_max_bytes: int = 1 << 30  # 1 GiB
 
     def __post_init__(self) -> None:
         # The mode options arrive as text from TOML, environment and flags: a known value

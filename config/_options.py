@@ -23,7 +23,9 @@ __all__ = ["ENV_PREFIX", "OPTIONS", "Kind", "Option", "convert"]
 #: Prefix of every environment variable read by :func:`config.load_config`.
 ENV_PREFIX = "MQ_SIDECAR_"
 
-Kind = Literal["int", "float", "bool", "str", "secret", "address", "heartbeat", "brokers", "enum"]
+Kind = Literal[
+    "int", "float", "bool", "str", "secret", "address", "heartbeat", "brokers", "enum", "strings"
+]
 
 _CREDENTIALS = frozenset({"login", "passcode", "client_login", "client_passcode"})
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(Config)}
@@ -38,7 +40,8 @@ class Option:
         kind: Value syntax: ``int``, ``float``, ``bool``, ``str``, ``secret`` (a
             string wrapped in :class:`~config.Secret`), ``address`` (``"host:port"``),
             ``heartbeat`` (``[x, y]`` or ``"x,y"``), ``brokers`` (a failover URL, a list
-            of URLs or ``[[brokers]]`` tables) or ``enum`` (one of ``choices``).
+            of URLs or ``[[brokers]]`` tables), ``enum`` (one of ``choices``) or ``strings``
+            (a TOML list of strings, or one comma-separated string: ``"a,b"``).
         help: One line for ``--help``: meaning, unit, range and source of the rule.
         unit: ``"ms"``, ``"bytes"`` or ``""``.
         choices: Allowed values of an ``enum`` (compared case-insensitively).
@@ -217,6 +220,7 @@ _ROWS = (
     Option("max_header_line_bytes", "int", "longest header line, bytes, > 0", "bytes"),
     Option("max_subscriptions", "int", "most subscriptions per app session, > 0"),
     Option("max_unacked", "int", "most delivered-but-unacked messages per app session, > 0"),
+    Option("id_cache_size", "int", "duplicate-detection ids remembered per subscription, > 0"),
     Option(
         "max_transaction_size",
         "int",
@@ -248,6 +252,23 @@ _ROWS = (
         choices=("debug", "info", "warning", "error"),
     ),
     Option("log_format", "enum", "text or json", choices=("text", "json")),
+    Option(
+        "outbox",
+        "bool",
+        "store-and-forward: SENDs confirmed once durable in outbox_dir, forwarded later",
+    ),
+    Option("outbox_dir", "str", "directory of the outbox (one sidecar each); required with outbox"),
+    Option(
+        "outbox_destinations",
+        "strings",
+        "destination patterns spooled to the outbox (fnmatch: * ? [..]); unset = every one",
+    ),
+    Option(
+        "outbox_max_bytes",
+        "int",
+        "frame bytes the outbox may hold, > 0; full = the app waits, then ERROR at call_timeout",
+        "bytes",
+    ),
 )
 
 #: The option table, read-only: ``Config`` field name -> :class:`Option`, in field order.
@@ -266,6 +287,7 @@ def _expected(option: Option) -> str:
         "heartbeat": f"two integers [x, y] or 'x,y'{unit}",
         "brokers": "a broker URL, a list of broker URLs or [[brokers]] tables",
         "enum": "one of " + ", ".join(repr(c) for c in option.choices),
+        "strings": "a list of strings or a comma-separated string",
     }[option.kind]
 
 
@@ -291,11 +313,18 @@ def _from_text(option: Option, text: str) -> object:
                 return Secret(text)
             case "enum":
                 return text.strip().lower()
+            case "strings":
+                return _strings(text)
             case _:
                 return text
     except ValueError as exc:
         shown = "" if option.credential else f", got {text!r}"
         raise InvalidValue(f"{exc}{shown}") from None
+
+
+def _strings(text: str) -> tuple[str, ...]:
+    """``"a, b"`` -> ``("a", "b")``: a comma-separated list, blanks around items dropped."""
+    return tuple(item.strip() for item in text.split(",") if item.strip())
 
 
 def _is_int(value: object) -> bool:
@@ -361,5 +390,10 @@ def convert(option: Option, raw: object, *, text: bool) -> object:
                 return (raw[0], raw[1])
         case "brokers":
             if isinstance(raw, tuple | list) and raw and all(isinstance(b, Broker) for b in raw):
+                return tuple(raw)
+        case "strings":
+            if isinstance(raw, str):
+                return _strings(raw)
+            if isinstance(raw, tuple | list) and all(isinstance(v, str) for v in raw):
                 return tuple(raw)
     raise _wrong_type(option, raw)

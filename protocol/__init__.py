@@ -8,6 +8,10 @@ No sockets, no clock, no async: :class:`Connection` (or the bare :class:`FramePa
 
 from __future__ import annotations
 
+# First: whether the compiled modules imported below may load (docs/architecture.md, "The
+# compiled core").
+from . import _native as _native  # isort: split
+
 from ._connection import Connection as Connection
 from ._errors import LocalProtocolError as LocalProtocolError
 from ._errors import ProtocolError as ProtocolError

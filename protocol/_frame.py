@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Iterable, Mapping
-from typing import TypedDict, Unpack
+from typing import Any, TypedDict, Unpack
 
 # Everything in `__all__` gets re-exported as part of the public API of `protocol`.
 __all__ = ["CLIENT_COMMANDS", "SERVER_COMMANDS", "Command", "Frame"]
@@ -137,7 +137,9 @@ class Frame:
         Raises:
             TypeError: as for the constructor.
         """
-        items = headers.items() if isinstance(headers, Mapping) else headers
+        # Any: unpack each item as Python does, whatever the iterable holds (a compiled build
+        # would check for tuples first); the constructor checks the pairs it gets.
+        items: Iterable[Any] = headers.items() if isinstance(headers, Mapping) else headers
         return cls(command, tuple((name, value) for name, value in items), body)
 
     @staticmethod
@@ -207,6 +209,12 @@ class Frame:
         """
         return dataclasses.replace(self, **changes)
 
+    def __reduce__(self) -> tuple[type[Frame], tuple[Command, HeaderItems, bytes]]:
+        # copy and pickle make the frame again through the constructor, in both builds: a
+        # compiled frozen dataclass cannot be restored field by field (docs/architecture.md,
+        # "The compiled core").
+        return (Frame, (self.command, self.headers, self.body))
+
     def __repr__(self) -> str:
         headers = tuple(
             (name, "<hidden>" if name in _SECRET_HEADERS else value) for name, value in self.headers
@@ -219,13 +227,14 @@ class Frame:
         return f"Frame(Command.{self.command.name}, headers={headers!r}, body={body_repr})"
 
 
-_new_frame = object.__new__
 _set = object.__setattr__
 
 
 def trusted_frame(command: Command, headers: HeaderItems, body: bytes) -> Frame:
     """Build a Frame without the type checks: only for values the parser built itself."""
-    frame: Frame = _new_frame(Frame)
+    # Frame.__new__, not object.__new__: the same allocation for the Python class, and the one
+    # a mypyc-compiled Frame accepts (docs/architecture.md, "The compiled core").
+    frame = Frame.__new__(Frame)
     _set(frame, "command", command)
     _set(frame, "headers", headers)
     _set(frame, "body", body)

@@ -508,6 +508,9 @@ class AdminServer:
                 "limit_bytes_per_session": self.config.confirmation_window_size,
             },
             "reconnects_in_progress": reconnecting,
+            # The outbox (None when off): what it holds, how old its oldest frame is, what
+            # recovery found at start (docs/outbox.md).
+            "outbox": stats.outbox.status() if stats.outbox is not None else None,
             "sessions": sessions,
             "events": dataclasses.asdict(sidecar.events.statistics()),
             "admin": dataclasses.asdict(self.statistics()),

@@ -37,21 +37,23 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 
 import protocol
 from config import Config
-from proxy._errors import ListenError
+from proxy._errors import ListenError, OutboxUnusable
 from proxy.admin import AdminLimits, AdminServer
 from proxy.events import EventBus
 from proxy.failover import ReconnectBoard
 from proxy.logs import log_session_event
 from proxy.metrics import Metrics
+from proxy.orphans import RecoveryForwarder
 from proxy.session import Session
 from proxy.session.ending import error_frame
 from proxy.session.session import DRAIN_GOODBYE_MAX
+from proxy.spool import OutboxService, open_outbox
 from proxy.statistics import SidecarStatistics
 from proxy.upstream import BrokerStreams
 from proxy.vocabulary import DrainResult
 from proxy.wire import FrameStream, TransportLost
 
-__all__ = ["ListenError", "Sidecar", "SidecarStatistics", "serve"]
+__all__ = ["ListenError", "OutboxUnusable", "Sidecar", "SidecarStatistics", "serve"]
 
 log = logging.getLogger("mq_sidecar.app")
 
@@ -115,6 +117,9 @@ class Sidecar:
         streams: opens every broker connection (sessions and readiness probes), with TLS
             built from the configuration at each connect; its ``tracker`` holds what each
             TLS broker's certificate said (``/status``, the expiry gauge).
+        outbox: the outbox (``outbox`` on; :mod:`proxy.spool`), open while :meth:`serve`
+            runs; None otherwise.
+        recovery: the outbox's recovery forwarder (:mod:`proxy.orphans`), with the outbox.
     """
 
     def __init__(self, config: Config) -> None:
@@ -128,6 +133,8 @@ class Sidecar:
         self.reconnects = ReconnectBoard()
         self.streams = BrokerStreams(config)
         self.admin: AdminServer | None = None
+        self.outbox: OutboxService | None = None
+        self.recovery: RecoveryForwarder | None = None
         self.sessions: set[Session] = set()
         self.listen_address: tuple[str, int] | None = None
         self.admin_address: tuple[str, int] | None = None
@@ -151,6 +158,7 @@ class Sidecar:
             sessions_total=self.sessions_total,
             sessions=tuple(s.statistics() for s in self.sessions),
             admin_listen=self.admin_address,
+            outbox=self.outbox.statistics() if self.outbox is not None else None,
         )
 
     async def serve(
@@ -158,11 +166,31 @@ class Sidecar:
     ) -> None:
         """Run until :meth:`request_shutdown`, then drain within ``drain_timeout``.
 
-        Reports the bound ``(host, port)`` through ``task_status``.
+        With ``outbox`` on, the outbox is opened first (:func:`proxy.spool.open_outbox`) and
+        stays open until every session has ended. Reports the bound ``(host, port)`` through
+        ``task_status``.
 
         Raises:
             ListenError: the listen address cannot be bound (in use, permission).
+            OutboxUnusable: ``outbox_dir`` is locked by another sidecar or unusable.
         """
+        if not self.config.outbox:
+            await self._serve(task_status)
+            return
+        async with open_outbox(self.config) as outbox, trio.open_nursery() as nursery:
+            self.outbox = outbox
+            # Frames no live session forwards: a previous process's, an ended session's.
+            self.recovery = RecoveryForwarder(
+                self.config, outbox, self.streams, self.metrics, self._prefix
+            )
+            await nursery.start(self.recovery.run)
+            try:
+                await self._serve(task_status)
+            finally:
+                nursery.cancel_scope.cancel()
+                self.outbox = None
+
+    async def _serve(self, task_status: trio.TaskStatus[tuple[str, int]]) -> None:
         host, port = self.config.listen
         try:
             listeners = await trio.open_tcp_listeners(port, host=host)
@@ -243,6 +271,7 @@ class Sidecar:
             metrics=self.metrics,
             reconnects=self.reconnects,
             open_stream=self.streams,
+            outbox=self.outbox,
         )
         self.sessions.add(session)
         self.sessions_total += 1
@@ -328,6 +357,7 @@ async def serve(
     Raises:
         ListenError: the STOMP or the admin address cannot be bound (raised as the only
             member of an ExceptionGroup, as everything leaving a nursery is).
+        OutboxUnusable: ``outbox_dir`` cannot be used (the same way).
     """
     sidecar = Sidecar(config)
     async with trio.open_nursery(strict_exception_groups=True) as nursery:

@@ -115,6 +115,16 @@ class _Families:
             "handshake, Unix seconds; alert on it minus time().",
             labels=["broker"],
         )
+        self.outbox_frames = GaugeMetricFamily(
+            f"{p}_outbox_frames", "Frames held in the outbox (stored, not yet forwarded)."
+        )
+        self.outbox_bytes = GaugeMetricFamily(
+            f"{p}_outbox_bytes", "Frame bytes held in the outbox (what outbox_max_bytes bounds)."
+        )
+        self.outbox_oldest_age = GaugeMetricFamily(
+            f"{p}_outbox_oldest_age_seconds",
+            "Age of the oldest frame in the outbox, seconds (0 when empty).",
+        )
         self.ready = GaugeMetricFamily(f"{p}_ready", "1 when /readyz answers 200, else 0.")
         self.sse_clients = GaugeMetricFamily(f"{p}_sse_clients", "GET /events readers now.")
         self.admin_connections = GaugeMetricFamily(
@@ -171,6 +181,11 @@ class SidecarCollector:
         f.window_bytes_max.add_metric([], window_max)
         f.window_limit.add_metric([], sidecar.config.confirmation_window_size)
         f.reconnects.add_metric([], states["reconnecting"])
+        outbox = stats.outbox
+        if outbox is not None:
+            f.outbox_frames.add_metric([], outbox.frames)
+            f.outbox_bytes.add_metric([], outbox.bytes)
+            f.outbox_oldest_age.add_metric([], outbox.oldest_age_seconds or 0.0)
 
         for (direction, command), (frames, nbytes) in sidecar.metrics.relayed.items():
             if frames:

@@ -189,6 +189,10 @@ class Metrics:
             "sessions_refused",
             "App connections refused because max_sessions sessions were open.",
         )
+        self._outbox_forwarded = counter(
+            "outbox_forwarded",
+            "Frames forwarded from the outbox, confirmed by a broker and removed from it.",
+        )
 
         # -- admin plane ----------------------------------------------------------------------
         self._sse_dropped = counter(
@@ -303,6 +307,10 @@ class Metrics:
     def session_refused(self) -> None:
         """An app connection was refused: ``max_sessions`` sessions were open."""
         self._sessions_refused.inc()
+
+    def outbox_forwarded(self, count: int) -> None:
+        """``count`` outbox frames were confirmed by a broker and removed from the outbox."""
+        self._outbox_forwarded.inc(count)
 
     # -- admin plane ------------------------------------------------------------------------
 

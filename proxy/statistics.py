@@ -19,7 +19,7 @@ from proxy.metrics import Metrics
 from proxy.upstream import BrokerStreams
 from proxy.window import WindowStatistics
 
-__all__ = ["SessionStatistics", "SidecarStatistics", "SidecarView"]
+__all__ = ["OutboxStatistics", "SessionStatistics", "SidecarStatistics", "SidecarView"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,13 +51,69 @@ class SessionStatistics:
 
 
 @dataclass(frozen=True, slots=True)
+class OutboxStatistics:
+    """Snapshot of the outbox (issue 17; ``/status``'s ``outbox``, the outbox gauges).
+
+    Attributes:
+        frames, bytes: what it holds now (frame bytes); max_bytes: ``outbox_max_bytes``.
+        oldest_age_seconds: age of its oldest frame (wall clock, read about once a second),
+            None when empty.
+        sessions: session keys with frames in it (read about once a second).
+        forwarded_total: frames forwarded, confirmed by a broker and removed since start.
+        commits: transactions committed since start (one fsync each).
+        recovered_frames: frames it held when it was opened at start.
+        recovery_problems: what recovery at start reported, one line each (empty: clean).
+        orphan_sessions: session keys left to the recovery forwarder (no live session
+            forwards them: a previous process's, an ended session's), not done yet.
+        seen_recorded: consumer-side duplicate-suppression ids persisted since start
+            (docs/behaviour.md, "Duplicate detection"); seen_failed: ids a write error lost.
+    """
+
+    frames: int
+    bytes: int
+    max_bytes: int
+    oldest_age_seconds: float | None
+    sessions: int
+    forwarded_total: int
+    commits: int
+    recovered_frames: int
+    recovery_problems: tuple[str, ...]
+    orphan_sessions: int = 0
+    seen_recorded: int = 0
+    seen_failed: int = 0
+
+    def status(self) -> dict[str, object]:
+        """``/status``'s ``outbox`` object (ages rounded to ms)."""
+        age = self.oldest_age_seconds
+        return {
+            "frames": self.frames,
+            "bytes": self.bytes,
+            "max_bytes": self.max_bytes,
+            "oldest_age_seconds": None if age is None else round(age, 3),
+            "sessions": self.sessions,
+            "forwarded_total": self.forwarded_total,
+            "commits": self.commits,
+            "orphan_sessions": self.orphan_sessions,
+            "seen_recorded": self.seen_recorded,
+            "seen_failed": self.seen_failed,
+            "recovery": {
+                "frames": self.recovered_frames,
+                "clean": not self.recovery_problems,
+                "problems": list(self.recovery_problems),
+            },
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class SidecarStatistics:
-    """Snapshot of the whole daemon: listener address and every live session."""
+    """Snapshot of the whole daemon: listener address, every live session, the outbox (None
+    when ``outbox`` is off)."""
 
     listen: tuple[str, int] | None
     sessions_total: int
     sessions: tuple[SessionStatistics, ...]
     admin_listen: tuple[str, int] | None = None
+    outbox: OutboxStatistics | None = None
 
 
 class SidecarView(Protocol):

@@ -11,7 +11,9 @@
 #     postinst scripts from starting services (unless the machine already has one).
 #     Also ruby-stomp (the Ruby `stomp` gem 1.4.10, pulls in ruby) for tests/clients/ruby, curl
 #     (an HTTP client of the admin-token tests), openssl (the test bed turns PEM files into
-#     ActiveMQ's PKCS12 key store with `openssl pkcs12`; keytool comes with Java), and
+#     ActiveMQ's PKCS12 key store with `openssl pkcs12`; keytool comes with Java), socat (the
+#     C byte relay the benchmarks measure next to the sidecar, bench/relay.py), strace
+#     (`python -m bench.syscalls` counts system calls per round trip with `strace -c`), and
 #     Debian's npm only when no `npm` is on PATH (a Node.js build that bundles npm, as
 #     nodesource's, conflicts with Debian's npm package).
 #  2. On a host running systemd, disables the services the packages enable on default
@@ -22,6 +24,11 @@
 #     (pip install -e harness: testbed, pipeline, the drill's PySpark stack, and the `demo` and
 #     `drill` commands); skipped while pyproject.toml and harness/pyproject.toml are unchanged
 #     since the last successful install (their hash in .venv/.mq-sidecar-setup).
+#  3b. Compiles the pure core with mypyc, in place (setup.py with MQ_SIDECAR_COMPILE=1: an
+#     extension module beside each compiled source, and protocol/_native.sha256); about 25 s
+#     with gcc and the Python headers, done again when protocol/_native.py finds the build
+#     stale (a compiled source changed) or setup.py changed. MQ_SIDECAR_PURE=1 leaves it out:
+#     the sources then run as they are (docs/architecture.md, "The compiled core").
 #  4. Deploy tooling (scripts/get-tools.sh).
 #  5. The Node.js STOMP client (stompit, pinned in tests/clients/node/package-lock.json) into
 #     tests/clients/node/node_modules with `npm ci`; skipped while package-lock.json is
@@ -31,7 +38,7 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$REPO/.venv"
 STAMP="$VENV/.mq-sidecar-setup"
-PACKAGES=(activemq rabbitmq-server prometheus ruby-stomp curl openssl)
+PACKAGES=(activemq rabbitmq-server prometheus ruby-stomp curl openssl socat strace)
 SERVICES=(rabbitmq-server epmd.socket epmd.service activemq prometheus)
 
 say() { printf 'setup.sh: %s\n' "$*" >&2; }
@@ -64,6 +71,7 @@ if [ ! -x "$VENV/bin/python" ] && ! pkg_installed python3-venv; then
     missing+=(python3-venv)
 fi
 command -v npm >/dev/null || missing+=(npm)
+command -v gcc >/dev/null || missing+=(gcc)
 
 if [ "${#missing[@]}" -gt 0 ]; then
     is_root || die "missing Debian packages: ${missing[*]}; run this script as root (e.g. sudo $0) to install them"
@@ -116,6 +124,26 @@ if [ "$want" != "$have" ]; then
         -e "$REPO[test]" -e "$REPO/harness"
     printf '%s\n' "$want" >"$STAMP"
 fi
+
+# --- 3b. the compiled core (mypyc) ----------------------------------------------------------
+compiled() {
+    (cd "$REPO" && env -u MQ_SIDECAR_PURE "$VENV/bin/python" -c \
+        'import sys, protocol._native as n; sys.exit(not n.COMPILED)')
+}
+case "${MQ_SIDECAR_PURE:-}" in
+"" | 0)
+    NATIVE_STAMP="$VENV/.mq-sidecar-native"
+    want="$(sha256sum "$REPO/setup.py" | cut -d' ' -f1)"
+    have="$(cat "$NATIVE_STAMP" 2>/dev/null || true)"
+    if [ "$want" != "$have" ] || ! compiled; then
+        say "compiling the core with mypyc (setup.py build_ext --inplace)"
+        (cd "$REPO" && quiet env MQ_SIDECAR_COMPILE=1 "$VENV/bin/python" setup.py build_ext --inplace)
+        compiled || die "the compiled core does not load after a build: $(cd "$REPO" &&
+            "$VENV/bin/python" -c 'import protocol._native as n; print(n.STATUS)')"
+        printf '%s\n' "$want" >"$NATIVE_STAMP"
+    fi
+    ;;
+esac
 
 # --- 4. deploy tooling (tests/deploy) --------------------------------------------------------
 # helm into .venv/bin, and podman/buildah/debootstrap (Debian) for the image build test;

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -353,6 +354,46 @@ def test_sidecar_process_round(
     assert sidecar.error_log_lines() == []
     with pytest.raises(SidecarError, match="not running"):
         sidecar.rss_kib()
+
+
+@pytest.mark.activemq
+def test_sidecar_process_killed_restarts_on_the_same_ports(
+    activemq: ActiveMQ, tmp_path: Path
+) -> None:
+    """kill -9 and start again (the drill's --kill-sidecar): same STOMP and admin ports, same
+    configuration file (so the same outbox_dir), a new process, the log appended to. The
+    restart runs in a thread that ends at once, as the drill's does: the sidecar must not get
+    the parent-death signal when that thread ends (Linux sends it per thread)."""
+    outbox = tmp_path / "outbox"
+    sidecar = SidecarProcess(
+        "sc",
+        tmp_path,
+        brokers=activemq.stomp_url,
+        options={"outbox": True, "outbox_dir": str(outbox)},
+        readiness="readyz",
+        parent_death=signal.SIGTERM,
+    )
+    with sidecar:
+        first, ports = sidecar.pid, (sidecar.port, sidecar.admin_port)
+        assert first is not None
+        sidecar.kill()
+        assert not process_alive(first)
+        assert sidecar.returncode == -signal.SIGKILL
+        restart = threading.Thread(target=start_and_wait, args=(sidecar,))
+        restart.start()
+        restart.join(60.0)
+        assert not restart.is_alive()
+        assert sidecar.pid not in (None, first)
+        assert (sidecar.port, sidecar.admin_port) == ports
+        assert f'outbox_dir = "{outbox}"' in sidecar.config_path.read_text()
+        assert sidecar.status()["outbox"]["frames"] == 0, "the same outbox_dir, unlocked"
+        with stomp_client(sidecar) as (conn, frames):
+            dest = f"/queue/testbed-restart-{uuid.uuid4().hex[:8]}"
+            conn.send(dest, "after the restart", headers={"receipt": "r"})
+            assert frames.receipt() == "r"
+        assert "received SIGTERM" not in sidecar.log_text(), "signalled when the thread ended"
+    assert sidecar.returncode == 0
+    assert (tmp_path / "sc.log").read_text().count("starting server") == 2
 
 
 def test_sidecar_process_that_cannot_start_says_why(tmp_path: Path) -> None:

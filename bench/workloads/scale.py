@@ -247,7 +247,8 @@ def run_scale(ctx: BrokerCtx) -> list[Row]:
             sidecar=1000 * side.sidecar_connect_cpu / n,
             notes=[
                 "sidecar only: CPU to accept, connect upstream and subscribe one session "
-                "(/proc CPU times have a 10 ms resolution: meaningless for 1 session); "
+                "(run time from /proc/PID/task/*/schedstat, nanoseconds; one session's figure "
+                "is one sample); "
                 "idle_cpu_pct: the sidecar's CPU with all sessions idle (heart-beats)"
             ],
         )

@@ -1,4 +1,5 @@
-"""Throughput with 1 KiB bodies, direct vs through the sidecar, on one connection.
+"""Throughput with 1 KiB bodies, direct, through a C byte relay and through the sidecar, on one
+connection.
 
 Workloads (each persistent and non-persistent):
 
@@ -13,11 +14,14 @@ Counts (``n`` = ``Settings.n``, 20,000 by default): n for send-ff and the consum
 send-sync, n/2 for send-pipelined; half of that when persistent (send-pipelined: n/5), since
 every persistent message is written to disk and those runs are 5-10x slower.
 
-Fairness: direct and sidecar runs alternate (D S, S D, D S...) with fresh queues, the same
-load generator and counts; the median rate of ``reps`` runs per target is reported with every
-sample. Queues filled by a SEND run are drained (untimed) before the next run, so ActiveMQ's
-producer flow control never kicks in. The CPU used by the sidecar, the broker and the load
-generator is read per run; a client or sidecar at >= 90 % of a core is named in the notes.
+Fairness: the three targets take turns in rotating order (D R S, R S D, S D R...) with fresh
+queues, the same load generator and counts; the median rate of ``reps`` runs per target is
+reported with every sample. Queues filled by a SEND run are drained (untimed) before the next
+run, so ActiveMQ's producer flow control never kicks in. The CPU used by the sidecar, the relay
+(with its forked children), the broker and the load generator is read per run; a client,
+relay or sidecar at >= 90 % of a core is named in the notes. A row's ``direct``, ``relay``
+and ``sidecar`` are the median rates, ``ratio`` sidecar / direct, ``relay_ratio`` relay /
+direct, ``sidecar_vs_relay`` sidecar / relay (issue 18's goal: >= 0.8).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from dataclasses import dataclass
 from bench import loadgen
 from bench.loadgen import Measurement, RawStomp
 from bench.report import Goal, Row, median
-from bench.workloads import BrokerCtx
+from bench.workloads import TARGETS, BrokerCtx
 
 __all__ = ["WORKLOADS", "Sample", "run_once", "run_throughput"]
 
@@ -63,11 +67,11 @@ SATURATED_PCT = 90.0
 
 @dataclass
 class Sample:
-    """One run: the load generator's measurement, and the CPU seconds the sidecar (None for
-    a direct run) and the broker used during it."""
+    """One run: the load generator's measurement, and the CPU seconds the relay or sidecar
+    in front of the broker (None for a direct run) and the broker used during it."""
 
     m: Measurement
-    sidecar_cpu: float | None
+    front_cpu: float | None
     broker_cpu: float
 
 
@@ -86,22 +90,23 @@ def _client(name: str, persistent: bool) -> Callable[[RawStomp, str, int], Measu
 
 
 def run_once(ctx: BrokerCtx, target: str, name: str, persistent: bool, n: int) -> Sample:
-    """One timed run of workload ``name`` with ``n`` messages against ``target`` ("direct" or
-    "sidecar", the shared sidecar of ``ctx``), on a fresh queue (filled first for the
-    consumers, drained and counted after the senders). Raises LoadgenError on a shortfall."""
+    """One timed run of workload ``name`` with ``n`` messages against ``target`` ("direct",
+    "relay" or "sidecar": the shared relay or sidecar of ``ctx``), on a fresh queue (filled
+    first for the consumers, drained and counted after the senders). Raises LoadgenError on a
+    shortfall."""
     spec = WORKLOADS[name]
     dest = ctx.unique(spec.name)
     if spec.kind == "consume":
         loadgen.fill(ctx.port, ctx.vhost, dest, n, persistent=persistent)
     ctx.settle()
-    sidecar = ctx.shared_sidecar() if target == "sidecar" else None
-    port = sidecar.port if sidecar is not None else ctx.port
-    c = RawStomp(port, ctx.vhost)
+    front = ctx.front(target)
+    port = front.port if front is not None else ctx.port
+    c = RawStomp(port, ctx.vhost)  # connected (and a relay's child forked) before the clock
     try:
-        s0 = sidecar.cpu() if sidecar is not None else 0.0
+        f0 = front.cpu() if front is not None else 0.0
         b0 = ctx.broker_cpu()
         m = _client(spec.name, persistent)(c, dest, n)
-        s1 = sidecar.cpu() if sidecar is not None else 0.0
+        f1 = front.cpu() if front is not None else 0.0
         b1 = ctx.broker_cpu()
     finally:
         c.disconnect()
@@ -109,7 +114,7 @@ def run_once(ctx: BrokerCtx, target: str, name: str, persistent: bool, n: int) -
         got = loadgen.drain(ctx.port, ctx.vhost, dest, n)
         if got != n:
             raise loadgen.LoadgenError(f"{dest}: {n} messages sent, {got} drained")
-    return Sample(m, (s1 - s0) if sidecar is not None else None, b1 - b0)
+    return Sample(m, (f1 - f0) if front is not None else None, b1 - b0)
 
 
 def _notes(ctx: BrokerCtx, spec: _Spec, persistent: bool) -> list[str]:
@@ -150,13 +155,14 @@ def run_throughput(
     ctx: BrokerCtx, name: str, persistent: bool, *, on_sample: Callable[[str], None] | None = None
 ) -> Row:
     """Run workload ``name`` (a key of :data:`WORKLOADS`) ``ctx.settings.reps`` times per
-    target and return its row (msg/s; ratio = sidecar / direct of the medians)."""
+    target (:data:`bench.workloads.TARGETS`) and return its row (msg/s; ratio = sidecar /
+    direct of the medians)."""
     spec = WORKLOADS[name]
     st = ctx.settings
     n = max(50, int(st.n * (spec.persistent_fraction if persistent else spec.fraction)))
-    samples: dict[str, list[Sample]] = {"direct": [], "sidecar": []}
+    samples: dict[str, list[Sample]] = {t: [] for t in TARGETS}
     for rep in range(st.reps):
-        order = ("direct", "sidecar") if rep % 2 == 0 else ("sidecar", "direct")
+        order = TARGETS[rep % len(TARGETS) :] + TARGETS[: rep % len(TARGETS)]
         for target in order:
             sample = run_once(ctx, target, name, persistent, n)
             samples[target].append(sample)
@@ -168,40 +174,48 @@ def run_throughput(
         broker=ctx.flavor,
         unit="msg/s",
         direct=median([s.m.rate for s in samples["direct"]]),
+        relay=median([s.m.rate for s in samples["relay"]]),
         sidecar=median([s.m.rate for s in samples["sidecar"]]),
         goal=spec.goal,
         notes=_notes(ctx, spec, persistent),
     )
     client_pct = {t: max(s.m.client_cpu_pct for s in v) for t, v in samples.items()}
-    sidecar_cpu = [s.sidecar_cpu for s in samples["sidecar"] if s.sidecar_cpu is not None]
-    sidecar_pct = median(
-        [
-            100 * s.sidecar_cpu / s.m.seconds
-            for s in samples["sidecar"]
-            if s.sidecar_cpu is not None and s.m.seconds > 0
-        ]
-    )
     row.extra = {
         "count": n,
         "persistent": persistent,
         "reps": st.reps,
         "samples": {t: [round(s.m.rate) for s in v] for t, v in samples.items()},
-        "sidecar_cpu_s": round(median(sidecar_cpu), 3),
-        "sidecar_cpu_pct": round(sidecar_pct),
-        "sidecar_cpu_us_per_msg": round(1e6 * median(sidecar_cpu) / n, 1),
-        "broker_cpu_s": {
-            t: round(median([s.broker_cpu for s in v]), 3) for t, v in samples.items()
-        },
-        "client_cpu_pct": {t: round(p) for t, p in client_pct.items()},
     }
+    for target in ("relay", "sidecar"):
+        cpu_s, pct = _front_cpu(samples[target])
+        row.extra[f"{target}_cpu_s"] = round(cpu_s, 3)
+        row.extra[f"{target}_cpu_pct"] = round(pct)
+        row.extra[f"{target}_cpu_us_per_msg"] = round(1e6 * cpu_s / n, 1)
+        if pct >= SATURATED_PCT:
+            what = "one trio thread" if target == "sidecar" else "socat copies on one thread"
+            row.notes.append(
+                f"the {target} used {pct:.0f}% of a core: it is CPU-bound here ({what})"
+            )
+    row.extra["broker_cpu_s"] = {
+        t: round(median([s.broker_cpu for s in v]), 3) for t, v in samples.items()
+    }
+    row.extra["client_cpu_pct"] = {t: round(p) for t, p in client_pct.items()}
     for target, pct in client_pct.items():
         if pct >= SATURATED_PCT:
             row.notes.append(
                 f"the load generator used {pct:.0f}% of a core in a {target} run: it may be "
                 "the bottleneck there"
             )
-    if sidecar_pct >= SATURATED_PCT:
-        row.notes.append(
-            f"the sidecar used {sidecar_pct:.0f}% of a core: it is CPU-bound here (one trio thread)"
-        )
     return row
+
+
+def _front_cpu(samples: list[Sample]) -> tuple[float, float]:
+    """Median CPU seconds of the process in front of the broker over ``samples``, and its
+    median percentage of one core."""
+    cpu = [s.front_cpu for s in samples if s.front_cpu is not None]
+    pct = [
+        100 * s.front_cpu / s.m.seconds
+        for s in samples
+        if s.front_cpu is not None and s.m.seconds > 0
+    ]
+    return median(cpu), median(pct)

@@ -70,6 +70,12 @@ class ProgressListener:
         with self._lock:
             return float(sum(self._counts.values()))
 
+    def retried(self) -> int:
+        """Task attempts after a task's first (Spark retries of a failed task: each attempt
+        reports 0 when it starts)."""
+        with self._lock:
+            return sum(1 for key in self._counts if not key.endswith(".0"))
+
     def wait_for(self, count: int, timeout: float) -> bool:
         """Wait (at most ``timeout`` s) until ``count`` SENDs are reported; True if they are.
         The last datagrams of a publish may still be on their way when the job ends."""

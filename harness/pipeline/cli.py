@@ -12,7 +12,33 @@ from pathlib import Path
 
 import click
 
-__all__ = ["drill"]
+__all__ = ["FaultsParam", "drill"]
+
+#: ``--faults all-down`` (pipeline.drill.ALL_DOWN; not imported here: no pyspark in --help).
+ALL_DOWN = "all-down"
+
+
+class FaultsParam(click.ParamType[int | str]):
+    """``--faults``: a count of kills (0 or more) or ``all-down``."""
+
+    name = "N|all-down"
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> int | str:
+        """``all-down`` as is, anything else as an int of at least 0 (a usage error if not)."""
+        if isinstance(value, int):
+            count = value
+        elif str(value).strip().lower() == ALL_DOWN:
+            return ALL_DOWN
+        else:
+            try:
+                count = int(str(value))
+            except ValueError:
+                self.fail(f"{value!r} is neither a number of kills nor {ALL_DOWN}", param, ctx)
+        if count < 0:
+            self.fail(f"{count} is below 0", param, ctx)
+        return count
 
 
 @click.command()
@@ -24,11 +50,34 @@ __all__ = ["drill"]
 )
 @click.option(
     "--faults",
-    type=click.IntRange(min=0),
+    type=FaultsParam(),
     default=None,
     help="kill -9 of the serving broker this many times; 0 = no fault; with several, the "
-    "killed broker is restarted as the new backup before the next kill "
-    "[default: 1; 0 with --brokers].",
+    "killed broker is restarted as the new backup before the next kill; all-down: kill -9 "
+    "of both brokers for --down-for seconds, then both restarted (the one that served "
+    "first) [default: 1; 0 with --brokers or --kill-sidecar].",
+)
+@click.option(
+    "--down-for",
+    "down_for",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="With --faults all-down: seconds from the kill until the brokers are started again "
+    "[default: 30].",
+)
+@click.option(
+    "--kill-sidecar",
+    "kill_sidecar",
+    is_flag=True,
+    help="Fault mode: kill -9 of the producer's sidecar (at --kill-at), started again at once "
+    "on the same port and outbox_dir; the writer's tasks fail and Spark retries them. Needs "
+    "--outbox.",
+)
+@click.option(
+    "--outbox",
+    is_flag=True,
+    help="The producer's sidecar runs with outbox = true (outbox_dir in the work directory): "
+    "it confirms a SEND once stored on local disk and forwards it when a broker is up.",
 )
 @click.option(
     "--kill-at",
@@ -73,7 +122,12 @@ __all__ = ["drill"]
     "deleted afterwards unless --keep or the drill failed).",
 )
 @click.option("--keep", is_flag=True, help="Keep the work directory.")
-@click.option("--master", default="local[2]", show_default=True, help="Spark master.")
+@click.option(
+    "--master",
+    default=None,
+    help="Spark master [default: local[2]; local[2,4] (task retries) with --faults all-down "
+    "or --kill-sidecar].",
+)
 @click.option(
     "--partitions",
     type=click.IntRange(min=1),
@@ -124,7 +178,10 @@ __all__ = ["drill"]
 def drill(
     *,
     rows: int | None,
-    faults: int | None,
+    faults: int | str | None,
+    down_for: float | None,
+    kill_sidecar: bool,
+    outbox: bool,
     kill_at: tuple[float, ...],
     brokers: str | None,
     kill_pids: tuple[int, ...],
@@ -132,7 +189,7 @@ def drill(
     png: Path,
     workdir: Path | None,
     keep: bool,
-    master: str,
+    master: str | None,
     partitions: int | None,
     receipt_every: int,
     max_in_flight: int,
@@ -147,6 +204,10 @@ def drill(
     With --baseline the same publish and drain first run without a sidecar, straight to the
     broker, and the report gives the sidecar's rates as a share of those.
 
+    With --outbox the producer's sidecar stores and forwards (issue 17); --faults all-down
+    stops every broker for a while, --kill-sidecar kills the producer's sidecar instead. The
+    report and the PNG then show the outbox's depth over time.
+
     Exit status 0 on success, 1 if anything was lost, duplicated or altered (in the baseline
     too), 2 for bad options, 3 if the drill could not start its brokers, sidecars or Spark.
     """
@@ -155,6 +216,9 @@ def drill(
     options = DrillOptions(
         rows=rows,
         faults=faults,
+        down_for=down_for,
+        kill_sidecar=kill_sidecar,
+        outbox=outbox,
         kill_at=kill_at,
         brokers=brokers,
         kill_pids=kill_pids,

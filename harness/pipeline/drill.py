@@ -26,6 +26,14 @@ With ``baseline`` (``--baseline``), steps 3-5 first run once without a sidecar a
 fault, straight to the serving broker (:mod:`pipeline.baseline`), and the report gives the
 drill's publish and consume rates as a share of the baseline's (:class:`pipeline.report.Overhead`).
 
+With ``outbox`` (``--outbox``, issue 17) the producer's sidecar stores and forwards
+(``outbox = true``, ``outbox_dir`` = ``WORKDIR/outbox``); the sampler then follows the writer's
+own SEND count and the outbox's depth, and the report gets an ``outbox`` section. Two more
+fault modes (:mod:`pipeline.faults`): every broker killed for ``down_for`` seconds
+(``--faults all-down``), or the producer's sidecar killed and restarted at once on its port
+and ``outbox_dir`` (``--kill-sidecar``, with ``outbox`` only); both run Spark with task
+retries (``local[2,4]``).
+
 Exit status: 0 when every row arrived exactly once with its content; 1 when anything was
 lost, duplicated, altered or the publish failed; 2 for bad options; 3 when the drill could
 not set itself up (broker, sidecar or Spark did not start); 130 when interrupted.
@@ -37,6 +45,7 @@ import contextlib
 import http.client
 import importlib.util
 import math
+import re
 import secrets
 import shutil
 import signal
@@ -49,15 +58,18 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from pipeline.faults import (
+    RESTART_TIMEOUT,
     BrokerPair,
     Fault,
     FaultInjector,
+    FaultKind,
     Sampler,
     broker_label,
     group_incidents,
+    sidecar_outbox,
     sidecar_sends,
     tqdm_class,
 )
@@ -67,15 +79,19 @@ from pipeline.report import (
     Delivery,
     DrillReport,
     FailoverIncident,
+    FaultRecord,
     Overhead,
     Timeline,
+    fault_notes,
+    outbox_errors,
+    outbox_summary,
     overhead,
     throughput,
     write_png,
 )
 from pipeline.verify import Reader, Received, Reconciliation, expected, reconcile
 from testbed import ActiveMQ, BrokerError, activemq_installed, start_activemq_pair
-from testbed.sidecar import SidecarError, SidecarProcess, metric_total
+from testbed.sidecar import Metrics, SidecarError, SidecarProcess, metric_total
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -115,6 +131,12 @@ SIDECAR_OPTIONS: dict[str, object] = {
 #: the last 20,000 ids of the subscription (docs/behaviour.md, "Duplicate detection"). With 2 cores
 #: publishing at once, 10,000-row partitions keep a retried partition's copies inside that window.
 ROWS_PER_PARTITION = 10_000
+#: The consumer sidecar's ``id_cache_size`` with ``--kill-sidecar``: a Spark task that failed
+#: with the producer's sidecar is retried from its partition's first row, so the copies of a
+#: partition's first rows come after the rest of it and what the other tasks published
+#: meanwhile. The default 20,000 ids let 7,289 copies through on all rows (2 of 34 partitions
+#: retried); ten partitions' worth (about 27 MB at most) leaves room for any retry.
+KILL_SIDECAR_ID_CACHE = 10 * ROWS_PER_PARTITION
 
 
 class DrillUsageError(ValueError):
@@ -125,19 +147,35 @@ class DrillError(RuntimeError):
     """The drill could not set itself up: a broker, a sidecar or Spark (exit status 3)."""
 
 
+#: ``--faults all-down``: every broker killed for ``--down-for`` seconds.
+ALL_DOWN = "all-down"
+#: Seconds every broker stays down with ``--faults all-down`` unless ``--down-for`` says.
+DOWN_FOR = 30.0
+#: Spark master without (``local[2]``) and with task retries (``local[2,4]``: a task may fail
+#: 3 times and run a 4th): the sidecar or every broker killed fails the writer's tasks.
+MASTER, MASTER_WITH_RETRIES = "local[2]", "local[2,4]"
+#: A local master without task retries: ``local``, ``local[N]``, ``local[*]``.
+_LOCAL_NO_RETRIES = re.compile(r"^local(\[(\d+|\*)\])?$")
+
+
 @dataclass(frozen=True)
 class DrillOptions:
     """Options of ``mq-sidecar drill`` (see the command's ``--help``).
 
-    ``faults``: kills to make (None: 1 with the drill's own brokers, 0 with ``brokers``);
-    ``kill_at``: share of the rows published at each kill (default 0.4 for one fault,
-    evenly spaced for several); ``kill_pids``: with ``brokers``, the PID to SIGKILL at each
-    fault, in order; ``baseline``: run the publish and drain once straight to the broker
-    first (module docstring). Durations in seconds.
+    ``faults``: kills of the serving broker to make (None: 1 with the drill's own brokers,
+    0 with ``brokers`` or with ``kill_sidecar``), or :data:`ALL_DOWN`: every broker killed
+    for ``down_for`` seconds (None: :data:`DOWN_FOR`), then restarted; ``kill_sidecar``: kill
+    -9 of the producer's sidecar instead, restarted at once (needs ``outbox``); ``kill_at``:
+    share of the rows published at each kill (default 0.4 for one fault, evenly spaced for
+    several); ``kill_pids``: with ``brokers``, the PID to SIGKILL at each fault, in order;
+    ``outbox``: the producer's sidecar runs with ``outbox = true``, its ``outbox_dir`` in the
+    work directory; ``master``: Spark's (None: :data:`MASTER`, or :data:`MASTER_WITH_RETRIES`
+    for every broker down or the sidecar killed); ``baseline``: run the publish and drain once
+    straight to the broker first (module docstring). Durations in seconds.
     """
 
     rows: int | None = None
-    faults: int | None = None
+    faults: int | str | None = None
     kill_at: tuple[float, ...] = ()
     brokers: str | None = None
     kill_pids: tuple[int, ...] = ()
@@ -145,7 +183,7 @@ class DrillOptions:
     png: Path = Path("drill-timeline.png")
     workdir: Path | None = None
     keep: bool = False
-    master: str = "local[2]"
+    master: str | None = None
     destination: str | None = None
     receipt_every: int = 100
     max_in_flight: int = 10
@@ -157,6 +195,34 @@ class DrillOptions:
     progress: bool = True
     partitions: int | None = None
     baseline: bool = False
+    outbox: bool = False
+    down_for: float | None = None
+    kill_sidecar: bool = False
+
+    @property
+    def fault_kind(self) -> FaultKind:
+        """``sidecar`` (``kill_sidecar``), ``all-down`` or ``broker`` (pipeline.faults)."""
+        if self.kill_sidecar:
+            return "sidecar"
+        return "all-down" if self.faults == ALL_DOWN else "broker"
+
+    def downtime(self) -> float:
+        """Seconds every broker stays down with ``--faults all-down``."""
+        return DOWN_FOR if self.down_for is None else self.down_for
+
+    def spark_master(self) -> str:
+        """The Spark master: ``master``, else with task retries for the faults that fail
+        the writer's tasks (class docstring)."""
+        if self.master is not None:
+            return self.master
+        return MASTER if self.fault_kind == "broker" else MASTER_WITH_RETRIES
+
+    def drain_idle_for_plan(self) -> float:
+        """Seconds without a message after which the drain gives up: ``drain_idle``, plus
+        the planned downtime with every broker down (the publish may end during it)."""
+        if self.fault_kind == "all-down":
+            return self.drain_idle + self.downtime()
+        return self.drain_idle
 
     def partition_count(self, rows: int) -> int:
         """Spark partitions to publish ``rows`` rows from (see :data:`ROWS_PER_PARTITION`)."""
@@ -165,8 +231,10 @@ class DrillOptions:
         return max(2, math.ceil(rows / ROWS_PER_PARTITION))
 
     def fault_count(self) -> int:
-        """Kills to make."""
-        if self.faults is not None:
+        """Faults to make (one for every broker down and for the sidecar killed)."""
+        if self.fault_kind != "broker":
+            return 1
+        if isinstance(self.faults, int):
             return self.faults
         if self.kill_at:
             return len(self.kill_at)
@@ -183,7 +251,7 @@ class DrillOptions:
 
     def validate(self) -> None:
         """Raise :class:`DrillUsageError` naming every inconsistency."""
-        problems = []
+        problems = self._fault_problems()
         n = self.fault_count()
         if self.rows is not None and self.rows < 1:
             problems.append("--rows must be at least 1")
@@ -195,7 +263,7 @@ class DrillOptions:
             problems.append("--kill-at values must be between 0 and 1 (shares of the rows)")
         if self.brokers is None and self.kill_pids:
             problems.append("--kill-pid only applies with --brokers (external brokers)")
-        if self.brokers is not None and n > len(self.kill_pids):
+        if self.brokers is not None and self.fault_kind == "broker" and n > len(self.kill_pids):
             problems.append(
                 f"{n} fault(s) against external brokers need {n} --kill-pid (have "
                 f"{len(self.kill_pids)}); the drill only restarts brokers it started itself"
@@ -215,6 +283,44 @@ class DrillOptions:
                 problems.append(str(exc))
         if problems:
             raise DrillUsageError("; ".join(problems))
+
+    def _fault_problems(self) -> list[str]:
+        """The inconsistencies of ``--faults all-down``, ``--down-for``, ``--kill-sidecar``."""
+        problems = []
+        if isinstance(self.faults, str) and self.faults != ALL_DOWN:
+            problems.append(f"--faults must be a number or {ALL_DOWN} (not {self.faults!r})")
+        if self.faults == ALL_DOWN and self.brokers is not None:
+            problems.append(
+                f"--faults {ALL_DOWN} needs the drill's own brokers (it kills and restarts "
+                "both), not --brokers"
+            )
+        if self.down_for is not None and self.fault_kind != "all-down":
+            problems.append(f"--down-for only applies with --faults {ALL_DOWN}")
+        reconnect_period = float(cast("int", SIDECAR_OPTIONS["reconnect_period"])) / 1000
+        if self.down_for is not None and not 0 < self.down_for < reconnect_period:
+            problems.append(
+                f"--down-for must be more than 0 and less than the sidecars' reconnect_period "
+                f"({reconnect_period:.0f} s), after which they give up on the brokers"
+            )
+        if self.kill_sidecar:
+            if not self.outbox:
+                problems.append(
+                    "--kill-sidecar needs --outbox: without it the killed sidecar keeps "
+                    "nothing a restart could forward, so the kill tests Spark's task retries, "
+                    "not the sidecar"
+                )
+            if self.faults not in (None, 0):
+                problems.append(
+                    "--kill-sidecar is a fault mode of its own: drop --faults (or give 0)"
+                )
+            if self.kill_pids:
+                problems.append("--kill-pid does not apply with --kill-sidecar")
+            if self.master is not None and _LOCAL_NO_RETRIES.match(self.master):
+                problems.append(
+                    f"--kill-sidecar fails the writer's tasks and needs Spark task retries: "
+                    f"--master {self.master} has none (use e.g. {MASTER_WITH_RETRIES})"
+                )
+        return problems
 
 
 # --- the drill -------------------------------------------------------------------------------
@@ -305,19 +411,37 @@ class Drill:
         )
         return f"failover:({primary.stomp_url},{backup.stomp_url})"
 
+    @property
+    def outbox_dir(self) -> Path:
+        """The producer sidecar's ``outbox_dir`` (with ``--outbox``)."""
+        return self.workdir / "outbox"
+
+    def sidecar_options(self, role: str) -> dict[str, object]:
+        """The options of the ``producer``'s or the ``consumer``'s sidecar:
+        :data:`SIDECAR_OPTIONS`, and for the producer with ``--outbox`` ``outbox = true``
+        with its ``outbox_dir`` (:attr:`outbox_dir`); for the consumer with ``--kill-sidecar``
+        an ``id_cache_size`` of :data:`KILL_SIDECAR_ID_CACHE`."""
+        options = dict(SIDECAR_OPTIONS)
+        if role == "producer" and self.options.outbox:
+            options["outbox"] = True
+            options["outbox_dir"] = str(self.outbox_dir)
+        if role == "consumer" and self.options.kill_sidecar:
+            options["id_cache_size"] = KILL_SIDECAR_ID_CACHE
+        return options
+
     def _start_sidecars(self, brokers: str) -> tuple[SidecarProcess, SidecarProcess]:
         producer, consumer = (
             SidecarProcess(
-                name,
+                f"sidecar-{role}",
                 self.workdir,
                 brokers=brokers,
-                options=SIDECAR_OPTIONS,
+                options=self.sidecar_options(role),
                 # Ready = /readyz, which opens no session (the report counts sessions); if
                 # the drill dies, its sidecars drain (SIGTERM) rather than vanish.
                 readiness="readyz",
                 parent_death=signal.SIGTERM,
             )
-            for name in ("sidecar-producer", "sidecar-consumer")
+            for role in ("producer", "consumer")
         )
         self.state.sidecars = [producer, consumer]
         try:
@@ -334,19 +458,28 @@ class Drill:
                 monitor.start()
             except (OSError, http.client.HTTPException) as exc:
                 raise DrillError(f"event stream of the {role} sidecar: {exc}") from exc
+        outbox = f", outbox in {self.outbox_dir}" if self.options.outbox else ""
         self.say(
             f"mq-sidecar for the producer pid {producer.pid} on 127.0.0.1:{producer.port} "
-            f"(admin {producer.admin_port}), for the consumer pid {consumer.pid} on "
+            f"(admin {producer.admin_port}{outbox}), for the consumer pid {consumer.pid} on "
             f"127.0.0.1:{consumer.port} (admin {consumer.admin_port})"
         )
         return producer, consumer
+
+    def _watch_restarted(self, sidecar: SidecarProcess) -> None:
+        """After the producer's sidecar was killed and restarted: watch its events anew (the
+        old stream ended with the process)."""
+        monitor = EventMonitor("producer", port=sidecar.admin_port)
+        self.state.monitors.append(monitor)
+        monitor.start()
 
     def _start_spark(self) -> SparkSession:
         from pipeline.spark import start_spark  # noqa: PLC0415
 
         log = self.workdir / "spark.log"
+        master = self.options.spark_master()
         try:
-            spark = start_spark("mq-sidecar-drill", master=self.options.master, log_file=log)
+            spark = start_spark("mq-sidecar-drill", master=master, log_file=log)
         except Exception as exc:
             raise DrillError(f"Spark did not start (log: {log}): {exc}") from exc
         self.state.spark = spark
@@ -355,7 +488,7 @@ class Drill:
             # handler, which fails ("reentrant call") while the main thread waits on py4j;
             # the drill's cleanup stops Spark anyway.
             signal.signal(signal.SIGINT, _raise_interrupt)
-        self.say(f"Spark {spark.version} {self.options.master} started (JVM log: {log})")
+        self.say(f"Spark {spark.version} {master} started (JVM log: {log})")
         return spark
 
     def _load(self, spark: SparkSession) -> tuple[DataFrame, int]:
@@ -379,6 +512,7 @@ class Drill:
 
     def run(self) -> DrillReport:
         """Run the drill; cleanup is :meth:`cleanup` (call it in any case)."""
+        from pipeline.baseline import ProgressListener  # noqa: PLC0415
         from pipeline.writer import WriterSettings  # noqa: PLC0415
 
         opts = self.options
@@ -391,6 +525,10 @@ class Drill:
         with self.phase("load"):
             df, rows = self._load(spark)
 
+        # The writer's own SEND counts: the publish series with the outbox (report.py), and
+        # the task attempts that failed and were retried, in every mode.
+        listener = ProgressListener()
+        self.state.listeners.append(listener)
         settings = WriterSettings(
             destination=self.destination,
             job=self.job,
@@ -398,43 +536,68 @@ class Drill:
             key="row",
             receipt_every=opts.receipt_every,
             max_in_flight=opts.max_in_flight,
+            progress_port=listener.port,
         )
         base = self._baseline(spark, df, rows, settings) if opts.baseline else None
         reader = self._reader(self.destination, "127.0.0.1", consumer.port)
+        kind = opts.fault_kind
         faults = FaultInjector(
             opts.fractions(),
             rows,
             pair=self.state.pair,
             pids=opts.kill_pids,
             say=self.say,
+            kind=kind,
+            down_for=opts.downtime(),
+            sidecar=producer if kind == "sidecar" else None,
+            restarted=self._watch_restarted,
         )
         self.state.faults = faults
-        plan = ", ".join(f"{f:.0%}" for f in faults.fractions) or "none"
-        self.say(f"publishing {rows:,} rows to {self.destination} (kill -9 at: {plan})")
-        sampler = Sampler(sidecar_sends(producer), reader, rows, faults, progress=opts.progress)
+        self.say(f"publishing {rows:,} rows to {self.destination} ({_plan(opts, faults)})")
+        sampler = Sampler(
+            listener.total if opts.outbox else sidecar_sends(producer),
+            reader,
+            rows,
+            faults,
+            progress=opts.progress,
+            outbox=sidecar_outbox(producer) if opts.outbox else None,
+        )
         self.state.sampler = sampler
         consumer_sessions = {"duplicates_hidden": 0, "redeliveries_hidden": 0}
+        outbox_status: list[dict[str, Any]] = []
 
-        def count_hidden() -> None:  # while the reader's session is still there
+        def before_close() -> None:  # while the reader's session is still there
             consumer_sessions.update(_session_totals(consumer))
+            if opts.outbox:  # the residual check below must not race the last forwards
+                status = _outbox_emptied(producer, timeout=opts.drain_idle_for_plan())
+                outbox_status.extend([status] if status is not None else [])
 
-        run = self._transfer(df, rows, settings, reader, sampler, before_close=count_hidden)
+        run = self._transfer(
+            df,
+            rows,
+            settings,
+            reader,
+            sampler,
+            published=(lambda sent: listener.wait_for(sent, 2.0)) if opts.outbox else None,
+            before_close=before_close,
+        )
         t0, publish_end, residual, errors = run.t0, run.publish_end, run.residual, run.errors
         notes: list[str] = []
         if len(faults.faults) < len(faults.fractions):
             notes.append(
-                f"{len(faults.fractions)} kill(s) planned, {len(faults.faults)} made: the "
+                f"{len(faults.fractions)} fault(s) planned, {len(faults.faults)} made: the "
                 "publish ended before the next one was due"
             )
-        faults.join(30.0)
+        faults.join(RESTART_TIMEOUT + opts.downtime())
         errors.extend(faults.errors)
-        self._wait_failover_events(faults.faults)
+        if kind == "broker":
+            self._wait_failover_events(faults.faults)
         with self.phase("verify"):
             source = self._source if self._source is not None else expected(df, settings)
             received = reader.snapshot()
             received.merge(residual)
             result = reconcile(source, received)
-        metrics = [s.metrics() for s in (producer, consumer)]
+        metrics = [_metrics(s) for s in (producer, consumer)]
         replayed = sum(int(metric_total(m, "mq_sidecar_replayed_frames_total")) for m in metrics)
         events = [e for m in self.state.monitors for e in m.events("FAILOVER")]
         incidents, _ = group_incidents(events, faults.faults)
@@ -448,12 +611,28 @@ class Drill:
             publish_end=publish_end,
         )
         publish, consume = throughput(timeline, "publish"), throughput(timeline, "consume")
+        outbox = None
+        if opts.outbox:
+            status = outbox_status[0] if outbox_status else None
+            outbox = outbox_summary(timeline, str(self.outbox_dir), status)
+            errors.extend(outbox_errors(outbox, timeline, faults.records()))
+        notes.extend(
+            fault_notes(
+                timeline,
+                faults.records(),
+                publish,
+                outbox=outbox,
+                retried=listener.retried(),
+                duplicates_hidden=consumer_sessions["duplicates_hidden"],
+            )
+        )
         overheads: dict[str, Overhead] = {}
         if base is not None:
             share = faults.faults[0].fraction if faults.faults else None
-            overheads["sidecar"] = overhead("sidecar", publish, consume, base, share)
-            # Issue 18: the outbox mode, once it exists, is a third run on the same
-            # partitions; its report's rates go in here as overheads["outbox"] the same way.
+            mode = "outbox" if opts.outbox else "sidecar"
+            overheads[mode] = overhead(mode, publish, consume, base, share)
+            # Issue 18: a third pass on the same partitions (both modes in one run) puts
+            # its report's rates in here the same way, under its own mode.
         self.phases["total"] = time.monotonic() - self.started
         report = DrillReport(
             **_delivery(rows, run.sent, result, residual),
@@ -470,15 +649,18 @@ class Drill:
                 "job": self.job,
                 "destination": self.destination,
                 "brokers": brokers,
-                "master": opts.master,
+                "master": opts.spark_master(),
                 "partitions": df.rdd.getNumPartitions(),
+                "fault_kind": kind,
                 "kill_at": list(faults.fractions),
+                "down_for": opts.downtime() if kind == "all-down" else None,
                 "writer": {
                     "receipt_every": opts.receipt_every,
                     "max_in_flight": opts.max_in_flight,
                 },
                 "reader_ack": opts.ack,
                 "sidecar": SIDECAR_OPTIONS,
+                "producer_sidecar": self.sidecar_options("producer"),
                 "options": {k: str(v) for k, v in asdict(opts).items()},
             },
             errors=errors,
@@ -486,6 +668,7 @@ class Drill:
             timeline=timeline,
             baseline=base,
             overhead=overheads,
+            outbox=outbox,
         )
         self._write(report, timeline)
         return report
@@ -534,7 +717,8 @@ class Drill:
             published(sent)
         sampler.sample()
         with self.phase(f"{prefix}drain"):
-            complete = reader.wait_for(rows, idle=opts.drain_idle, timeout=3600.0)
+            idle = opts.drain_idle_for_plan()
+            complete = reader.wait_for(rows, idle=idle, timeout=3600.0)
             reader.settle(opts.settle, timeout=60.0)
             sampler.stop()
             if before_close is not None:
@@ -543,7 +727,7 @@ class Drill:
             residual = self._residual(reader)
         if not complete:
             errors.append(
-                f"drain stopped after {opts.drain_idle:.0f} s without a message: "
+                f"drain stopped after {idle:.0f} s without a message: "
                 f"{reader.unique:,} of {rows:,} rows received"
             )
         return _Transfer(t0, sent, publish_end, residual, errors)
@@ -673,6 +857,10 @@ class Drill:
         kills = [f.at for f in faults.faults]
         outages: list[tuple[float, float]] = []
         for fault in faults.faults:
+            if fault.kind != "broker":  # until the service was back (or the publish's end)
+                end = fault.restored_at if fault.restored_at is not None else publish_end
+                outages.append((fault.at, max(fault.at, end)))
+                continue
             longest = max(
                 (i.outage_ms_max for i in incidents if i.fault == fault.index), default=None
             )
@@ -686,13 +874,15 @@ class Drill:
             drain_end=max(consumed[-1] + 0.001 if consumed else 0.0, publish_end),
             kills=kills,
             outages=outages,
+            outbox=list(sampler.outbox_samples),
+            fault_kind=faults.kind,
         )
 
     def _write(self, report: DrillReport, timeline: Timeline) -> None:
         opts = self.options
         title = (
-            f"mq-sidecar drill: {report.rows:,} flights, {len(report.faults)} kill -9, "
-            f"lost {report.lost}, duplicates {report.duplicates}"
+            f"mq-sidecar drill{' --outbox' if opts.outbox else ''}: {report.rows:,} flights, "
+            f"{_faults_title(report.faults)}, lost {report.lost}, duplicates {report.duplicates}"
         )
         for mode, o in report.overhead.items():
             title += f"\n{mode} / direct (no sidecar, no fault): {o.summary()}"
@@ -710,6 +900,8 @@ class Drill:
     def cleanup(self) -> None:
         """Stop everything the drill started, newest first; never raises."""
         state = self.state
+        if state.faults is not None:
+            state.faults.stop()  # restart nothing any more
         if state.sampler is not None:
             with contextlib.suppress(Exception):
                 state.sampler.stop()
@@ -752,6 +944,54 @@ def _delivery(rows: int, sent: int, result: Reconciliation, residual: Received) 
             residual=residual.total,
         )
     )
+
+
+def _plan(options: DrillOptions, faults: FaultInjector) -> str:
+    """The fault plan for the progress line."""
+    at = ", ".join(f"{f:.0%}" for f in faults.fractions) or "none"
+    if faults.kind == "all-down":
+        return f"every broker killed for {options.downtime():.0f} s at {at}"
+    if faults.kind == "sidecar":
+        return f"kill -9 of the producer's sidecar at {at}"
+    return f"kill -9 at: {at}"
+
+
+def _faults_title(faults: list[FaultRecord]) -> str:
+    """The faults made, for the PNG's title."""
+    if faults and faults[0].kind == "all-down":
+        downtime = faults[0].downtime
+        return "every broker down" + ("" if downtime is None else f" {downtime:.0f} s")
+    if faults and faults[0].kind == "sidecar":
+        return "kill -9 of the producer's sidecar"
+    return f"{len(faults)} kill -9"
+
+
+def _metrics(sidecar: SidecarProcess) -> Metrics:
+    """One scrape of ``sidecar``'s ``/metrics``; empty if it does not answer (after a
+    restart that failed)."""
+    try:
+        return sidecar.metrics()
+    except OSError:
+        return {}
+
+
+def _outbox_emptied(producer: SidecarProcess, timeout: float) -> dict[str, Any] | None:
+    """Wait (at most ``timeout`` s) until ``producer``'s outbox is empty; return its last
+    ``/status`` ``outbox`` object (None if it never answered with one)."""
+    deadline = time.monotonic() + timeout
+    last: dict[str, Any] | None = None
+    while True:
+        try:
+            outbox = producer.status(timeout=5.0).get("outbox")
+        except (OSError, ValueError):
+            outbox = None
+        if isinstance(outbox, dict):
+            last = outbox
+            if not outbox.get("frames"):
+                return last
+        if time.monotonic() >= deadline:
+            return last
+        time.sleep(0.2)
 
 
 def _first_line(exc: BaseException) -> str:

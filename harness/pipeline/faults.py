@@ -1,5 +1,6 @@
-"""Faults of the drill: the kill -9 of the serving broker, the sampler that triggers it, and
-the grouping of the sidecars' FAILOVER events by the kill that caused them.
+"""Faults of the drill: the kill -9 of the serving broker, of every broker for a while, or of
+the producer's sidecar; the sampler that triggers them, and the grouping of the sidecars'
+FAILOVER events by the kill that caused them.
 
 :class:`Sampler` follows a SEND counter (the producer sidecar's ``/metrics``,
 :func:`sidecar_sends`; in the baseline the writer's own reports) and the reader every
@@ -9,6 +10,16 @@ of the rows is published. With the drill's own shared-store pair the injector
 then measures the takeover (the other broker answers STOMP CONNECT) and, if more faults are
 planned, restarts the killed broker as the new backup before the next kill, so there is
 always something to fail over to. With external brokers it SIGKILLs the PIDs it was given.
+
+Two more kinds (:data:`pipeline.report.FAULT_KINDS`), one fault each: ``all-down`` SIGKILLs
+both brokers of the pair (the waiting one first, so that it cannot take over), waits until
+``down_for`` seconds have passed since the kill, starts the one that served again, waits until
+it answers STOMP CONNECT (the service is back: ``restored_at``) and then the other as the
+backup; ``sidecar`` SIGKILLs the producer's sidecar and starts it again at once on the same
+ports and configuration (so the same ``outbox_dir``), ready when ``/readyz`` answers.
+
+With the outbox the sampler also reads the outbox's depth from the same sidecar's
+``/metrics`` (:func:`sidecar_outbox`).
 
 :func:`group_incidents` attributes each FAILOVER event to the last kill before it when the
 session left the killed broker within :data:`ATTRIBUTION_WINDOW` seconds; other FAILOVERs
@@ -25,7 +36,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from pipeline.monitor import ObservedEvent
 from pipeline.report import FailoverIncident, FaultRecord
@@ -39,9 +50,11 @@ __all__ = [
     "BrokerPair",
     "Fault",
     "FaultInjector",
+    "FaultKind",
     "Sampler",
     "broker_label",
     "group_incidents",
+    "sidecar_outbox",
     "sidecar_sends",
     "tqdm_class",
 ]
@@ -50,6 +63,11 @@ __all__ = [
 SAMPLE_INTERVAL = 0.2
 #: Seconds a fault's FAILOVER events may come after its kill and still be attributed to it.
 ATTRIBUTION_WINDOW = 120.0
+#: Seconds a killed broker or sidecar may take to serve again after its restart.
+RESTART_TIMEOUT = 120.0
+
+#: What a fault kills (module docstring; :data:`pipeline.report.FAULT_KINDS`).
+FaultKind = Literal["broker", "all-down", "sidecar"]
 
 
 @dataclass
@@ -57,8 +75,11 @@ class Fault:
     """One kill as it happened (mutable: the follow-up fills ``takeover_ms``, ``restarted``).
 
     ``broker``: the killed broker's ``host:port`` label as the sidecars report it (``pid N``
-    for an external broker); ``at``: seconds since the publish started; ``wall``: Unix time
-    of the kill; ``fraction``: share of the rows published then.
+    for an external broker; for ``all-down`` the one that served; for ``sidecar`` the
+    sidecar's ``host:port``); ``at``: seconds since the publish started; ``wall``: Unix time
+    of the kill; ``fraction``: share of the rows published then; ``kind``: see the module
+    docstring; ``pids``: every process killed; ``restored_at``: t when the service was back
+    (``all-down``, ``sidecar``); ``new_pid``: the restarted sidecar's PID.
     """
 
     index: int
@@ -70,6 +91,10 @@ class Fault:
     fraction: float
     takeover_ms: int | None = None
     restarted: bool = False
+    kind: FaultKind = "broker"
+    pids: tuple[int, ...] = ()
+    restored_at: float | None = None
+    new_pid: int | None = None
 
 
 @dataclass
@@ -86,11 +111,16 @@ def broker_label(broker: ActiveMQ) -> str:
 
 
 class FaultInjector:
-    """Kills the serving broker when the planned share of the rows is published.
+    """Makes the planned faults when their share of the rows is published.
 
+    ``kind`` (module docstring): ``broker`` kills the serving broker (``pair``; or the
+    ``pids`` of external brokers, in order), ``all-down`` every broker of ``pair`` for
+    ``down_for`` seconds, ``sidecar`` the producer's ``sidecar``, restarted at once;
+    ``restarted(sidecar)`` then runs once it is ready again (e.g. to watch its events anew).
     ``check(published)`` is called by the sampler; a kill happens only when the previous
     fault's follow-up (takeover measured, killed broker restarted as backup) is done.
-    ``say`` prints a line above the progress bars.
+    ``say`` prints a line above the progress bars; :meth:`stop` ends a follow-up early
+    (nothing is restarted after it).
     """
 
     def __init__(
@@ -101,17 +131,30 @@ class FaultInjector:
         pair: BrokerPair | None,
         pids: tuple[int, ...],
         say: Callable[[str], None],
+        kind: FaultKind = "broker",
+        down_for: float = 30.0,
+        sidecar: SidecarProcess | None = None,
+        restarted: Callable[[SidecarProcess], None] | None = None,
     ) -> None:
+        if kind == "all-down" and pair is None:
+            raise ValueError("all-down needs the drill's own broker pair")
+        if kind == "sidecar" and sidecar is None:
+            raise ValueError("a sidecar fault needs the sidecar to kill")
         self.fractions = fractions
         self.rows = rows
         self.pair = pair
         self.pids = pids
         self.say = say
+        self.kind: FaultKind = kind
+        self.down_for = down_for
+        self.sidecar = sidecar
+        self.restarted = restarted
         self.faults: list[Fault] = []
         self.errors: list[str] = []
         self.t0 = time.monotonic()
         self._ready = threading.Event()
         self._ready.set()
+        self._halt = threading.Event()
         self._threads: list[threading.Thread] = []
 
     @property
@@ -129,6 +172,12 @@ class FaultInjector:
             return
         self._ready.clear()
         fraction = published / self.rows
+        if self.kind == "all-down":
+            self._all_down(i, fraction)
+            return
+        if self.kind == "sidecar":
+            self._kill_sidecar(i, fraction)
+            return
         if self.pair is None:
             pid = self.pids[i]
             at, wall = time.monotonic() - self.t0, time.time()
@@ -175,6 +224,118 @@ class FaultInjector:
             return  # no further kill: nothing left to fail over to
         self._ready.set()
 
+    def _follow(self, target: Callable[..., None], *args: object) -> None:
+        thread = threading.Thread(target=target, args=args, name="fault", daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _all_down(self, index: int, fraction: float) -> None:
+        """SIGKILL both brokers (the waiting one first); the follow-up restarts them."""
+        assert self.pair is not None
+        serving, waiting = self.pair.serving, self.pair.waiting
+        pids = tuple(p for p in (serving.pid, waiting.pid) if p is not None)
+        at, wall = time.monotonic() - self.t0, time.time()
+        try:
+            if waiting.running():
+                waiting.kill()  # first: it would take the store over from the serving one
+            serving.kill()
+        except (BrokerError, OSError) as exc:
+            self.errors.append(f"all-down: kill -9: {exc}")
+        fault = Fault(
+            index,
+            broker_label(serving),
+            f"{serving.name}+{waiting.name}",
+            pids[0] if pids else None,
+            at,
+            wall,
+            fraction,
+            kind="all-down",
+            pids=pids,
+        )
+        self.faults.append(fault)
+        self.say(
+            f"kill -9 of every broker ({serving.name} pid {fault.pid}, {waiting.name}), "
+            f"{fraction:.0%} published; down for {self.down_for:.0f} s"
+        )
+        self._follow(self._bring_back, fault, serving, waiting)
+
+    def _bring_back(self, fault: Fault, first: ActiveMQ, second: ActiveMQ) -> None:
+        """After ``down_for`` s since the kill: ``first`` until it serves, ``second`` as backup."""
+        killed = self.t0 + fault.at
+        if self._halt.wait(max(0.0, killed + self.down_for - time.monotonic())):
+            return
+        try:
+            first.start()
+            first.wait_ready(RESTART_TIMEOUT)
+            fault.restored_at = time.monotonic() - self.t0
+            self.say(
+                f"{first.name} restarted and serving {fault.restored_at - fault.at:.1f} s "
+                "after the kill"
+            )
+            if self._halt.is_set():
+                return
+            second.start()
+            second.wait_backup(RESTART_TIMEOUT)
+            fault.restarted = True
+            self.say(f"{second.name} restarted as the backup")
+        except (BrokerError, TimeoutError, OSError) as exc:
+            self.errors.append(f"after every broker was killed: restart: {exc}")
+            return
+        self._ready.set()
+
+    def _kill_sidecar(self, index: int, fraction: float) -> None:
+        """SIGKILL the producer's sidecar; the follow-up starts it again at once."""
+        sidecar = self.sidecar
+        assert sidecar is not None
+        pid = sidecar.pid
+        at, wall = time.monotonic() - self.t0, time.time()
+        try:
+            sidecar.kill()
+        except (BrokerError, OSError) as exc:
+            self.errors.append(f"kill -9 of the sidecar: {exc}")
+        fault = Fault(
+            index,
+            f"{sidecar.host}:{sidecar.port}",
+            sidecar.name,
+            pid,
+            at,
+            wall,
+            fraction,
+            kind="sidecar",
+            pids=(pid,) if pid is not None else (),
+        )
+        self.faults.append(fault)
+        self.say(f"kill -9 {sidecar.name} (pid {pid}), {fraction:.0%} published; restarting it")
+        self._follow(self._restart_sidecar, fault, sidecar)
+
+    def _restart_sidecar(self, fault: Fault, sidecar: SidecarProcess) -> None:
+        """Start ``sidecar`` again (same ports, same configuration) and wait until ready."""
+        if self._halt.is_set():
+            return
+        try:
+            sidecar.start()
+            sidecar.wait_ready(RESTART_TIMEOUT)
+        except (BrokerError, OSError) as exc:
+            self.errors.append(f"the killed sidecar did not come back: {exc}")
+            return
+        fault.restored_at = time.monotonic() - self.t0
+        fault.new_pid = sidecar.pid
+        fault.restarted = True
+        self.say(
+            f"{sidecar.name} restarted as pid {fault.new_pid} on 127.0.0.1:{sidecar.port}, "
+            f"ready {fault.restored_at - fault.at:.1f} s after the kill"
+        )
+        if self.restarted is not None:
+            try:
+                self.restarted(sidecar)
+            except Exception as exc:  # the drill's own hook: report, do not kill the thread
+                self.errors.append(f"after the sidecar's restart: {exc}")
+        self._ready.set()
+
+    def stop(self) -> None:
+        """End the follow-ups early: nothing is restarted after this (the drill's cleanup)."""
+        self._halt.set()
+
     def join(self, timeout: float) -> None:
         """Wait for the follow-ups in progress (bounded)."""
         for thread in self._threads:
@@ -191,6 +352,10 @@ class FaultInjector:
                 round(f.fraction, 4),
                 f.takeover_ms,
                 f.restarted,
+                kind=f.kind,
+                pids=f.pids,
+                restored_at=None if f.restored_at is None else round(f.restored_at, 3),
+                new_pid=f.new_pid,
             )
             for f in self.faults
         ]
@@ -219,9 +384,31 @@ def sidecar_sends(producer: SidecarProcess) -> Callable[[], float | None]:
     return sends
 
 
+def sidecar_outbox(producer: SidecarProcess) -> Callable[[], tuple[float, float] | None]:
+    """The outbox's depth in ``producer`` (a sidecar with ``outbox = true``): ``(frames,
+    bytes)`` from its ``/metrics`` (``mq_sidecar_outbox_frames``, ``mq_sidecar_outbox_bytes``);
+    None when it does not answer (killed, restarting) or has no outbox gauges."""
+
+    def depth() -> tuple[float, float] | None:
+        try:
+            metrics = producer.metrics(timeout=5.0)
+        except OSError:
+            return None
+        if "mq_sidecar_outbox_frames" not in metrics:
+            return None
+        return (
+            metric_total(metrics, "mq_sidecar_outbox_frames"),
+            metric_total(metrics, "mq_sidecar_outbox_bytes"),
+        )
+
+    return depth
+
+
 class Sampler(threading.Thread):
     """Samples a SEND counter (``published``: None when it did not answer) and the reader
-    every ``interval`` s: timeline, progress bars (named ``labels``), fault trigger."""
+    every ``interval`` s: timeline, progress bars (named ``labels``), fault trigger. With
+    ``outbox`` (:func:`sidecar_outbox`) it also samples the outbox's depth into
+    ``outbox_samples``: ``(t, frames, bytes)``, and shows the frames beside the publish bar."""
 
     def __init__(
         self,
@@ -233,6 +420,7 @@ class Sampler(threading.Thread):
         progress: bool,
         interval: float = SAMPLE_INTERVAL,
         labels: tuple[str, str] = ("publish", "drain"),
+        outbox: Callable[[], tuple[float, float] | None] | None = None,
     ) -> None:
         super().__init__(name="sampler", daemon=True)
         self.published = published
@@ -240,7 +428,9 @@ class Sampler(threading.Thread):
         self.rows = rows
         self.faults = faults
         self.interval = interval
+        self.outbox = outbox
         self.samples: list[tuple[float, float]] = []
+        self.outbox_samples: list[tuple[float, float, float]] = []
         self.t0 = time.monotonic()
         self._halt = threading.Event()
         self.bars: list[Any] = []
@@ -266,6 +456,11 @@ class Sampler(threading.Thread):
 
     def sample(self) -> None:
         """Take one sample (also called once more at the end of the publish)."""
+        depth = self.outbox() if self.outbox is not None else None
+        if depth is not None:
+            self.outbox_samples.append((time.monotonic() - self.t0, *depth))
+            if self.bars:
+                self.bars[0].set_postfix_str(f"outbox {depth[0]:,.0f}", refresh=False)
         published = self.published()
         if published is None:
             return

@@ -3,22 +3,29 @@
 Times in a report are seconds since the publish started (``t = 0``), except ``phases``
 (durations) and event timestamps (Unix seconds). Throughput is messages per second:
 *publish* counts the SENDs the producer's sidecar relayed to the broker (sampled from its
-``/metrics``), *consume* the messages the reading app received. For each fault, the
-*during* window runs from the kill to the end of the longest session outage the sidecars
-reported for it; *before* is everything up to the first kill, *after* the rest.
+``/metrics``), *consume* the messages the reading app received. With the outbox
+(``--outbox``) *publish* counts the app's own SENDs instead (the writer's reports, as in the
+baseline below): the sidecar takes them into its outbox whether or not a broker is up, and
+its counters start again from 0 when it is killed and restarted; the outbox's depth is
+sampled beside it (:class:`OutboxSummary`). For each fault, the *during* window runs from
+the kill to the end of the longest session outage the sidecars reported for it (for every
+broker down, ``--faults all-down``, and for the producer's sidecar killed, ``--kill-sidecar``:
+until the service was back, :attr:`FaultRecord.restored_at`); *before* is everything up to
+the first kill, *after* the rest.
 
 With ``--baseline`` the report also has the baseline run (:class:`BaselineReport`: the same
 publish and drain straight to the broker, no sidecar, no fault) and, per mode that ran between
-the apps and the broker (today ``sidecar``; the outbox mode gets its own entry once it
-exists), an :class:`Overhead`: the mode's publish and consume rates as a share of the
-baseline's, *overall* (the mode's whole run, kill, outage and replay included) and *before
-the kill* (the mode's rate up to its first kill against the baseline's rate over the same
-first share of the rows: the like-for-like figure). The baseline counts its SENDs from the
-writer's own reports (``WriterSettings.progress_port``), there being no sidecar to count them.
+the apps and the broker (``sidecar``, or ``outbox`` with ``--outbox``), an :class:`Overhead`:
+the mode's publish and consume rates as a share of the baseline's, *overall* (the mode's whole
+run, kill, outage and replay included) and *before the kill* (the mode's rate up to its first
+kill against the baseline's rate over the same first share of the rows: the like-for-like
+figure). The baseline counts its SENDs from the writer's own reports
+(``WriterSettings.progress_port``), there being no sidecar to count them.
 
 The PNG is drawn with matplotlib's Agg backend (no display needed): messages per second of
 publish and consume in 1-second bins, each kill as a vertical line, each outage shaded; the
-baseline's publish and consume, when there is one, as dashed lines on the same axes.
+baseline's publish and consume, when there is one, as dashed lines on the same axes; with
+the outbox, a lower panel shows its depth (frames) over the same seconds.
 """
 
 from __future__ import annotations
@@ -32,29 +39,54 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "FAULT_KINDS",
+    "STALL_LIMIT",
     "BaselineReport",
     "Delivery",
     "DrillReport",
     "FailoverIncident",
     "FaultRecord",
+    "OutboxSummary",
     "Overhead",
     "Ratio",
     "Throughput",
     "Timeline",
+    "fault_notes",
+    "outbox_errors",
+    "outbox_summary",
     "overhead",
     "reached_at",
     "write_png",
 ]
 
+#: The drill's fault kinds: ``broker`` (kill -9 of the serving broker, ``--faults N``),
+#: ``all-down`` (kill -9 of every broker for a while, ``--faults all-down``) and ``sidecar``
+#: (kill -9 of the producer's sidecar, restarted at once, ``--kill-sidecar``); each with how
+#: the PNG labels its kill line and its shaded outage.
+FAULT_KINDS: dict[str, tuple[str, str]] = {
+    "broker": ("kill -9 primary", "outage"),
+    "all-down": ("kill -9 of every broker", "every broker down"),
+    "sidecar": ("kill -9 of the producer's sidecar", "sidecar restarting"),
+}
+#: Seconds without a SEND of the app while every broker is down that fail a drill with the
+#: outbox (:func:`outbox_errors`): the outbox should take the SENDs at once.
+STALL_LIMIT = 5.0
+
 
 @dataclass(frozen=True)
 class FaultRecord:
-    """One kill -9 the drill made.
+    """One fault the drill made (``kind``: a key of :data:`FAULT_KINDS`).
 
-    ``at``: seconds since the publish started; ``fraction``: share of the rows published
-    then; ``takeover_ms``: from the kill until the other broker answered STOMP CONNECT
-    (None when not measured: external brokers); ``restarted``: the killed broker was started
-    again as the new backup.
+    ``broker``: what was killed (a broker's name; for ``all-down`` both names joined by
+    ``+``; for ``sidecar`` the sidecar's name); ``pid``: the (first) process killed, ``pids``
+    every one; ``at``: seconds since the publish started; ``fraction``: share of the rows
+    published then; ``takeover_ms``: from the kill until the other broker answered STOMP
+    CONNECT (``broker`` faults of the drill's own pair, else None); ``restarted``: the killed
+    broker was started again as the new backup (``all-down``: both brokers were started
+    again; ``sidecar``: the sidecar was started again on its port and ``outbox_dir``);
+    ``restored_at``: t when the service was back (``all-down``: the first broker restarted
+    answers STOMP CONNECT; ``sidecar``: the restarted sidecar is ready), None when not
+    measured or it never came back; ``new_pid``: the restarted sidecar's PID.
     """
 
     index: int
@@ -64,6 +96,41 @@ class FaultRecord:
     fraction: float
     takeover_ms: int | None = None
     restarted: bool = False
+    kind: str = "broker"
+    pids: tuple[int, ...] = ()
+    restored_at: float | None = None
+    new_pid: int | None = None
+
+    @property
+    def downtime(self) -> float | None:
+        """Seconds from the kill until the service was back (None: not measured)."""
+        return None if self.restored_at is None else self.restored_at - self.at
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form: the fields and ``downtime_s``."""
+        values = asdict(self)
+        values["pids"] = list(self.pids)
+        downtime = self.downtime
+        values["downtime_s"] = None if downtime is None else round(downtime, 3)
+        return values
+
+    def describe(self) -> str:
+        """One line for the text report."""
+        downtime = "" if self.downtime is None else f", back after {self.downtime:.1f} s"
+        when = f"at t={self.at:.1f} s, {self.fraction:.0%} published"
+        if self.kind == "all-down":
+            pids = ", ".join(str(p) for p in self.pids)
+            restarted = ", both restarted (the serving one first)" if self.restarted else ""
+            return f"every broker down: kill -9 {self.broker} (pids {pids}) {when}{downtime}" + (
+                restarted
+            )
+        if self.kind == "sidecar":
+            again = f", restarted as pid {self.new_pid}" if self.new_pid is not None else ""
+            return f"kill -9 {self.broker} (pid {self.pid}) {when}{again}{downtime}"
+        takeover = "" if self.takeover_ms is None else f", broker takeover {self.takeover_ms} ms"
+        return f"kill -9 #{self.index + 1} {self.broker} (pid {self.pid}) {when}{takeover}" + (
+            ", restarted as backup" if self.restarted else ""
+        )
 
 
 @dataclass(frozen=True)
@@ -98,9 +165,12 @@ class Throughput:
 class Timeline:
     """Raw series for the PNG and the throughput figures.
 
-    ``published``: ``(t, cumulative SENDs relayed)`` samples; ``consumed``: arrival time of
-    every message the app received (sorted); ``publish_end`` / ``drain_end``: t of the end of
-    each phase; ``outages``: ``(start, end)`` of each fault's outage.
+    ``published``: ``(t, cumulative SENDs)`` samples (relayed by the sidecar; with the
+    outbox, the app's own, see the module docstring); ``consumed``: arrival time of every
+    message the app received (sorted); ``publish_end`` / ``drain_end``: t of the end of each
+    phase; ``outages``: ``(start, end)`` of each fault's outage; ``outbox``: ``(t, frames,
+    bytes)`` samples of the producer sidecar's outbox depth (empty without the outbox);
+    ``fault_kind``: what the kills were (a key of :data:`FAULT_KINDS`).
     """
 
     published: list[tuple[float, float]] = field(default_factory=list)
@@ -109,6 +179,8 @@ class Timeline:
     drain_end: float = 0.0
     kills: list[float] = field(default_factory=list)
     outages: list[tuple[float, float]] = field(default_factory=list)
+    outbox: list[tuple[float, float, float]] = field(default_factory=list)
+    fault_kind: str = "broker"
 
     def published_at(self, t: float) -> float:
         """Cumulative SENDs at ``t`` (linear between samples)."""
@@ -132,9 +204,50 @@ class Timeline:
         deepest, the figure ActiveMQ's memory limit bounds (producer flow control)."""
         return max((round(n - self.consumed_at(t)) for t, n in self.published), default=0)
 
+    def sends_done(self) -> float:
+        """t of the first sample at the publish's final count: the app had handed over its
+        last SEND (the publish ends later, once that is confirmed and the tasks closed)."""
+        final = max((n for _, n in self.published), default=0.0)
+        return next((t for t, n in self.published if n >= final), self.publish_end)
+
+    def longest_stall(self, start: float, end: float) -> float:
+        """The longest time within ``[start, end]`` in which the publish count did not grow
+        while the app still had SENDs to make (clipped to :meth:`sends_done`: a task waiting
+        for its last receipts or its DISCONNECT is not a stall), seconds; from the samples: a
+        stall shorter than the sampling interval does not show."""
+        end = min(end, self.publish_end, self.sends_done())
+        if end <= start:
+            return 0.0
+        longest = 0.0
+        last_growth = start
+        previous: float | None = None
+        for t, n in self.published:
+            if previous is not None and n > previous:
+                if t > start:
+                    longest = max(longest, min(t, end) - last_growth)
+                last_growth = max(start, t)
+            previous = n
+            if t >= end:
+                break
+        return max(longest, end - last_growth)
+
+    def outbox_frames(self) -> list[int]:
+        """The outbox's depth (frames) at the end of each second of the drill (the last
+        sample at or before it; 0 before the first), up to the drain's end; empty without
+        outbox samples."""
+        if not self.outbox:
+            return []
+        times = [s[0] for s in self.outbox]
+        depth = []
+        for second in range(max(1, math.ceil(self.drain_end))):
+            i = bisect.bisect_right(times, second + 1.0)
+            depth.append(round(self.outbox[i - 1][1]) if i else 0)
+        return depth
+
     def to_dict(self) -> dict[str, object]:
         """Per-second rates (messages in second ``i``, the last one partial), kills and
-        outages, for the JSON report."""
+        outages, and the outbox's depth per second (None without the outbox), for the JSON
+        report."""
         return {
             "publish_per_second": [
                 round(v) for v in _per_second(self.published_at, self.publish_end)[1]
@@ -147,6 +260,8 @@ class Timeline:
             "kills": [round(t, 3) for t in self.kills],
             "outages": [[round(a, 3), round(b, 3)] for a, b in self.outages],
             "peak_backlog": self.peak_backlog(),
+            "fault_kind": self.fault_kind,
+            "outbox_frames_per_second": self.outbox_frames() if self.outbox else None,
         }
 
 
@@ -206,6 +321,188 @@ def reached_at(timeline: Timeline, count: float) -> float | None:
             return t0 + (t - t0) * (count - n0) / (n - n0) if n > n0 else t
         previous = (t, n)
     return None
+
+
+@dataclass(frozen=True)
+class OutboxSummary:
+    """The producer sidecar's outbox over the drill (``--outbox``; the report's ``outbox``).
+
+    ``directory``: its ``outbox_dir``; ``peak_frames`` / ``peak_bytes``: the most it held
+    at any sample (frames; frame bytes), ``peak_at`` t of the frames' peak (None: no sample);
+    ``emptied_at``: t of the first sample at 0 frames after the last non-empty one (when the
+    outbox had drained to the brokers; None if it never held anything, or still held frames
+    at the last sample); ``final_frames``: what it held at the end of the drain (the producer
+    sidecar's ``/status``; None when it did not answer); ``forwarded_total``: frames the
+    (last) producer sidecar forwarded and had confirmed since its start; ``recovered_frames``:
+    frames the (last) producer sidecar found in ``outbox_dir`` when it started (after a
+    ``--kill-sidecar``: what the killed one left); ``samples``: depth samples taken.
+    """
+
+    directory: str
+    peak_frames: int
+    peak_bytes: int
+    peak_at: float | None
+    emptied_at: float | None
+    final_frames: int | None
+    forwarded_total: int | None
+    recovered_frames: int | None
+    samples: int
+
+    @property
+    def drained(self) -> bool:
+        """Empty at the end of the drain (by ``/status``, else by the last sample)."""
+        if self.final_frames is not None:
+            return self.final_frames == 0
+        return self.peak_frames == 0 or self.emptied_at is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form (the report's ``outbox``), with ``drained``."""
+        values = asdict(self)
+        values["peak_at"] = None if self.peak_at is None else round(self.peak_at, 3)
+        values["emptied_at"] = None if self.emptied_at is None else round(self.emptied_at, 3)
+        values["drained"] = self.drained
+        return values
+
+    def describe(self) -> str:
+        """One line for the text report."""
+        peak = f"peak {self.peak_frames:,} frame(s) / {self.peak_bytes:,} bytes"
+        if self.peak_at is not None and self.peak_frames:
+            peak += f" at t={self.peak_at:.1f} s"
+        if self.emptied_at is not None:
+            peak += f", empty again at t={self.emptied_at:.1f} s"
+        final = "?" if self.final_frames is None else f"{self.final_frames:,}"
+        extra = [f"{final} frame(s) left at the end"]
+        if self.forwarded_total is not None:
+            extra.append(f"{self.forwarded_total:,} forwarded by the last producer sidecar")
+        if self.recovered_frames:
+            extra.append(f"{self.recovered_frames:,} recovered from {self.directory} at its start")
+        return f"{peak}; " + ", ".join(extra)
+
+
+def outbox_summary(
+    timeline: Timeline, directory: str, status: dict[str, Any] | None
+) -> OutboxSummary:
+    """Summarise ``timeline.outbox`` and the producer sidecar's ``/status`` ``outbox`` object
+    at the end (``status``: None when it did not answer; keys ``frames``,
+    ``forwarded_total``, ``recovery.frames``, each optional)."""
+    samples = timeline.outbox
+    peak_frames = max((round(f) for _, f, _ in samples), default=0)
+    peak_bytes = max((round(b) for _, _, b in samples), default=0)
+    peak_at = next((t for t, f, _ in samples if round(f) == peak_frames), None)
+    emptied_at = None
+    last_full = max((i for i, (_, f, _) in enumerate(samples) if f > 0), default=None)
+    if last_full is not None and last_full + 1 < len(samples):
+        emptied_at = samples[last_full + 1][0]
+    status = status or {}
+    recovery = status.get("recovery")
+    return OutboxSummary(
+        directory=directory,
+        peak_frames=peak_frames,
+        peak_bytes=peak_bytes,
+        peak_at=peak_at,
+        emptied_at=emptied_at,
+        final_frames=_int_or_none(status.get("frames")),
+        forwarded_total=_int_or_none(status.get("forwarded_total")),
+        recovered_frames=_int_or_none(
+            recovery.get("frames") if isinstance(recovery, dict) else None
+        ),
+        samples=len(samples),
+    )
+
+
+def outbox_errors(
+    outbox: OutboxSummary, timeline: Timeline, faults: Sequence[FaultRecord]
+) -> list[str]:
+    """What fails a drill with the outbox beyond loss and duplicates: frames still in the
+    outbox after the drain, and an app's publish that stalled for :data:`STALL_LIMIT` seconds
+    or more while every broker was down (the outbox is there so that it does not)."""
+    errors = []
+    if not outbox.drained:
+        left = "?" if outbox.final_frames is None else f"{outbox.final_frames:,}"
+        errors.append(
+            f"the producer sidecar's outbox still held {left} frame(s) after the drain "
+            "(never forwarded to a broker)"
+        )
+    for fault in faults:
+        if fault.kind != "all-down":
+            continue
+        end = fault.restored_at if fault.restored_at is not None else timeline.publish_end
+        stall = timeline.longest_stall(fault.at, end)
+        if stall >= STALL_LIMIT:
+            errors.append(
+                f"the app's publish stalled {stall:.1f} s while every broker was down "
+                f"(t={fault.at:.1f}-{end:.1f} s): the outbox should have taken its SENDs"
+            )
+    return errors
+
+
+def fault_notes(
+    timeline: Timeline,
+    faults: Sequence[FaultRecord],
+    publish: Throughput,
+    *,
+    outbox: OutboxSummary | None,
+    retried: int,
+    duplicates_hidden: int,
+) -> list[str]:
+    """What happened around every broker down or the producer's sidecar killed, in words
+    for the report's notes: the app's publish rate during the downtime against before it,
+    its longest stall, the Spark task attempts retried (``retried``), the outbox's peak and
+    drain (``outbox``), the copies the consumer's sidecar hid (``duplicates_hidden``)."""
+
+    def rate(v: float | None) -> str:
+        return "-" if v is None else f"{v:,.0f} msg/s"
+
+    notes = []
+    for fault in faults:
+        if fault.kind == "broker":
+            continue
+        end = fault.restored_at if fault.restored_at is not None else timeline.publish_end
+        stall = timeline.longest_stall(fault.at, end)
+        retries = f"{retried} Spark task attempt(s) retried after a failure"
+        if fault.kind == "all-down":
+            text = (
+                f"every broker down from t={fault.at:.1f} s until one served again at "
+                f"t={end:.1f} s: the app published {rate(publish.during)} meanwhile "
+                f"({rate(publish.before)} before), its longest stall with rows still to send "
+                f"{stall:.1f} s; {retries}"
+            )
+            if outbox is None:
+                failed = (
+                    "no task failed: the downtime stayed under the sidecar's call_timeout"
+                    if not retried
+                    else "tasks that waited past call_timeout got the sidecar's ERROR and "
+                    "Spark ran them again"
+                )
+                text += (
+                    "; without the outbox the writer waits for the brokers' receipts and a new "
+                    f"task's CONNECT for a broker ({failed}): that stall is what --outbox removes"
+                )
+            else:
+                text += f"; the outbox peaked at {outbox.peak_frames:,} frame(s)" + (
+                    f" and was empty again at t={outbox.emptied_at:.1f} s"
+                    if outbox.emptied_at is not None
+                    else ""
+                )
+        else:
+            again = "never" if fault.restored_at is None else f"at t={fault.restored_at:.1f} s"
+            text = (
+                f"the producer's sidecar (pid {fault.pid}) killed at t={fault.at:.1f} s, "
+                f"ready again {again} on the same port and outbox_dir; {retries} (the "
+                f"writer's connections failed); the consumer's sidecar hid "
+                f"{duplicates_hidden:,} copies by mq-sidecar-id"
+            )
+            if outbox is not None and outbox.recovered_frames is not None:
+                text += (
+                    f"; the restarted sidecar found {outbox.recovered_frames:,} frame(s) "
+                    "in outbox_dir and forwarded them"
+                )
+        notes.append(text)
+    return notes
+
+
+def _int_or_none(value: object) -> int | None:
+    return int(value) if isinstance(value, int | float) else None
 
 
 @dataclass
@@ -382,7 +679,7 @@ class DrillReport(Delivery):
     The :class:`Delivery` counts are the drill's, through the sidecars (``sent``: confirmed
     by the producer's sidecar); ``failovers``: faults after which sessions failed over, plus
     groups of unplanned FAILOVERs; ``baseline`` and ``overhead``: with ``--baseline`` (module
-    docstring).
+    docstring); ``outbox``: with ``--outbox``, the producer sidecar's outbox over the drill.
     """
 
     faults: list[FaultRecord]
@@ -401,6 +698,7 @@ class DrillReport(Delivery):
     timeline: Timeline | None = None
     baseline: BaselineReport | None = None
     overhead: dict[str, Overhead] = field(default_factory=dict)
+    outbox: OutboxSummary | None = None
 
     @property
     def failovers(self) -> int:
@@ -431,7 +729,7 @@ class DrillReport(Delivery):
             "mismatched": self.mismatched,
             "unexpected": self.unexpected,
             "residual": self.residual,
-            "faults": [asdict(f) for f in self.faults],
+            "faults": [f.to_dict() for f in self.faults],
             "failover_incidents": [asdict(i) for i in self.incidents],
             "throughput_msg_per_s": {
                 "publish": _rounded(asdict(self.publish)),
@@ -449,6 +747,7 @@ class DrillReport(Delivery):
             "timeline": self.timeline.to_dict() if self.timeline is not None else None,
             "baseline": self.baseline.to_dict() if self.baseline is not None else None,
             "overhead": {mode: o.to_dict() for mode, o in self.overhead.items()},
+            "outbox": self.outbox.to_dict() if self.outbox is not None else None,
         }
 
     def write_json(self, path: Path) -> None:
@@ -473,14 +772,7 @@ class DrillReport(Delivery):
         )
         lines.append(f"  failovers     {self.failovers}")
         for fault in self.faults:
-            takeover = (
-                "" if fault.takeover_ms is None else f", broker takeover {fault.takeover_ms} ms"
-            )
-            lines.append(
-                f"    kill -9 #{fault.index + 1} {fault.broker} (pid {fault.pid}) at "
-                f"t={fault.at:.1f} s, {fault.fraction:.0%} published{takeover}"
-                + (", restarted as backup" if fault.restarted else "")
-            )
+            lines.append(f"    {fault.describe()}")
         for inc in self.incidents:
             cause = "unplanned" if inc.fault is None else f"after kill #{inc.fault + 1}"
             lines.append(
@@ -493,6 +785,8 @@ class DrillReport(Delivery):
                 f"  {name:<13} {rate(t.overall)} msg/s overall; before {rate(t.before)}, "
                 f"during {rate(t.during)}, after {rate(t.after)}"
             )
+        if self.outbox is not None:
+            lines.append(f"  outbox        {self.outbox.describe()}")
         lines.extend(self._baseline_lines(rate))
         lines.append(f"  replayed      {self.frames_replayed:,} frame(s)")
         lines.append(
@@ -573,13 +867,21 @@ def _per_second(count_at: Callable[[float], float], end: float) -> tuple[list[fl
 
 def write_png(path: Path, timeline: Timeline, title: str, baseline: Timeline | None = None) -> None:
     """Draw the timeline (module docstring), and the ``baseline``'s if given, into ``path``
-    (PNG, ~1200x500 px)."""
+    (PNG, ~1200x500 px; ~1200x700 px with a lower panel of the outbox's depth in frames
+    when ``timeline.outbox`` has samples)."""
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    fig, ax = plt.subplots(figsize=(12, 5), dpi=100)
+    kill_label, outage_label = FAULT_KINDS.get(timeline.fault_kind, FAULT_KINDS["broker"])
+    if timeline.outbox:
+        fig, (ax, low) = plt.subplots(
+            2, 1, figsize=(12, 7), dpi=100, sharex=True, gridspec_kw={"height_ratios": [3, 1]}
+        )
+    else:
+        fig, ax = plt.subplots(figsize=(12, 5), dpi=100)
+        low = None
     try:
         series = [
             (timeline, "", "-", 1.0),
@@ -588,22 +890,43 @@ def write_png(path: Path, timeline: Timeline, title: str, baseline: Timeline | N
         for run, suffix, style, alpha in series:
             xs, ys = _per_second(run.published_at, run.publish_end)
             publish = "publish (SENDs relayed by the sidecar)" if not suffix else "publish"
+            if not suffix and run.outbox:
+                publish = "publish (the app's SENDs into the outbox)"
             ax.step(xs, ys, where="mid", label=publish + suffix, color="C0", ls=style, alpha=alpha)
             xs, ys = _per_second(run.consumed_at, run.drain_end)
             consume = "consume (messages the app received)" if not suffix else "consume"
             ax.step(xs, ys, where="mid", label=consume + suffix, color="C2", ls=style, alpha=alpha)
-        for i, (start, end) in enumerate(timeline.outages):
-            ax.axvspan(start, end, color="red", alpha=0.15, label="outage" if i == 0 else None)
-        for i, t in enumerate(timeline.kills):
-            ax.axvline(t, color="red", linestyle="--", label="kill -9 primary" if i == 0 else None)
-        ax.set_xlabel("seconds since the publish started")
+        for axes in (ax, low):
+            if axes is None:
+                continue
+            first = axes is ax
+            for i, (start, end) in enumerate(timeline.outages):
+                label = outage_label if i == 0 and first else None
+                axes.axvspan(start, end, color="red", alpha=0.15, label=label)
+            for i, t in enumerate(timeline.kills):
+                label = kill_label if i == 0 and first else None
+                axes.axvline(t, color="red", linestyle="--", label=label)
+            axes.grid(True, alpha=0.3)
         ax.set_ylabel("messages per second")
         ax.set_title(title)
         ax.set_xlim(left=0)
         ax.set_ylim(bottom=0)
-        ax.grid(True, alpha=0.3)
-        if baseline is None:
-            ax.legend(loc="lower right", fontsize="small")
+        if low is not None:
+            low.step(
+                [s[0] for s in timeline.outbox],
+                [s[1] for s in timeline.outbox],
+                where="post",
+                color="C1",
+                label="outbox depth (frames held by the producer's sidecar)",
+            )
+            low.set_ylabel("outbox frames")
+            low.set_ylim(bottom=0)
+            low.set_xlabel("seconds since the publish started")
+            low.legend(loc="upper right", fontsize="small")
+        else:
+            ax.set_xlabel("seconds since the publish started")
+        if baseline is None:  # the outbox's drain puts the consume curve at the lower right
+            ax.legend(loc="best" if timeline.outbox else "lower right", fontsize="small")
         else:  # six entries: above the curves, in three columns
             ax.set_ylim(top=ax.get_ylim()[1] * 1.3)
             ax.legend(loc="upper center", ncol=3, fontsize="small")

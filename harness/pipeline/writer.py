@@ -26,8 +26,9 @@ publishes each micro-batch with the batch id in the row identity (a batch replay
 restart from the checkpoint gets the same ids).
 
 With ``progress_port`` set, each task also reports how many SENDs it has handed over, in a
-UDP datagram to that port on 127.0.0.1 at every receipt it asks for: the publish timeline of
-the drill's baseline, where no sidecar counts the SENDs (:mod:`pipeline.baseline`).
+UDP datagram to that port on 127.0.0.1 when it starts (0) and at every receipt it asks for: the
+publish timeline of the drill's baseline, where no sidecar counts the SENDs
+(:mod:`pipeline.baseline`), and of the drill with the outbox.
 """
 
 from __future__ import annotations
@@ -90,7 +91,8 @@ class WriterSettings:
         headers: extra headers for every SEND.
         batch_id: micro-batch id (streaming); part of the message id when set.
         progress_port: UDP port on 127.0.0.1 that gets ``"<partition>.<attempt> <sent>"``
-            from each task at every receipt it asks for (module docstring); None: no reports.
+            from each task attempt when it starts (0) and at every receipt it asks for (module
+            docstring); None: no reports.
     """
 
     destination: str
@@ -226,13 +228,19 @@ def publish_partition(rows: Iterable[Row], settings: WriterSettings, partition: 
     upcoming = next(iterator, None)
     if upcoming is None:
         return 0
+    progress = _Progress(settings.progress_port, partition)
+    progress.report(0)  # every attempt shows, also one that fails before its first receipt
     stomp = _stomp()
     conn = stomp.Connection12(
         [(settings.host, settings.port)], heartbeats=(0, 0), auto_content_length=True
     )
     confirmations = _Confirmations()
     conn.set_listener("confirmations", confirmations)
-    conn.connect(wait=True)
+    try:
+        conn.connect(wait=True)
+    except BaseException:
+        progress.close()
+        raise
     base = {
         DUPLICATE_ID_HEADER: "",
         ROW_ID_HEADER: "",
@@ -241,7 +249,6 @@ def publish_partition(rows: Iterable[Row], settings: WriterSettings, partition: 
         **dict(settings.headers),
     }
     sent = 0
-    progress = _Progress(settings.progress_port, partition)
     try:
         for ordinal in itertools.count():
             row = upcoming

@@ -9,13 +9,17 @@ never compete with it for the GIL.
 a log appended to across restarts with a marker line per start, an orderly stop (SIGTERM, then
 SIGKILL after a deadline), stopped at interpreter exit. Its configuration is a TOML file written
 from keyword options; every ``MQ_SIDECAR_*`` variable of the caller is removed from its
-environment, so the file alone says how it runs. Ready means either ``/readyz`` answers 200
+environment, so the file alone says how it runs (``MQ_SIDECAR_PURE``, the build of the core
+and no option, is kept). Ready means either ``/readyz`` answers 200
 (``readiness="readyz"``) or a STOMP CONNECT through the sidecar is answered with CONNECTED, so
 the broker is reachable too (``readiness="stomp"``).
 
 If the harness dies, the kernel signals the sidecar (``PR_SET_PDEATHSIG``, set by
 ``testbed/_parent_death.py`` before it execs the sidecar): SIGKILL by default, which the orphan
 guardian of :mod:`testbed.broker` backs up, or SIGTERM so that it drains first (the drill).
+Linux sends that signal when the *thread* that started the child ends, not the process: a
+sidecar started from any thread but the main one (e.g. restarted by the drill's fault thread)
+therefore runs without it, watched by the orphan guardian instead (SIGKILL if the harness dies).
 
 Readers: the admin plane (:meth:`~SidecarProcess.get`, :meth:`~SidecarProcess.metrics` parsed by
 :func:`parse_metrics`, :meth:`~SidecarProcess.status`), ``/proc`` (CPU seconds, RSS and peak RSS
@@ -32,6 +36,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -132,7 +137,7 @@ class SidecarProcess(BrokerProcess):
             sidecar answered with CONNECTED (with ``vhost`` as its ``host`` header), or
             ``"readyz"``, ``/readyz`` answering 200 (no session is opened).
         parent_death: the signal the sidecar gets if the harness dies: SIGKILL, or SIGTERM to
-            let it drain.
+            let it drain (only when started from the main thread: module docstring).
 
     ``port`` (``stomp_port``) is the STOMP listener, ``admin_port`` the admin plane.
     """
@@ -202,21 +207,20 @@ class SidecarProcess(BrokerProcess):
         self._returncode = None
 
     def _server_command(self) -> list[str]:
-        return [
-            sys.executable,
-            "-I",
-            str(Path(__file__).with_name("_parent_death.py")),
-            str(os.getpid()),
-            str(int(self.parent_death)),
-            "-m",
-            "proxy",
-            "run",
-            "--config",
-            str(self.config_path),
-        ]
+        run = ["-m", "proxy", "run", "--config", str(self.config_path)]
+        if threading.current_thread() is not threading.main_thread():
+            return [sys.executable, *run]  # no parent-death signal: see the module docstring
+        wrapper = str(Path(__file__).with_name("_parent_death.py"))
+        return [sys.executable, "-I", wrapper, str(os.getpid()), str(int(self.parent_death)), *run]
 
     def _server_env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("MQ_SIDECAR_")}
+        # The sidecar's options come from its file only; MQ_SIDECAR_PURE (which build of the
+        # core runs, not an option) is kept, so a pure test run runs pure sidecars too.
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("MQ_SIDECAR_") or k == "MQ_SIDECAR_PURE"
+        }
         root = _runtime_root()
         if root is not None:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
@@ -227,7 +231,10 @@ class SidecarProcess(BrokerProcess):
     def start(self) -> None:
         """Write the configuration and launch the sidecar (returns at once; see
         :meth:`wait_ready`). Raises :class:`SidecarError` if it is already running, cannot be
-        launched or exits at once."""
+        launched or exits at once. From a thread other than the main one the sidecar gets no
+        parent-death signal and the orphan guardian watches it (module docstring)."""
+        main = threading.current_thread() is threading.main_thread()
+        self._guarded = self.parent_death == signal.SIGKILL or not main
         try:
             super().start()
         except SidecarError:
@@ -275,6 +282,15 @@ class SidecarProcess(BrokerProcess):
         status is then :attr:`returncode`. Idempotent."""
         server = self._server
         super().stop(timeout)
+        if server is not None:
+            self._returncode = server.popen.returncode
+
+    def kill(self) -> None:
+        """Crash the sidecar: SIGKILL its process and reap it; :attr:`returncode` is then
+        ``-9``. :meth:`start` runs it again on the same ports with the same configuration (the
+        same ``outbox_dir``, say), its log appended to with a new start marker."""
+        server = self._server
+        super().kill()
         if server is not None:
             self._returncode = server.popen.returncode
 

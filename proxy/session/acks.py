@@ -38,8 +38,22 @@ class SidecarAcks:
         self._latest: dict[str, Frame] = {}
         self._latest_count = 0
         self._flush_wanted = False
-        self._queued = trio.Event()
-        self._sent = trio.Event()
+        #: The writer's wake-up and the senders' "written" signal, made when first needed.
+        self._queued: trio.Event | None = None
+        self._sent: trio.Event | None = None
+        #: The current leg's nursery and upstream (:meth:`attach`); the writer
+        #: (:meth:`flush_loop`) starts there at the first ACK to write, so a session that
+        #: never acknowledged anything itself holds no task for it.
+        self._leg: tuple[trio.Nursery, Upstream] | None = None
+        self._writing = False
+
+    def attach(self, leg: trio.Nursery, upstream: Upstream) -> None:
+        """A new leg: the writer of its ACKs will run in ``leg`` (the leg's nursery, which
+        ends with the leg) once there is one to write."""
+        self._leg = (leg, upstream)
+        self._writing = False
+        if self._flush_wanted:  # queued before the leg's nursery opened (the restore)
+            self._start_writer()
 
     def reset(self) -> None:
         """Forget everything owed: a new leg (ack ids of the old one mean nothing there)."""
@@ -47,6 +61,8 @@ class SidecarAcks:
         self._latest.clear()
         self._latest_count = 0
         self._flush_wanted = False
+        self._leg = None  # the old leg's nursery is closing: no writer starts there
+        self._writing = False
 
     @property
     def pending(self) -> bool:
@@ -93,11 +109,21 @@ class SidecarAcks:
 
     def _want_flush(self) -> None:
         self._flush_wanted = True
-        self._queued.set()
+        if self._queued is not None:
+            self._queued.set()
+        if not self._writing:
+            self._start_writer()
+
+    def _start_writer(self) -> None:
+        if self._leg is not None:
+            self._writing = True
+            leg, upstream = self._leg
+            leg.start_soon(self.flush_loop, upstream)
 
     async def flush_loop(self, upstream: Upstream) -> None:
         """Write the ACKs queued on ``upstream`` by :meth:`send`, until cancelled or the leg
-        is lost (run it in the leg's nursery)."""
+        is lost. Started by the first ACK to write in the leg's nursery (:meth:`attach`), it
+        then stays for the leg's life: a task per burst would cost more CPU than it saves."""
         while True:
             while not self._flush_wanted:
                 self._queued = trio.Event()
@@ -108,4 +134,5 @@ class SidecarAcks:
             except TransportLost:
                 return  # the relay sees the loss; the redelivery will be hidden again
             finally:
-                self._sent.set()
+                if self._sent is not None:
+                    self._sent.set()

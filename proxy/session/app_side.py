@@ -34,18 +34,20 @@ from proxy.session.confirmations import Confirmations
 from proxy.session.control import SCOPE_HEADER, ControlChannel, scope_refused
 from proxy.session.core import SessionCore, log
 from proxy.session.ending import Ending, error_frame, summary
+from proxy.session.held import HeldTransactions
 from proxy.session.outcomes import report_of_frame, unsettled
 from proxy.session.phase import Phase
+from proxy.session.sends import UpstreamSends
+from proxy.session.spool import Spool
 from proxy.session.to_app import AppOutput
 from proxy.tracking import (
-    ARTEMIS_DUPLICATE_ID,
-    DUPLICATE_ID_HEADER,
     PASS_THROUGH,
     TRANSACTION_OVERHEAD,
     DurableRemoval,
     ForBroker,
     FrameRejected,
     SessionError,
+    Spooled,
     Transaction,
 )
 from proxy.vocabulary import ClientErrorReason, FrameOutcome, OutcomeCause
@@ -83,7 +85,12 @@ class AppSide:
         self.out = out
         self.control = control
         self.confirmations = confirmations
-        self._dup_seq = 0
+        #: The session's part of the outbox and its held transactions (``outbox`` on;
+        #: :meth:`use_spool`).
+        self.spool: Spool | None = None
+        self.held: HeldTransactions | None = None
+        #: SENDs as they go upstream (their duplicate-detection ids).
+        self.sends = UpstreamSends(core)
         #: Transactions the sidecar aborted (max_transaction_size), newest last, at most
         #: :data:`_ABORTED_REMEMBERED`: their later frames are the sidecar's to refuse.
         self._aborted: OrderedDict[str, str] = OrderedDict()
@@ -104,6 +111,12 @@ class AppSide:
             Command.ABORT: self._end_transaction,
             Command.DISCONNECT: self._disconnect,
         }
+
+    def use_spool(self, spool: Spool) -> None:
+        """Outbox mode: SENDs the outbox takes are stored (:mod:`proxy.session.spool`), and
+        transactions of only such SENDs are held until COMMIT (:mod:`proxy.session.held`)."""
+        self.spool = spool
+        self.held = HeldTransactions(self.core, self.out, spool, self.sends.parsed, self._handlers)
 
     def not_taken(self) -> list[tuple[Frame, str | None]]:
         """The frames read from the app that are not in the window, with their receipt ids
@@ -134,8 +147,10 @@ class AppSide:
         app side is cancelled."""
         core = self.core
         while True:
-            # The burst read so far is handled: what it queued for the broker leaves in one
-            # write, before we wait for the app again.
+            # The burst read so far is handled: what it spooled is stored and answered, what
+            # it queued for the broker leaves in one write, before we wait for the app again.
+            if self.spool is not None and self.spool.pending:
+                await self.spool.write()
             await self.confirmations.flush_upstream()
             if core.drain_requested:
                 # Hypercorn's and Envoy's drain: no new work, what is in flight finishes.
@@ -206,6 +221,11 @@ class AppSide:
                 raise SessionError(f"unexpected {frame.command} frame")
             if self._aborted and frame.get("transaction") in self._aborted:
                 return await self._in_aborted_transaction(frame)
+            spool = self.spool
+            if spool is not None and spool.pending and not self._spooled(frame):
+                await spool.write()  # the app's frames are handled in the order it sent them
+            if self.held is not None and self.held.takes(frame):
+                return await self.held.handle(frame, idle)
             return await handler(frame, idle)
         except ForBroker as exc:
             log.debug("session %s: %s goes to the broker as it is", core.id, exc)
@@ -258,11 +278,12 @@ class AppSide:
         fast lane"): the session is RUNNING on a leg that takes frames as they come (not
         reconnecting, no restore writing the window) and the SEND names no transaction (a
         tracked transaction's frames are charged, held and re-run: the general path). What
-        the SEND then goes through (:meth:`upstream_send`, the window, the leg) is the
+        the SEND then goes through (:meth:`UpstreamSends.upstream`, the window, the leg) is the
         general path's code on the bytes, which writes what the general path writes."""
         core = self.core
         return (
             frame.command is Command.SEND
+            and self.spool is None  # the outbox stores Frames (docs/outbox.md)
             and core.link_ready
             and core.phase is Phase.RUNNING
             and not frame.has("transaction")
@@ -270,66 +291,29 @@ class AppSide:
 
     # -- one handler per command ------------------------------------------------------------
 
-    def upstream_send(self, frame: Frame | RawFrame) -> tuple[Frame | RawFrame, str | None]:
-        """An app SEND as it goes upstream, and the app's receipt id, in one pass over the
-        headers (the hot path): every ``receipt`` entry removed (the sidecar requests its
-        own), and the duplicate-detection id added: ``mq-sidecar-id``, kept when the app set
-        one, and the same value as Artemis' ``_AMQ_DUPL_ID`` unless present or the leg is a
-        broker that ignores it (:attr:`proxy.upstream.Upstream.artemis_duplicate_ids`). A
-        frame replayed on a new leg keeps the headers it was made with. A
-        :class:`protocol.RawFrame` is spliced (:meth:`_upstream_raw`)."""
-        if isinstance(frame, RawFrame):
-            return self._upstream_raw(frame)
-        app_receipt: str | None = None
-        dup_id: str | None = None
-        artemis = False
-        headers: list[tuple[str, str]] = []
-        for item in frame.headers:
-            name = item[0]
-            if name == "receipt":
-                if app_receipt is None:
-                    app_receipt = item[1]
-                continue
-            if name == DUPLICATE_ID_HEADER:
-                if dup_id is None:
-                    dup_id = item[1]
-            elif name == ARTEMIS_DUPLICATE_ID:
-                artemis = True
-            headers.append(item)
-        if dup_id is None:
-            self._dup_seq += 1
-            dup_id = f"{self.core.id}-{self._dup_seq}"
-            headers.append((DUPLICATE_ID_HEADER, dup_id))
-        if not artemis and self.core.artemis_ids:
-            headers.append((ARTEMIS_DUPLICATE_ID, dup_id))
-        return Frame.unchecked(Command.SEND, tuple(headers), frame.body), app_receipt
-
-    def _upstream_raw(self, frame: RawFrame) -> tuple[Frame | RawFrame, str | None]:
-        """:meth:`upstream_send` on the bytes: the same headers in the same places (the
-        receipt lines cut out, the ids appended), so the same bytes leave, in one splice; a
-        Frame when an id needs escaping (:meth:`protocol.RawFrame.spliced`)."""
-        app_receipt = frame.get("receipt")
-        dup_id = frame.get(DUPLICATE_ID_HEADER)
-        add: list[tuple[str, str]] = []
-        if dup_id is None:
-            self._dup_seq += 1
-            dup_id = f"{self.core.id}-{self._dup_seq}"
-            add.append((DUPLICATE_ID_HEADER, dup_id))
-        if self.core.artemis_ids and not frame.has(ARTEMIS_DUPLICATE_ID):
-            add.append((ARTEMIS_DUPLICATE_ID, dup_id))
-        cut = None if app_receipt is None else "receipt"
-        up = frame.spliced(cut, add)
-        if up is not None:
-            return up, app_receipt
-        general = frame.to_frame().without("receipt")
-        for name, value in add:
-            general = general.with_header(name, value)  # appended: not there
-        return general, app_receipt
+    def _spooled(self, frame: Frame) -> bool:
+        """A SEND outside a transaction to a destination the outbox takes (docs/outbox.md).
+        Transactions keep the usual path (their SENDs are not stored at COMMIT yet)."""
+        spool = self.spool
+        return (
+            spool is not None
+            and frame.command is Command.SEND
+            and frame.get("transaction") is None
+            and spool.spools(frame)
+        )
 
     async def _send(self, frame: Frame | RawFrame, idle: bool) -> bool:
         state = self.core.state
         assert state is not None
-        up, app_receipt = self.upstream_send(frame)
+        up, app_receipt = self.sends.upstream(frame)
+        spool = self.spool
+        if spool is not None and isinstance(frame, Frame) and self._spooled(frame):
+            # Stored, answered once durable, forwarded by the spool (not in the window now).
+            # A session with an outbox takes no fast lane (_fast_lane): `up` is a Frame.
+            assert isinstance(up, Frame)
+            if spool.add(up, app_receipt) or idle:
+                await spool.write()
+            return False
         # A RawFrame names no transaction (_fast_lane).
         tx = None if isinstance(frame, RawFrame) else state.transaction_of(frame)
         if tx is not None and tx.rolled_back:
@@ -420,6 +404,8 @@ class AppSide:
         ):
             raise ForBroker("durable SUBSCRIBE without id")  # RabbitMQ refuses it
         upstream = state.subscribe(frame)
+        if core.seen is not None:  # outbox mode: before the SUBSCRIBE goes upstream
+            await core.seen.seed(state, upstream.get("id") or "", now=trio.current_time())
         if core.wildcard_receipt_bug and _is_wildcard(upstream.get("destination") or ""):
             # No receipt on the SUBSCRIBE itself (it can make ActiveMQ dispatch none of the
             # waiting messages): an empty transaction after it carries the receipt, which
@@ -485,6 +471,7 @@ class AppSide:
         tx = state.transaction_of(frame)
         settled = state.settle(bare, upstream_version=upstream_version, now=trio.current_time())
         core.acks_freed.set()
+        await core.hand_seen()  # the ids it acknowledged, persisted in outbox mode
         if tx is not None and not tx.rolled_back:
             # The settle charged its deliveries; the ACK frames count when held until COMMIT.
             frames = (*settled.more, settled.to_broker) if settled.to_broker else settled.more
@@ -529,6 +516,7 @@ class AppSide:
         assert state is not None
         app_receipt = frame.get("receipt")
         tx = state.end(frame, now=trio.current_time())
+        await self.core.hand_seen()  # a COMMIT's acknowledged ids, persisted in outbox mode
         if tx.rolled_back:
             if frame.command is Command.COMMIT:
                 raise TransactionRolledBack(
@@ -549,19 +537,49 @@ class AppSide:
         # the DISCONNECT (after it the leg takes no frame), or the broker would redeliver
         # them to another consumer.
         await self.out.flush()
+        if self.spool is not None and await self._disconnect_spooled(frame):
+            return True
         core.disconnect_entry = await self.confirmations.submit(
             frame.without("receipt"), app_receipt=frame.get("receipt"), idle=True
         )
         await self.confirmations.flush_upstream()
         with trio.move_on_after(core.durations.call_timeout):
             await core.disconnected.wait()
-        lost = unsettled(core.window, OutcomeCause.APP_DISCONNECT)
+        # Frames forwarded from the outbox are not lost: it still holds them.
+        lost = unsettled(
+            (e for e in core.window if not isinstance(e.context, Spooled)),
+            OutcomeCause.APP_DISCONNECT,
+        )
         reason = "app disconnected"
         if lost:
             core.metrics.frames_lost(len(lost))
             reason += f"; {summary(lost)}"
             await self.control.report(lost, "the app disconnected before they were confirmed")
         core.end(Ending(reason, disconnect_upstream=False))
+        return True
+
+    async def _disconnect_spooled(self, frame: Frame) -> bool:
+        """Outbox mode, the app's DISCONNECT: with a broker, what the outbox holds of this
+        session goes first, within ``call_timeout``; the rest is left to the recovery
+        forwarder (docs/outbox.md). With no broker and nothing but outbox frames in the
+        window, the sidecar answers the DISCONNECT itself and ends the session (True): what
+        the app handed over is durable."""
+        core = self.core
+        spool = self.spool
+        assert spool is not None
+        if core.link_ready:
+            with trio.move_on_after(core.durations.call_timeout):
+                await spool.drained()
+        spool.stop()
+        if core.link_ready or not all(isinstance(e.context, Spooled) for e in core.window):
+            return False
+        await self.out.answer_locally(frame.get("receipt"))
+        core.end(
+            Ending(
+                "app disconnected with no broker up; what it sent waits in the outbox",
+                disconnect_upstream=False,
+            )
+        )
         return True
 
 

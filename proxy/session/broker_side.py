@@ -93,10 +93,14 @@ class BrokerSide:
         state = core.state
         assert state is not None
         while state.unacked >= state.max_unacked and not core.drain_requested:
-            # Bounded: stop reading the broker until the app acknowledges (max_unacked).
-            await self.out.flush()
+            # Bounded: stop reading the broker until the app acknowledges (max_unacked). The
+            # event is made before the flush: the app's ACKs may all arrive while the flush
+            # writes, and an event made after it would wait for one more ACK that never comes
+            # (the app holds nothing to acknowledge any more): the session would stall.
             core.acks_freed = trio.Event()
-            await core.acks_freed.wait()
+            await self.out.flush()
+            if state.unacked >= state.max_unacked and not core.drain_requested:
+                await core.acks_freed.wait()
         if core.drain_requested and self._acked_by_the_app(frame):
             # Draining (SIGTERM): the app is no longer read, so it could not acknowledge
             # this; held back and not acknowledged (every subscription the sidecar tracks is
@@ -106,6 +110,10 @@ class BrokerSide:
             core.held_back += 1
             return
         decision = state.deliver(frame, upstream_version=upstream.version, now=trio.current_time())
+        if state.seen_out:
+            # An auto subscription's message: its id is persisted once the app has it.
+            self.out.seen.extend(state.seen_out)
+            state.seen_out.clear()
         if decision.to_app is not None:
             core.metrics.frame_to_app(Command.MESSAGE, len(decision.to_app.body))
             await self.out.send(decision.to_app, flush=False)

@@ -10,6 +10,7 @@ adds the I/O and the waiting (backpressure: while the window is full the app is 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 import trio
 
@@ -21,7 +22,7 @@ from proxy.session.ending import error_frame
 from proxy.session.outcomes import report_of
 from proxy.session.phase import Phase
 from proxy.session.to_app import AppOutput
-from proxy.tracking import Transaction
+from proxy.tracking import Spooled, Transaction
 from proxy.vocabulary import FrameOutcome, OutcomeCause, TransactionOutcome
 from proxy.window import Entry, EntryContext, frame_size
 from proxy.wire import TransportLost
@@ -57,6 +58,11 @@ class Confirmations:
         #: The frame waiting for room in the window (as it goes upstream), with the app's
         #: receipt id: read from the app, not in the window yet (the drain names it).
         self.waiting: tuple[Frame, str | None] | None = None
+        #: Whether the ``call_timeout`` watch runs (:meth:`watch_call_timeouts`): only while
+        #: an app receipt is unanswered, so an idle session holds no task for it.
+        self.watching = False
+        #: Told of every settled entry forwarded from the outbox (``Spool.confirmed``).
+        self.on_spooled: Callable[[Spooled], None] | None = None
 
     async def submit(
         self,
@@ -154,8 +160,11 @@ class Confirmations:
             receipt_id=copied,
             deferred=deferred,
         )
-        if app_receipt is not None:
-            core.window_changed()  # a receipt for the call_timeout watch (appends make no room)
+        if app_receipt is not None and not self.watching and core.app_nursery is not None:
+            # A receipt to answer within call_timeout: the watch starts (it ends when no app
+            # receipt is unanswered). Every app frame is read inside the app nursery.
+            self.watching = True
+            core.app_nursery.start_soon(self.watch_call_timeouts)
         body = frame.body_length if isinstance(frame, RawFrame) else len(frame.body)
         core.metrics.frame_to_broker(frame.command, body)
         upstream = core.upstream
@@ -192,6 +201,8 @@ class Confirmations:
         now = trio.current_time()
         metrics = core.metrics
         for entry in confirmed:
+            if isinstance(entry.context, Spooled) and self.on_spooled is not None:
+                self.on_spooled(entry.context)
             if entry.receipt == receipt and entry.sent_at:
                 metrics.receipt_roundtrip(now - entry.sent_at)
             if entry.command is Command.COMMIT:
@@ -218,6 +229,9 @@ class Confirmations:
         core.window_changed()
         answered = next((e for e in confirmed if e.receipt == receipt), None)
         for entry in confirmed:
+            # The broker's ERROR reaches the app: the outbox is done with such a frame too.
+            if isinstance(entry.context, Spooled) and self.on_spooled is not None:
+                self.on_spooled(entry.context)
             if entry is not answered and entry.app_receipt and not entry.answered:
                 entry.answered = True
                 await self.out.answer_locally(entry.app_receipt)
@@ -233,14 +247,18 @@ class Confirmations:
         """ERROR for every app receipt unconfirmed after ``call_timeout`` (Artemis
         "unblocking calls"; JEUS request-blocking-time): the app is never left waiting
         forever, and a frame that was never sent is dropped. Every frame due at once is
-        answered together, and named in one OUTCOME event. Runs until cancelled."""
+        answered together, and named in one OUTCOME event. Runs while an app receipt is
+        unanswered (started by the append of one, in the app nursery): an idle session has no
+        task for it (the memory of 1,000 idle sessions, docs/architecture.md)."""
         core = self.core
         timeout = core.durations.call_timeout
         while True:
             entry = core.window.first_unanswered()
             if entry is None:
-                await core.window_change()
-                continue
+                # No checkpoint between this test and the flag: an append that comes after
+                # it sees the flag down and starts the watch again.
+                self.watching = False
+                return
             deadline = entry.enqueued_at + timeout
             if trio.current_time() < deadline:
                 # Entries are in the order the app handed them over, so no later one is due

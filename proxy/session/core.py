@@ -9,8 +9,10 @@ holds the :class:`~proxy.session.Session` itself, so the package has no import c
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -27,6 +29,9 @@ from proxy.tracking import SessionState
 from proxy.upstream import Upstream
 from proxy.window import ConfirmationWindow, Entry
 from proxy.wire import FrameStream
+
+if TYPE_CHECKING:
+    from proxy.spool import SeenRecorder
 
 __all__ = ["ERROR_CLOSE_WINDOW", "GOODBYE_TIMEOUT", "SessionCore", "log"]
 
@@ -85,6 +90,15 @@ class SessionCore:
         self.metrics = metrics
         self.rng = rng
         self.policy = ReconnectPolicy.from_config(config)
+        if config.outbox:
+            # The outbox holds what the app sends while no broker is up (docs/outbox.md): a
+            # session reconnects, and makes its first connection, without end.
+            self.policy = dataclasses.replace(
+                self.policy,
+                reconnect_attempts=-1,
+                initial_connect_attempts=-1,
+                reconnect_period=None,
+            )
         self.limits = protocol.Limits(
             max_frame_bytes=config.max_frame_bytes,
             max_headers=config.max_headers,
@@ -117,7 +131,11 @@ class SessionCore:
         self.app_authenticated = False
         self.upstream: Upstream | None = None
         self.broker_index: int | None = None
-        self.link_ready = False
+        self._link_ready = False
+        self._link_up = trio.Event()
+        #: The sidecar answered the app's CONNECT itself, no broker being up (outbox mode):
+        #: the first leg is then restored onto as after a reconnect.
+        self.connected_locally = False
         self.failovers = 0
         self.ending: Ending | None = None
         self.app_scope = trio.CancelScope()
@@ -159,7 +177,40 @@ class SessionCore:
         #: The broker copies a SEND's ``receipt`` header into its MESSAGEs
         #: (:attr:`proxy.upstream.Upstream.copies_receipt_into_messages`).
         self.receipts_copied = False
+        #: Outbox mode: where the ids of messages the app settled on queue subscriptions are
+        #: persisted (issue 17 part 3, docs/behaviour.md "Duplicate detection").
+        self.seen: SeenRecorder | None = None
         self._internal_tx = 0
+
+    async def hand_seen(self) -> None:
+        """Hand what the session state settled to persist (:attr:`SessionState.seen_out
+        <proxy.tracking.SessionState.seen_out>`) to :attr:`seen`, and clear it. Waits only
+        while the recorder is full (:data:`proxy.spool.SEEN_PENDING_MAX`)."""
+        state = self.state
+        if state is None or not state.seen_out:
+            return
+        pairs, state.seen_out = state.seen_out, []
+        if self.seen is not None:
+            await self.seen.add(pairs)
+
+    @property
+    def link_ready(self) -> bool:
+        """Frames may be queued on :attr:`upstream` as the app sends them (False while
+        connecting, reconnecting, or while a restore writes the window)."""
+        return self._link_ready
+
+    @link_ready.setter
+    def link_ready(self, ready: bool) -> None:
+        if ready and not self._link_ready:
+            self._link_up.set()
+        elif not ready and self._link_ready:
+            self._link_up = trio.Event()
+        self._link_ready = ready
+
+    async def wait_link_ready(self) -> None:
+        """Wait until :attr:`link_ready` (at once when it is)."""
+        if not self._link_ready:
+            await self._link_up.wait()
 
     def internal_transaction(self) -> str:
         """A transaction id of the sidecar's own (``<session>-c<n>``), for frames it sends

@@ -25,7 +25,7 @@ from proxy.upstream import StreamOpener, Upstream
 from proxy.vocabulary import ClientErrorReason
 from proxy.wire import TransportLost
 
-__all__ = ["SUPPORTED_VERSIONS", "accept_connect", "connected_frame"]
+__all__ = ["SUPPORTED_VERSIONS", "accept_connect", "connected_frame", "local_connected_frame"]
 
 #: Versions the sidecar speaks on both legs (STOMP 1.0, 1.1, 1.2).
 SUPPORTED_VERSIONS = protocol.VERSIONS
@@ -100,8 +100,11 @@ async def accept_connect(core: SessionCore, open_stream: StreamOpener) -> Frame 
         version,
         max_subscriptions=config.max_subscriptions,
         max_unacked=config.max_unacked,
+        id_cache_size=config.id_cache_size,
         transparent=config.failover_mode is FailoverMode.TRANSPARENT,
     )
+    # Outbox mode: queue subscriptions persist the ids the app settles (issue 17 part 3).
+    core.state.persist_seen_ids = core.seen is not None
     core.connect = connect
     return connect
 
@@ -154,11 +157,21 @@ def connected_frame(core: SessionCore, upstream: Upstream) -> Frame:
     """The CONNECTED the app gets once ``upstream`` accepted the session: the app's version
     and the sidecar's heart-beats (``client_heartbeat``; none for STOMP 1.0), the session id,
     and ``server`` naming the broker behind the sidecar."""
-    assert core.state is not None
-    version = core.state.app_version
     # The broker's own `server` (apps tell brokers apart by it, as the sidecar itself does);
     # the sidecar's name only when the broker gives none.
-    server = upstream.connected.get("server") or f"mq-sidecar/{VERSION}"
+    return _connected(core, upstream.connected.get("server") or f"mq-sidecar/{VERSION}")
+
+
+def local_connected_frame(core: SessionCore) -> Frame:
+    """The CONNECTED the sidecar answers itself when no broker answered the first round
+    (outbox mode, docs/outbox.md): as :func:`connected_frame`, with ``server`` naming
+    mq-sidecar (no broker is behind it yet)."""
+    return _connected(core, f"mq-sidecar/{VERSION} (outbox; no broker connected yet)")
+
+
+def _connected(core: SessionCore, server: str) -> Frame:
+    assert core.state is not None
+    version = core.state.app_version
     # STOMP 1.0 has no heart-beating, but ActiveMQ and RabbitMQ both answer a 1.0 client with
     # `version:1.0` and `heart-beat:0,0` (measured), and so does the sidecar.
     sx, sy = core.config.client_heartbeat if version != "1.0" else (0, 0)

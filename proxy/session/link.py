@@ -73,6 +73,10 @@ class Link:
         self._failback: Upstream | None = None
         self._held_since: float | None = None  # a failback holds the app (trio seconds)
         self._started = False  # the first connection was reported to the caller
+        #: Set once a whole first round failed (every broker tried or skipped, none answered):
+        #: in outbox mode the session then answers its app's CONNECT itself.
+        self.first_round_failed = trio.Event()
+        self._first_failures = 0
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Connect, restore, relay; on loss reconnect by policy; until the session ends.
@@ -119,11 +123,19 @@ class Link:
             open_stream=self.open_stream,
         )
 
+    def _first_failure(self) -> None:
+        """One broker of a first connection did not answer (or was skipped)."""
+        if not self._started:
+            self._first_failures += 1
+            if self._first_failures >= len(self.core.config.brokers):
+                self.first_round_failed.set()
+
     def _log_attempt(self, attempt: Attempt) -> None:
         core = self.core
         core.reconnect_attempts.append(attempt)
         core.metrics.connect_attempt(attempt.broker, ConnectOutcome(attempt.outcome))
         if attempt.outcome != "connected":
+            self._first_failure()
             # Debug: a reconnect makes many attempts; the RECONNECTING/FAILOVER/DISCONNECT
             # events (logged once each by the app) summarise them.
             log.debug(
@@ -141,6 +153,7 @@ class Link:
 
     def _log_skip(self, broker: Broker, refusal: UpstreamRefused) -> None:
         core = self.core
+        self._first_failure()
         core.metrics.refusal_skip(broker.label)
         log.debug("session %s: broker %s skipped: %s", core.id, broker.label, refusal.reason)
 
@@ -186,11 +199,21 @@ class Link:
             core.stomp10_rabbitmq = upstream.stomp10_rabbitmq
             core.receipts_copied = upstream.copies_receipt_into_messages
             self.acks.reset()  # ack ids of the old leg mean nothing on this one
+            # A first leg of a session whose CONNECT the sidecar answered itself (outbox mode)
+            # is restored onto as after a reconnect: the app may have subscribed meanwhile.
+            local = first and core.connected_locally
+            if local:
+                first = False
+                assert core.loss is not None
+                loss = core.loss
             if not first:
                 end = await self.restorer.begin(upstream)
             async with trio.open_nursery() as leg:
                 leg.start_soon(upstream.keep_alive)
-                leg.start_soon(self.acks.flush_loop, upstream)
+                self.acks.attach(leg, upstream)
+                if local:
+                    self._started = True
+                    task_status.started()
                 if first:
                     start_link(state, upstream, core.connect)
                     core.link_ready = True

@@ -5,7 +5,8 @@ put a session in an impossible phase fails loudly at the point where it happens.
 ::
 
     HANDSHAKE ──► RUNNING ◄──► RECONNECTING
-        │            │              │
+        │  │         │              │ ▲
+        │  └─────────┼──────────────┼─┘  (outbox: CONNECT answered with no broker up)
         └────────────┴──► CLOSING ◄─┘          every phase ──► CLOSED
 """
 
@@ -36,7 +37,9 @@ class Phase(enum.StrEnum):
 #: Every allowed transition. A session may be cancelled (the sidecar stops) in any phase,
 #: hence CLOSED from everywhere; nothing leaves CLOSED.
 TRANSITIONS: dict[Phase, frozenset[Phase]] = {
-    Phase.HANDSHAKE: frozenset({Phase.RUNNING, Phase.CLOSING, Phase.CLOSED}),
+    # RECONNECTING from HANDSHAKE: in outbox mode the sidecar answers the app's CONNECT
+    # itself when no broker answers the first round (docs/outbox.md), and keeps trying.
+    Phase.HANDSHAKE: frozenset({Phase.RUNNING, Phase.RECONNECTING, Phase.CLOSING, Phase.CLOSED}),
     Phase.RUNNING: frozenset({Phase.RECONNECTING, Phase.CLOSING, Phase.CLOSED}),
     # RECONNECTING again: the new leg was lost before its restore finished.
     Phase.RECONNECTING: frozenset({Phase.RUNNING, Phase.RECONNECTING, Phase.CLOSING, Phase.CLOSED}),

@@ -16,16 +16,27 @@ Where each rule lives (``proxy/session/``):
   command; ``confirmations``: the window at work (receipts, backpressure, ``call_timeout``);
 - ``link``: connect by policy, reconnect, failback, goodbye; ``restore``: re-create and replay
   after a reconnect, or report what was lost; ``broker_side``: broker → app;
-- ``acks``: the sidecar's own ACKs; ``to_app``: writing to the app; ``control``: events.
+- ``acks``: the sidecar's own ACKs; ``to_app``: writing to the app; ``control``: events;
+- ``spool``: the outbox (``outbox`` on): the app's SENDs stored and answered once durable,
+  forwarded into the window while a broker is up, removed from the outbox once confirmed;
+  ``held``: transactions of such SENDs, stored at COMMIT.
 
 Task layout (every task has an owner). :meth:`Session.run` owns one nursery with:
 
 - the **link task** (:class:`~proxy.session.link.Link`): connects by policy, restores, relays
   broker → app until the leg is lost, then (RECONNECTING: "stop the world") connects again;
   it is the only reader of the upstream leg. Each leg's heart-beat sender and the sidecar's
-  ACK writer run in a nursery the link task opens for that leg;
-- the **app side**: the app reader (app → window → broker), the app heart-beat sender, the
-  ``call_timeout`` watchdog and, when asked for, the control-channel pump.
+  ACK writer (from the first ACK of its own it sends) run in a nursery the link task opens for
+  that leg;
+- the **app side**, in ``run``'s own task: the app reader (app → window → broker); in a nursery
+  it opens, the app heart-beat sender (when negotiated), the ``call_timeout`` watch (while an
+  app receipt is unanswered), when asked for, the control-channel pump and, with the outbox,
+  the spool's forwarder and remover (outbox → window; confirmed → removed).
+
+An idle session (no frame unanswered, no ACK of the sidecar's written yet, no outbox) has three
+tasks: ``run`` (the app reader), the link task and the upstream heart-beat sender. Tasks and
+their cancel scopes are most of what an idle session costs (about 40 KiB in all, measured in
+docs/results.md), so none runs before it has work.
 
 Whoever decides that the session is over calls :meth:`SessionCore.end`: the first
 :class:`Ending` wins; the link task then says goodbye to the broker (bounded, shielded) and
@@ -52,18 +63,21 @@ from proxy.session.control import ControlChannel
 from proxy.session.core import GOODBYE_TIMEOUT, SessionCore, log
 from proxy.session.ending import (
     Ending,
+    Loss,
     drained,
     draining,
     error_frame,
     exhausted_initially,
     no_broker,
 )
-from proxy.session.handshake import accept_connect, connected_frame
+from proxy.session.handshake import accept_connect, connected_frame, local_connected_frame
 from proxy.session.link import Link
 from proxy.session.outcomes import report_of, report_of_frame, unsettled_outcome
 from proxy.session.phase import Phase
 from proxy.session.restore import Restorer
+from proxy.session.spool import Spool
 from proxy.session.to_app import AppOutput
+from proxy.spool import OutboxService
 from proxy.statistics import SessionStatistics
 from proxy.tracking import Transaction
 from proxy.upstream import BrokerStreams, StreamOpener, UpstreamUnavailable
@@ -104,6 +118,9 @@ class Session:
         reconnects: the sidecar's :class:`~proxy.failover.ReconnectBoard`, shared by its
             sessions: reconnects are reported there and a first connection waits there for
             their outcome (a private one when None).
+        outbox: the sidecar's outbox (``outbox`` on; :mod:`proxy.session.spool`): the app's
+            SENDs it takes are stored and forwarded, and the app's CONNECT is answered even
+            when no broker is up. None: off.
 
     ``run()`` never raises for anything the app or a broker does; only cancellation propagates.
     """
@@ -119,6 +136,7 @@ class Session:
         rng: random.Random | None = None,
         open_stream: StreamOpener | None = None,
         reconnects: ReconnectBoard | None = None,
+        outbox: OutboxService | None = None,
     ) -> None:
         core = SessionCore(
             config,
@@ -148,6 +166,12 @@ class Session:
             open_stream=open_stream if open_stream is not None else BrokerStreams(config),
             reconnects=reconnects if reconnects is not None else ReconnectBoard(),
         )
+        self.spool: Spool | None = None
+        if outbox is not None:
+            self.spool = Spool(core, self.out, self.control, self.confirmations, outbox)
+            core.seen = outbox.seen
+            self.app_side.use_spool(self.spool)
+            self.confirmations.on_spooled = self.spool.confirmed
 
     # -- public -------------------------------------------------------------------------------
 
@@ -167,6 +191,8 @@ class Session:
         if core.drain_requested:
             return
         core.drain_requested = True
+        if self.spool is not None:
+            self.spool.stop()  # what the outbox holds stays there for the next start
         if core.ending is not None or core.app_scope.cancel_called:
             return  # ending already (its app side may be gone): nothing left to drain
         if deadline is None:
@@ -292,6 +318,13 @@ class Session:
         finally:
             ending = core.ending
             core.advance(Phase.CLOSED)
+            if self.spool is not None:
+                # What a broker confirmed leaves the outbox now, not at the next start.
+                with trio.move_on_after(GOODBYE_TIMEOUT, shield=True):
+                    await self.spool.remove_settled()
+                self.spool.outbox.forget(core.id)
+                if self.spool.stored > self.spool.forwarded:
+                    self.spool.outbox.orphan(core.id)  # the recovery forwarder takes them
             with trio.move_on_after(GOODBYE_TIMEOUT, shield=True):
                 # What the relays queued before the end (the RECEIPT of the app's DISCONNECT)
                 # leaves first, then the ERROR that ends the session, if any.
@@ -311,34 +344,93 @@ class Session:
             self._drained_at_once()
             return
         async with trio.open_nursery() as nursery:
-            try:
-                await nursery.start(self.link.run)
-            except UpstreamUnavailable as exc:
-                core.end(no_broker(exc))
-                return
-            except ReconnectExhausted as exc:
-                core.end(exhausted_initially(exc))
-                return
+            if self.spool is not None:
+                if not await self._first_leg_or_local(nursery):
+                    return
+            else:
+                try:
+                    await nursery.start(self.link.run)
+                except (UpstreamUnavailable, ReconnectExhausted) as exc:
+                    self._no_first_leg(exc)
+                    return
             if core.ending is not None:
                 return
             upstream = core.upstream
-            assert upstream is not None
+            connected = (
+                local_connected_frame(core) if upstream is None else connected_frame(core, upstream)
+            )
             try:
-                await core.app.send(connected_frame(core, upstream))
+                await core.app.send(connected)
             except TransportLost as exc:
                 core.end(Ending(f"app connection lost: {exc}"))
                 return
             core.app.start_heartbeats()
             assert core.state is not None
-            log.info(
-                "session %s: app (STOMP %s) relayed to %s (STOMP %s, %s)",
-                core.id,
-                core.state.app_version,
-                upstream.broker.label,
-                upstream.version,
-                upstream.connected.get("server") or "unknown server",
-            )
-            nursery.start_soon(self._app_side)
+            if upstream is None:
+                log.info(
+                    "session %s: app (STOMP %s) connected with no broker up; its SENDs go "
+                    "to the outbox",
+                    core.id,
+                    core.state.app_version,
+                )
+            else:
+                log.info(
+                    "session %s: app (STOMP %s) relayed to %s (STOMP %s, %s)",
+                    core.id,
+                    core.state.app_version,
+                    upstream.broker.label,
+                    upstream.version,
+                    upstream.connected.get("server") or "unknown server",
+                )
+            # The app side runs in this task (the nursery's body), not a child of its own:
+            # one task less per session (the memory of 1,000 idle sessions).
+            await self._app_side()
+
+    def _no_first_leg(self, exc: UpstreamUnavailable | ReconnectExhausted) -> None:
+        """End a session whose first connection failed, with the app's ERROR."""
+        if isinstance(exc, UpstreamUnavailable):
+            self.core.end(no_broker(exc))
+        else:
+            self.core.end(exhausted_initially(exc))
+
+    async def _first_leg_or_local(self, nursery: trio.Nursery) -> bool:
+        """Outbox mode: start the link task, and wait for its first leg or for the end of a
+        first round with no broker answering, whichever comes first. In the second case the
+        session goes on RECONNECTING (:attr:`SessionCore.connected_locally`: the app gets
+        the sidecar's own CONNECTED) while the link keeps trying without end; its first leg
+        is then restored onto as after a reconnect. False when the session ended instead
+        (every broker refused the login: the broker's ERROR reaches the app)."""
+        core = self.core
+        decided = trio.Event()
+        failure: list[UpstreamUnavailable | ReconnectExhausted] = []
+
+        async def start_link() -> None:
+            try:
+                await nursery.start(self.link.run)
+            except (UpstreamUnavailable, ReconnectExhausted) as exc:
+                failure.append(exc)
+                if core.connected_locally:
+                    self._no_first_leg(exc)
+            decided.set()
+
+        async def watch_round() -> None:
+            await self.link.first_round_failed.wait()
+            decided.set()
+
+        async with trio.open_nursery() as waiting:
+            waiting.start_soon(watch_round)
+            nursery.start_soon(start_link)
+            await decided.wait()
+            waiting.cancel_scope.cancel()
+        if failure:
+            self._no_first_leg(failure[0])
+            return False
+        if core.upstream is None and core.ending is None:
+            # No broker answered the first round: the app is answered by the sidecar.
+            core.connected_locally = True
+            core.loss = Loss(trio.current_time(), None, "no broker answered at CONNECT")
+            core.advance(Phase.RECONNECTING)
+        return core.ending is None
 
     async def _app_side(self) -> None:
         core = self.core
@@ -348,7 +440,9 @@ class Session:
                 if core.drain_requested:  # SIGTERM came before the app side started
                     self._drained_at_once()
                 nursery.start_soon(self._app_heartbeats)
-                nursery.start_soon(self.confirmations.watch_call_timeouts)
+                if self.spool is not None:  # ends with the app side, as core.end() does
+                    nursery.start_soon(self.spool.forward)
+                    nursery.start_soon(self.spool.remove_confirmed)
                 await self.app_side.relay()
 
     async def _app_heartbeats(self) -> None:

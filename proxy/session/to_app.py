@@ -28,6 +28,10 @@ class AppOutput:
     def __init__(self, core: SessionCore, acks: SidecarAcks) -> None:
         self.core = core
         self.acks = acks
+        #: Outbox mode: ``(destination, mq-sidecar-id)`` of the auto subscriptions' messages
+        #: queued for the app, handed to ``core.seen`` once a flush has written them (at most
+        #: one burst: the relay flushes at the end of each, and after ``max_unacked`` ACKs).
+        self.seen: list[tuple[str, str]] = []
 
     async def send(self, frame: Frame | RawFrame, *, flush: bool = True) -> None:
         """Write to the app; if the app is gone, end the session (and unwind the caller).
@@ -89,12 +93,15 @@ class AppOutput:
         core = self.core
         # Only the ACKs of messages queued before this call: the flush writes those.
         held = self.acks.take()
+        seen, self.seen = self.seen, []
         upstream = core.upstream
         try:
             await core.app.flush()
         except TransportLost as exc:
             core.end(Ending(f"app connection lost: {exc}"))
             await trio.lowlevel.checkpoint()  # raises Cancelled: end() cancelled our scope
+        if seen and core.seen is not None:
+            await core.seen.add(seen)  # the app has these messages now: persisted next
         if held and upstream is not None and upstream is core.upstream:
             for ack in held:
                 await self.acks.send(upstream, ack)

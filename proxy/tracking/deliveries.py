@@ -5,13 +5,14 @@ upstream MESSAGE becomes for the app, and what an app ACK/NACK becomes for the b
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
 
 from protocol import Command, Frame
 from proxy.tracking.links import TempNames
 from proxy.tracking.records import (
     ARTEMIS_DUPLICATE_ID,
     DUPLICATE_ID_HEADER,
-    SEEN_MAX,
+    SEEDED,
     SEEN_SECONDS,
     SIDECAR_RECEIPT,
     AckMode,
@@ -37,6 +38,7 @@ class Deliveries:
 
     app_version: str
     max_unacked: int
+    id_cache_size: int
     transparent: bool
     generation: int
     stable_message_ids: bool
@@ -51,6 +53,7 @@ class Deliveries:
     _stale: OrderedDict[str, None]
     _next_ack: int
     temps: TempNames
+    seen_out: list[tuple[str, str]]
 
     @property
     def unacked(self) -> int:
@@ -69,7 +72,7 @@ class Deliveries:
         if identity in seen:
             seen.move_to_end(identity)
         seen[identity] = (self.generation if generation is None else generation, status, now)
-        if len(seen) > SEEN_MAX:
+        if len(seen) > self.id_cache_size:
             seen.popitem(last=False)
         if now >= sub.sweep_at:  # the age bound, checked at most once a second (hot path)
             sub.sweep_at = now + 1.0
@@ -195,7 +198,7 @@ class Deliveries:
                     # at once): deliver it again, never hide it.
                     del sub.seen[identity]
                 elif seen is not None:
-                    if seen[0] == self.generation:
+                    if seen[0] == self.generation or seen[0] == SEEDED:
                         return self._hide(
                             sub, message_id, upstream_ack, "duplicate", upstream_version
                         )
@@ -224,6 +227,8 @@ class Deliveries:
         if sub.ack is AckMode.AUTO:
             if identity is not None:
                 self._remember(sub, identity, "acked", now)
+                if sub.persist_seen and dup_id is not None:
+                    self.seen_out.append((sub.destination, dup_id))
             ack = self._own_ack(sub, message_id, upstream_ack, upstream_version)
             return Delivered(out, to_broker=ack, coalesce=self._coalesce(sub))
         out, key = self._app_ack_key(sub, out, message_id)
@@ -377,12 +382,15 @@ class Deliveries:
                 if candidate is delivery:
                     break
         tx = frame.get("transaction")
+        open_tx = self.transactions.get(tx) if tx is not None else None
         for d in settled:
             self._forget(d)
             if d.identity is not None:
                 self._remember(sub, d.identity, status, now, generation=d.generation)
-            if tx is not None and tx in self.transactions:
-                self.transactions[tx].settled(d)
+                if status == "acked" and open_tx is None:
+                    self.persist(d)  # a transaction's ACKs at its COMMIT (SessionState.end)
+            if open_tx is not None:
+                open_tx.settled(d)
         if sub.local:
             return Settled(None, local=True)
         if sub.ack is AckMode.CLIENT:
@@ -399,6 +407,38 @@ class Deliveries:
         if stale:
             return Settled(None)
         return Settled(self.upstream_ack(frame, delivery, upstream_version))
+
+    def persist(self, delivery: Delivery) -> None:
+        """Hand the ``mq-sidecar-id`` of a message the app acknowledged to the daemon, to
+        persist (:attr:`seen_out`), when its subscription persists seen ids (outbox mode, a
+        queue: :attr:`Subscription.persist_seen`)."""
+        identity = delivery.identity
+        sub = delivery.subscription
+        if sub.persist_seen and identity is not None and identity.startswith("d:"):
+            self.seen_out.append((sub.destination, identity[2:]))
+
+    def seed_seen(self, upstream_id: str, sidecar_ids: Iterable[str], now: float) -> int:
+        """Seed the seen identities of subscription ``upstream_id`` with ``sidecar_ids`` (the
+        ``mq-sidecar-id`` s the outbox persisted for its destination, oldest first, before a
+        restart: :meth:`GroupCommitter.seen_ids <proxy.outbox.GroupCommitter.seen_ids>`), so a
+        copy of one of them is hidden and acknowledged upstream as a duplicate, on any link and
+        in both ``failover_mode`` s. ``now``: the caller's clock (seconds, as for
+        :meth:`deliver`); a seeded id is kept for up to ``SEEN_SECONDS`` from then, within
+        ``id_cache_size``. An identity the subscription already has is left as it is. Returns the
+        number seeded; 0 for an unknown subscription."""
+        sub = self.subscriptions.get(upstream_id)
+        if sub is None:
+            return 0
+        seen = sub.seen
+        count = 0
+        for sidecar_id in sidecar_ids:
+            identity = f"d:{sidecar_id}"
+            if identity not in seen:
+                seen[identity] = (SEEDED, "acked", now)
+                count += 1
+        while len(seen) > self.id_cache_size:
+            seen.popitem(last=False)
+        return count
 
     def _by_message_id(self, message_id: str | None) -> Delivery | None:
         """The one outstanding delivery with ``message_id`` (a STOMP 1.1 ACK whose

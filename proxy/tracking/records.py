@@ -17,6 +17,7 @@ __all__ = [
     "ARTEMIS_DUPLICATE_ID",
     "DUPLICATE_ID_HEADER",
     "PASS_THROUGH",
+    "SEEDED",
     "SEEN_MAX",
     "SEEN_SECONDS",
     "SETTLED_DELIVERY_COST",
@@ -31,10 +32,12 @@ __all__ = [
     "PassThrough",
     "SessionError",
     "Settled",
+    "Spooled",
     "Subscription",
     "Transaction",
     "TransactionBytes",
     "ack_ident",
+    "persists_seen",
 ]
 
 
@@ -66,6 +69,21 @@ ARTEMIS_DUPLICATE_ID = "_AMQ_DUPL_ID"
 SEEN_MAX = 20_000
 #: ...and none older than this many seconds.
 SEEN_SECONDS = 600.0
+#: The generation of an identity seeded from the outbox's persisted ids (a previous process
+#: saw it): a copy of it is a duplicate on every link, in both ``failover_mode``s.
+SEEDED = -1
+#: Destination prefixes whose seen identities the outbox persists (docs/behaviour.md,
+#: "Duplicate detection"): queues, where a message goes to one consumer, so an id seen by any
+#: subscription of the destination is seen for all. A topic gives every subscriber its own
+#: copy: one id set per topic would hide from a second subscriber a message it never saw.
+_PERSISTED_PREFIXES = ("/queue/", "/amq/queue/")
+
+
+def persists_seen(destination: str) -> bool:
+    """Whether the identities seen on ``destination`` are persisted in outbox mode: a queue
+    (``/queue/...``; RabbitMQ's ``/amq/queue/...``), not a topic, exchange or temporary
+    destination (see :data:`_PERSISTED_PREFIXES` for why)."""
+    return destination.startswith(_PERSISTED_PREFIXES)
 
 
 def ack_ident(
@@ -143,6 +161,10 @@ class Subscription:
     #: (SessionState.new_link).
     browser: bool = False
     browse_ended: bool = False
+    #: Outbox mode, a queue (:func:`persists_seen`): the ``mq-sidecar-id`` of each message
+    #: the app settles (acknowledges, or gets on an auto subscription) is handed to the
+    #: daemon to persist (:attr:`SessionState.seen_out`).
+    persist_seen: bool = False
     #: Left behind by a failover (a browser): no broker has it; the app's UNSUBSCRIBE and ACKs
     #: are answered by the sidecar (``local`` is set too), a SUBSCRIBE with its id replaces it.
     dormant: bool = False
@@ -189,6 +211,16 @@ class PassThrough(EntryContext):
 
 #: The one :class:`PassThrough` context.
 PASS_THROUGH = PassThrough()
+
+
+@dataclass(frozen=True, slots=True)
+class Spooled(EntryContext):
+    """Window-entry context of a SEND forwarded from the outbox (issue 17, docs/outbox.md):
+    ``seq`` is its place in the outbox, removed from it once a RECEIPT covers the entry. The
+    app had its RECEIPT when the frame was stored, so the entry carries no app receipt; it is
+    replayed after a failover as any SEND outside a transaction."""
+
+    seq: int
 
 
 #: Bytes one open transaction is charged besides its frames (the object, its id, its lists):

@@ -12,6 +12,7 @@ from proxy.tracking.links import LinkEnd, TempNames, misses_messages
 from proxy.tracking.records import (
     ACK_MODES,
     DUPLICATE_ID_HEADER,
+    SEEN_MAX,
     AckMode,
     Delivery,
     ForBroker,
@@ -19,6 +20,7 @@ from proxy.tracking.records import (
     Subscription,
     Transaction,
     TransactionBytes,
+    persists_seen,
 )
 
 __all__ = ["SessionState"]
@@ -33,6 +35,8 @@ class SessionState(Deliveries):
         max_subscriptions: live subscriptions allowed per session (docs/behaviour.md, "Limits
             and bad input").
         max_unacked: delivered-but-unacknowledged messages allowed (same page).
+        id_cache_size: duplicate-detection ids each subscription remembers (``id_cache_size``,
+            docs/behaviour.md, "Duplicate detection"; default :data:`SEEN_MAX`).
         transparent: ``failover_mode`` is "transparent" (else "strict", JMS semantics).
 
     Methods raise :class:`SessionError` (fatal) or :class:`FrameRejected` (that frame only).
@@ -46,11 +50,13 @@ class SessionState(Deliveries):
         max_subscriptions: int,
         max_unacked: int,
         transparent: bool = True,
+        id_cache_size: int = SEEN_MAX,
     ) -> None:
         self.session_id = session_id
         self.app_version = app_version
         self.max_subscriptions = max_subscriptions
         self.max_unacked = max_unacked
+        self.id_cache_size = id_cache_size
         self.transparent = transparent
         self.generation = 0
         self.stable_message_ids = False
@@ -74,6 +80,13 @@ class SessionState(Deliveries):
         self.temps = TempNames()
         #: The current link's broker browses (ActiveMQ Classic ``browser:true``).
         self.browsers = False
+        #: Outbox mode: queue subscriptions persist the ids of what the app settles
+        #: (:attr:`Subscription.persist_seen`); set by the daemon before any SUBSCRIBE.
+        self.persist_seen_ids = False
+        #: ``(destination, mq-sidecar-id)`` pairs to persist, in the order settled: appended
+        #: by :meth:`deliver`, :meth:`settle` and :meth:`end` (COMMIT); the daemon takes and
+        #: clears them after each such call, so they hold at most what one call settles.
+        self.seen_out: list[tuple[str, str]] = []
 
     # -- links ------------------------------------------------------------------------------
 
@@ -197,6 +210,12 @@ class SessionState(Deliveries):
             frame=upstream,
             local=local,
             browser=frame.get("browser") == "true",
+            persist_seen=(
+                self.persist_seen_ids
+                and not local
+                and frame.get("browser") != "true"
+                and persists_seen(destination)
+            ),
         )
         return upstream
 
@@ -275,6 +294,11 @@ class SessionState(Deliveries):
             raise ForBroker(f"{frame.command} of transaction {tx!r}, not open")
         ended = self.transactions.pop(tx)
         acked = ended.forget_settled()
+        if frame.command == "COMMIT":
+            for d in acked:
+                seen = d.subscription.seen.get(d.identity) if d.identity is not None else None
+                if seen is not None and seen[1] == "acked":
+                    self.persist(d)
         if frame.command == "ABORT":
             # The broker keeps what the transaction acknowledged unacknowledged (ActiveMQ
             # StompSubscription.onStompAbort); so does the sidecar: the app holds them again.

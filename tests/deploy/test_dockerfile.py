@@ -21,10 +21,11 @@ def _runtime_packages() -> list[str]:
 
 
 def test_dockerignore_keeps_what_the_wheel_needs() -> None:
-    """`pip wheel .` inside the build needs pyproject.toml, the readme and every package: a
-    new top-level package listed in pyproject.toml must not be ignored by .dockerignore."""
+    """`pip wheel .` inside the build needs pyproject.toml, setup.py (the compiled core), the
+    readme and every package: a new top-level package listed in pyproject.toml must not be
+    ignored by .dockerignore."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
-    needed = ["pyproject.toml", project["project"]["readme"], *_runtime_packages()]
+    needed = ["pyproject.toml", "setup.py", project["project"]["readme"], *_runtime_packages()]
     patterns = [
         line.strip()
         for line in (REPO / ".dockerignore").read_text().splitlines()

@@ -25,7 +25,8 @@ ERROR frames, roles, states); anything else raised is a crash, an input running 
 The fuzzing runs in a child process (this module with ``MQ_SIDECAR_ATHERIS_CHILD=1``) because
 libFuzzer ends the process with ``exit()`` when it is done, so only a parent can read its final
 statistics and print the summary. ``protocol`` is imported inside
-``atheris.instrument_imports()`` so its branches guide the fuzzer.
+``atheris.instrument_imports()`` so its branches guide the fuzzer, from its sources
+(``MQ_SIDECAR_PURE=1``: a compiled module has no bytecode to instrument).
 """
 
 from __future__ import annotations
@@ -183,7 +184,9 @@ def main(argv: list[str]) -> int:
         command = [sys.executable, "-m", "tests.fuzz.atheris_protocol", *flags, *extra]
         command += [*corpora, str(seeds)] if corpora else [str(Path(tmp) / "corpus"), str(seeds)]
         (Path(tmp) / "corpus").mkdir()
-        env = {**os.environ, _CHILD_ENV: "1"}
+        # The pure-Python build: atheris instruments Python bytecode, and a compiled module
+        # has none (docs/architecture.md, "The compiled core").
+        env = {**os.environ, _CHILD_ENV: "1", "MQ_SIDECAR_PURE": "1"}
         started = time.monotonic()
         proc = subprocess.Popen(
             command,

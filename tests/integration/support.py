@@ -7,8 +7,11 @@ raw client speaks bytes for the bad-input tests that stomp.py cannot express.
 
 from __future__ import annotations
 
+import os
 import queue
 import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -46,6 +49,18 @@ def wait_until(predicate: Callable[[], bool], timeout: float = WAIT) -> None:
 def unique(prefix: str = "/queue/t") -> str:
     """A destination no other test uses."""
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+def sidecar_process(port: int, env: Mapping[str, str]) -> subprocess.Popen[bytes]:
+    """A ``mq-sidecar run`` process listening on ``127.0.0.1:port``, configured by ``env``
+    (``MQ_SIDECAR_*`` variables, over this process's environment), its output discarded: for
+    the tests that kill it (``.kill()`` is kill -9). The caller waits for its port."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "proxy", "run", "--listen", f"127.0.0.1:{port}"],
+        env={**os.environ, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def sidecar_config(brokers: str, **overrides: object) -> Config:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import pickle
 from typing import Any
 
 import pytest
@@ -114,6 +116,13 @@ def test_replace() -> None:
         frame.replace(body="str")  # type: ignore[arg-type]
 
 
+def test_copy_and_pickle() -> None:
+    frame = Frame(SEND, (("a", "1"), ("a", "2")), b"body")
+    for copied in (copy.copy(frame), copy.deepcopy(frame), pickle.loads(pickle.dumps(frame))):
+        assert copied == frame
+        assert type(copied) is Frame
+
+
 def test_repr_truncates_and_hides_passcode() -> None:
     frame = Frame(Command.CONNECT, (("login", "me"), ("passcode", "s3cret")), b"x" * 5000)
     text = repr(frame)
@@ -131,7 +140,7 @@ def test_event_sentinels() -> None:
     assert repr(HEARTBEAT) == "HEARTBEAT"
     assert repr(NEED_DATA) == "NEED_DATA"
     assert repr(CONNECTION_CLOSED) == "CONNECTION_CLOSED"
-    assert object.__new__(NeedData) != HEARTBEAT  # type: ignore[comparison-overlap]
+    assert NeedData() != HEARTBEAT  # type: ignore[comparison-overlap]
 
 
 def test_limits() -> None:

@@ -37,6 +37,7 @@ from config import Broker, Config
 from protocol import Command, ConnectionClosed, Frame, HeartBeat, Role
 from proxy.failover import ReconnectBoard
 from proxy.session import Session
+from proxy.spool import OutboxService
 
 __all__ = [
     "ACTIVEMQ",
@@ -585,11 +586,13 @@ async def start_session(
     lockstep: bool = False,
     session_id: str = "s1",
     reconnects: ReconnectBoard | None = None,
+    outbox: OutboxService | None = None,
 ) -> Running:
     """Start a Session on an in-memory app stream (``lockstep``: the app's writes return
     only once the Session has read them, like TCP with no buffer) and the app's reader;
-    ``reconnects``: the board it shares with other sessions (a private one when None).
-    The app has not sent CONNECT yet."""
+    ``reconnects``: the board it shares with other sessions (a private one when None);
+    ``outbox``: the sidecar's outbox (``outbox`` on in ``config``). The app has not sent
+    CONNECT yet."""
     app_end: trio.abc.Stream
     session_end: trio.abc.Stream
     if lockstep:
@@ -603,6 +606,7 @@ async def start_session(
         rng=random.Random(7),
         open_stream=network.open_stream,
         reconnects=reconnects,
+        outbox=outbox,
     )
     running = Running(session, AppClient(app_end))
 

@@ -37,7 +37,8 @@ FUTURE_FIELDS: dict[str, object] = {"reconnecting_for": None, "oldest_unconfirme
 
 
 def _placeholder(annotation: object) -> object:
-    text = str(annotation)
+    # A type where the class is compiled (mypyc keeps the evaluated annotations), else text.
+    text = annotation.__name__ if isinstance(annotation, type) else str(annotation)
     if "None" in text:
         return None
     for name, value in (("int", 0), ("float", 0.0), ("bool", False), ("str", ""), ("tuple", ())):

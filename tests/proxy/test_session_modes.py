@@ -259,3 +259,43 @@ async def test_strict_mode_shows_the_redelivery_and_fails_the_stale_ack(
     stats = session.statistics()
     assert stats.unacked == 0
     assert stats.state == "running"
+
+
+async def test_acks_that_all_arrive_during_the_flush_at_max_unacked_do_not_stall_the_relay(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, network: Network
+) -> None:
+    """At ``max_unacked`` the relay flushes the app and waits for its ACKs before it reads the
+    broker again. When every ACK arrives while that flush is still writing, the relay must
+    read on: it once made its wake-up event after the flush and waited for an ACK that never
+    came (the app held nothing more to acknowledge), so the session stalled for good."""
+    broker = network.add("broker", 61001)
+    running = await connected(nursery, network, broker, max_unacked=2)
+    app, session = running.app, running.session
+    await app.send(
+        Command.SUBSCRIBE,
+        {"destination": INBOX, "id": "sub1", "ack": "client-individual", "receipt": "sub"},
+    )
+    await app.wait_receipt("sub")
+    out = session.out
+    flush = out.flush
+    acked_during_flush = 0
+
+    async def flush_while_the_app_acks() -> None:
+        # The interleaving under test, made certain: the app gets what is queued and
+        # acknowledges all of it before the flush returns.
+        nonlocal acked_during_flush
+        await flush()
+        stats = session.statistics()
+        if stats.unacked >= 2:
+            await app.signal.wait_until(lambda: len(app.messages(INBOX)) >= stats.unacked)
+            for message in app.messages(INBOX)[acked_during_flush:]:
+                await app.send(Command.ACK, {"id": message.get("ack") or ""})
+                acked_during_flush += 1
+            await wait_until(lambda: session.statistics().unacked == 0)
+
+    out.flush = flush_while_the_app_acks  # type: ignore[method-assign]
+    for i in range(3):
+        await broker.link.deliver(INBOX, b"m%d" % i, message_id=f"ID:m{i}")
+    await app.signal.wait_until(lambda: len(app.messages(INBOX)) == 3)
+    assert acked_during_flush == 2
+    assert app.errors() == []

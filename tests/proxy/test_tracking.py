@@ -37,10 +37,16 @@ def new_state(
     subs: int = 10,
     transparent: bool = True,
     stable_message_ids: bool = False,
+    id_cache_size: int = 20_000,
 ) -> SessionState:
     """A session on its first link (generation 1), as the session sets it up."""
     st = SessionState(
-        "S", version, max_subscriptions=subs, max_unacked=100, transparent=transparent
+        "S",
+        version,
+        max_subscriptions=subs,
+        max_unacked=100,
+        transparent=transparent,
+        id_cache_size=id_cache_size,
     )
     st.new_link(stable_message_ids=stable_message_ids)
     return st
@@ -732,9 +738,9 @@ def test_strict_duplicate_on_the_same_link_is_still_hidden() -> None:
 # -- the seen-identity window is bounded ------------------------------------------------------
 
 
-def test_seen_identities_are_bounded_in_number(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tracking_deliveries, "SEEN_MAX", 2)
-    st = new_state()
+def test_seen_identities_are_bounded_in_number() -> None:
+    """``id_cache_size`` ids per subscription, the newest."""
+    st = new_state(id_cache_size=2)
     subscribe(st, ack="auto")
     for dup in ("A", "B", "C"):
         shown(st.deliver(message(f"ID:{dup}", dup=dup), now=0.0))
@@ -758,9 +764,8 @@ def test_seen_identities_are_bounded_in_time(monkeypatch: pytest.MonkeyPatch) ->
     assert st.deliver(message("ID:B2", dup="B"), now=11.0).hidden == "redelivery"
 
 
-def test_a_new_status_refreshes_a_seen_identity(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tracking_deliveries, "SEEN_MAX", 2)
-    st = new_state()
+def test_a_new_status_refreshes_a_seen_identity() -> None:
+    st = new_state(id_cache_size=2)
     subscribe(st)
     key = ack_id(st.deliver(message("ID:A", ack="a", dup="A"), now=0.0))
     shown(st.deliver(message("ID:B", ack="b", dup="B"), now=0.0))

@@ -1,0 +1,336 @@
+"""One session's part of the outbox (issue 17, docs/outbox.md): its app's SENDs stored on
+local disk and answered once durable, then forwarded to the broker in order.
+
+- **Spooling** (:meth:`Spool.add`, :meth:`Spool.write`, called by the app side): an app SEND
+  outside a transaction whose destination matches ``outbox_destinations`` joins the session's
+  batch, as it would go upstream (its ``mq-sidecar-id`` set), serialized as STOMP 1.2. The
+  batch is appended in one transaction at the end of the app's burst, or when it reaches
+  :data:`BATCH_FRAMES` / :data:`BATCH_BYTES`, or before any other frame of the app is handled;
+  once it is durable (fsync) the app's receipts of its frames are answered, by the sidecar,
+  with the app's receipt ids. The app is not read meanwhile, so a full outbox holds it
+  (back-pressure); past ``call_timeout`` each frame of the batch gets an ERROR naming
+  ``outbox_max_bytes`` (outcome ``refused``), and nothing of it was stored.
+- **Forwarding** (:meth:`Spool.forward`, a task of the session's nursery): while the session
+  has a broker, the session's frames are read from the outbox in order and put in the
+  confirmation window (:class:`~proxy.tracking.Spooled` context, no app receipt: the app had
+  its RECEIPT), as room allows; they go upstream with the sidecar's receipts as any SEND, and
+  are replayed after a failover as any SEND.
+- **Removal** (:meth:`Spool.remove_confirmed`, a task beside it): a frame the broker confirmed
+  (or refused with an ERROR, which reached the app) leaves the outbox, in the order it was
+  forwarded.
+
+The session key is the session id (its prefix is the process's own, so a later process never
+takes a key of an earlier one).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+
+import trio
+
+import protocol
+from protocol import Frame
+from proxy.events import FrameReport
+from proxy.outbox import OutboxClosed, OutboxError, OutboxFrame, StoredFrame
+from proxy.session.confirmations import Confirmations
+from proxy.session.control import ControlChannel
+from proxy.session.core import SessionCore, log
+from proxy.session.ending import Ending, error_frame
+from proxy.session.outcomes import report_of_frame
+from proxy.session.to_app import AppOutput
+from proxy.spool import OutboxService
+from proxy.tracking import DUPLICATE_ID_HEADER, Spooled
+from proxy.vocabulary import FrameOutcome, OutcomeCause
+from proxy.window import frame_size
+
+__all__ = [
+    "BATCH_BYTES",
+    "BATCH_FRAMES",
+    "FETCH_FRAMES",
+    "STORED_VERSION",
+    "FetchSize",
+    "Spool",
+    "parse",
+]
+
+#: Frames of one session appended in one transaction at most (the committer groups sessions).
+BATCH_FRAMES = 256
+#: Frame bytes of one batch at most (a frame larger than it goes alone).
+BATCH_BYTES = 1 << 20
+#: Frames a forwarder reads from the outbox at once, at most (:class:`FetchSize`).
+FETCH_FRAMES = 256
+#: The STOMP version frames are stored in (each leg writes them in its own version).
+STORED_VERSION = "1.2"
+#: Bounds for reading a stored frame back: what a broker leg reads (the frame passed the app's
+#: own limits when it was stored).
+_READ_LIMITS = protocol.Limits(max_frame_bytes=1 << 31, max_headers=1 << 20)
+
+
+def parse(data: bytes) -> Frame:
+    """The frame stored as ``data`` (:data:`STORED_VERSION` bytes, as serialized at append).
+
+    Raises:
+        protocol.RemoteProtocolError: not one whole STOMP frame (the store checks each
+            frame's CRC32 before it hands it out, so this means a bug, not a bad disk).
+    """
+    parser = protocol.FrameParser(_READ_LIMITS, version=STORED_VERSION)
+    parser.receive_data(data)
+    event = parser.next_event()
+    if not isinstance(event, Frame):
+        raise protocol.RemoteProtocolError(f"stored frame is incomplete ({len(data)} bytes)")
+    return event
+
+
+class FetchSize:
+    """How many frames a forwarder reads from the outbox at once, so that a read holds about
+    ``budget`` bytes (the confirmation window) whatever the frames' size: it starts at 1,
+    doubles (up to :data:`FETCH_FRAMES`) after a full read of less than a quarter of the
+    budget, halves after a read of more than the budget."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.frames = 1
+
+    def update(self, frames: Sequence[StoredFrame]) -> None:
+        """Adjust after a read that returned ``frames``."""
+        size = sum(len(f.frame) for f in frames)
+        if size > self.budget:
+            self.frames = max(1, self.frames // 2)
+        elif size < self.budget // 4 and len(frames) == self.frames:
+            self.frames = min(FETCH_FRAMES, self.frames * 2)
+
+
+class Spool:
+    """Spooling, forwarding and removal for one session (see the module docstring).
+
+    Args:
+        core: the session's shared state; its id is the session key.
+        out: writes to the app (RECEIPTs, ERRORs).
+        control: the OUTCOME events of refused frames.
+        confirmations: the window the forwarder feeds.
+        outbox: the sidecar's :class:`~proxy.spool.OutboxService`.
+    """
+
+    def __init__(
+        self,
+        core: SessionCore,
+        out: AppOutput,
+        control: ControlChannel,
+        confirmations: Confirmations,
+        outbox: OutboxService,
+    ) -> None:
+        self.core = core
+        self.out = out
+        self.control = control
+        self.confirmations = confirmations
+        self.outbox = outbox
+        self.key = core.id
+        #: The batch: (frame as it goes upstream, its stored form, the app's receipt id).
+        self._batch: list[tuple[Frame, OutboxFrame, str | None]] = []
+        self._batch_bytes = 0
+        #: The highest outbox seq put in the window.
+        self._fed = 0
+        #: Seqs in the window, in the order forwarded, and those of them confirmed.
+        self._in_window: deque[int] = deque()
+        self._confirmed: set[int] = set()
+        self._removable = trio.Event()
+        self._removed = trio.Event()
+        self._stopped = False
+        #: Frames this session stored (appended) and forwarded (confirmed and removed).
+        self.stored = 0
+        self.forwarded = 0
+
+    # -- spooling (the app side) --------------------------------------------------------------
+
+    def spools(self, frame: Frame) -> bool:
+        """Whether this SEND (outside a transaction) goes through the outbox."""
+        return self.outbox.spools(frame.get("destination"))
+
+    @property
+    def pending(self) -> bool:
+        """Frames wait in the batch (:meth:`write` stores them)."""
+        return bool(self._batch)
+
+    def add(self, frame: Frame, app_receipt: str | None) -> bool:
+        """Add a SEND, as it goes upstream, to the batch; True when the batch is full and
+        should be written now (:meth:`write`).
+
+        Raises:
+            protocol.LocalProtocolError: the frame cannot be written as STOMP 1.2 (it came
+                from the app as STOMP, so this does not happen).
+        """
+        stored = self._stored(frame)
+        self._batch.append((frame, stored, app_receipt))
+        self._batch_bytes += len(stored.frame)
+        return len(self._batch) >= BATCH_FRAMES or self._batch_bytes >= BATCH_BYTES
+
+    async def write(self) -> None:
+        """Append the batch in one transaction and, once it is durable, answer the app's
+        receipts of its frames. A full outbox holds the caller (the app is not read) up to
+        ``call_timeout``; then, or when the batch can never fit, or when the disk fails, each
+        frame of it gets the sidecar's ERROR naming the cause (outcome ``refused``: nothing of
+        it was stored) and the session goes on. A closed outbox (the sidecar is stopping) ends
+        the session."""
+        batch, self._batch, self._batch_bytes = self._batch, [], 0
+        if not batch:
+            return
+        if len(batch) > 1 and sum(len(s.frame) for _, s, _ in batch) > self.outbox.max_bytes:
+            # Together past outbox_max_bytes, though each may fit: one append each.
+            for one in batch:
+                self._batch = [one]
+                await self.write()
+            return
+        core = self.core
+        deadline = trio.current_time() + core.durations.call_timeout
+        try:
+            await self.outbox.committer.append(
+                self.key, [stored for _, stored, _ in batch], deadline=deadline
+            )
+        except OutboxClosed as exc:
+            core.end(Ending(f"outbox closed: {exc}", app_error=error_frame(str(exc))))
+            return
+        except OutboxError as exc:
+            await self._refuse(batch, str(exc))
+            return
+        self.stored += len(batch)
+        self.outbox.notify(self.key)
+        for _, _, receipt in batch:
+            if receipt is not None:
+                await self.out.answer_locally(receipt)
+
+    async def store(self, frames: Sequence[Frame]) -> None:
+        """Store ``frames`` (as they go upstream) in one append, all or none; durable when
+        this returns (a transaction's SENDs at its COMMIT). Waits for room up to
+        ``call_timeout``.
+
+        Raises:
+            OutboxFullTimeout: no room within ``call_timeout`` (names ``outbox_max_bytes``).
+            OutboxFull: more than ``outbox_max_bytes`` by themselves.
+            OutboxError: the write failed (OutboxWriteError) or the outbox is closing
+                (OutboxClosed); nothing was stored.
+        """
+        if not frames:
+            return
+        stored = [self._stored(frame) for frame in frames]
+        deadline = trio.current_time() + self.core.durations.call_timeout
+        await self.outbox.committer.append(self.key, stored, deadline=deadline)
+        self.stored += len(stored)
+        self.outbox.notify(self.key)
+
+    @staticmethod
+    def _stored(frame: Frame) -> OutboxFrame:
+        """``frame`` as the outbox stores it (:data:`STORED_VERSION` bytes)."""
+        data = protocol.serialize(frame, STORED_VERSION)
+        return OutboxFrame(
+            frame.get(DUPLICATE_ID_HEADER) or "", frame.get("destination") or "", data
+        )
+
+    async def _refuse(
+        self, batch: Sequence[tuple[Frame, OutboxFrame, str | None]], reason: str
+    ) -> None:
+        """The sidecar's ERROR for each frame of a batch the outbox did not store, and one
+        OUTCOME event naming them all."""
+        core = self.core
+        log.warning("session %s: %d frame(s) not stored: %s", core.id, len(batch), reason)
+        reports: list[FrameReport] = []
+        for frame, _, receipt in batch:
+            report = report_of_frame(
+                frame, receipt, FrameOutcome.REFUSED, OutcomeCause.SIDECAR_ERROR
+            )
+            reports.append(report)
+            await self.out.send(
+                error_frame(
+                    reason,
+                    receipt_id=receipt,
+                    detail=f"SEND {report.label} was not stored in the outbox: {reason}",
+                    outcome=FrameOutcome.REFUSED,
+                    duplicate_id=report.mq_sidecar_id,
+                ),
+                flush=False,
+            )
+        await self.out.flush()
+        await self.control.report(reports, reason)
+
+    async def drained(self) -> None:
+        """Wait until everything this session stored was forwarded, confirmed and removed
+        (the app's DISCONNECT waits for it, bounded by the caller)."""
+        while self.forwarded < self.stored:
+            await self._removed.wait()
+
+    def stop(self) -> None:
+        """Feed nothing more into the window (the app's DISCONNECT is going upstream: the
+        broker would take nothing after it); what is left stays in the outbox."""
+        self._stopped = True
+
+    # -- forwarding (a task of the session) ---------------------------------------------------
+
+    async def forward(self) -> None:
+        """Feed the session's outbox frames into the window, in order, while the session has
+        a broker and the window has room; until cancelled (the session ends). Frames already
+        in the window are not fed again: a failover replays them from there."""
+        core = self.core
+        committer = self.outbox.committer
+        window = core.window
+        fetch = FetchSize(window.max_bytes)
+        while not self._stopped:
+            await core.wait_link_ready()
+            wakeup = self.outbox.wakeup(self.key)  # before the read: no append is missed
+            stored = await committer.pending(self.key, after_seq=self._fed, limit=fetch.frames)
+            fetch.update(stored)
+            if not stored:
+                await wakeup.wait()
+                continue
+            last = len(stored) - 1
+            for n, item in enumerate(stored):
+                if not core.link_ready or self._stopped:
+                    break  # the rest waits in the outbox for the next leg
+                frame = parse(item.frame)
+                size = frame_size(frame)
+                while not window.has_room(size) and window.receipts_pending:
+                    await core.window_change()
+                await self.confirmations.submit(
+                    frame, app_receipt=None, idle=n == last, context=Spooled(item.seq)
+                )
+                self._fed = item.seq
+                self._in_window.append(item.seq)
+            await self.confirmations.flush_upstream()
+
+    def confirmed(self, context: Spooled) -> None:
+        """A RECEIPT (or the broker's ERROR) settled the window entry of outbox frame
+        ``context.seq``: it may leave the outbox (:meth:`remove_confirmed`). Never blocks."""
+        self._confirmed.add(context.seq)
+        self._removable.set()
+
+    async def remove_confirmed(self) -> None:
+        """Remove the frames settled at the head of what was forwarded, as they are settled;
+        until cancelled (:meth:`remove_settled`)."""
+        while True:
+            await self._removable.wait()
+            self._removable = trio.Event()
+            await self.remove_settled()
+
+    async def remove_settled(self) -> None:
+        """Remove the frames settled at the head of what was forwarded, as one range (a
+        frame confirmed ahead of an earlier one waits for it: the outbox removes by range).
+        A removal that fails leaves them in the outbox: forwarded again after a restart (the
+        consumer side suppresses the copy by its ``mq-sidecar-id``)."""
+        first = last = count = 0
+        while self._in_window and self._in_window[0] in self._confirmed:
+            last = self._in_window.popleft()
+            self._confirmed.discard(last)
+            first = first or last
+            count += 1
+        if not count:
+            return
+        try:
+            await self.outbox.committer.remove(self.key, first, last)
+        except OutboxError as exc:
+            log.warning("session %s: outbox removal failed: %s", self.core.id, exc)
+            return
+        self.forwarded += count
+        self.outbox.forwarded_total += count
+        self.core.metrics.outbox_forwarded(count)
+        self._removed.set()
+        self._removed = trio.Event()
