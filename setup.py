@@ -43,6 +43,7 @@ COMPILED = (
     "protocol/_headers.py",
     "protocol/_heartbeat.py",
     "protocol/_parser.py",
+    "protocol/_raw.py",
     "protocol/_rules.py",
     "protocol/_serializer.py",
     "protocol/_state.py",

@@ -34,6 +34,7 @@ from ._heartbeat import negotiate_heartbeat as negotiate_heartbeat
 from ._heartbeat import parse_heartbeat as parse_heartbeat
 from ._limits import Limits as Limits
 from ._parser import FrameParser as FrameParser
+from ._raw import RawFrame as RawFrame
 from ._serializer import HEARTBEAT_BYTES as HEARTBEAT_BYTES
 from ._serializer import serialize as serialize
 from ._state import Role as Role
@@ -61,6 +62,7 @@ __all__ = (
     "LocalProtocolError",
     "NeedData",
     "ProtocolError",
+    "RawFrame",
     "RemoteProtocolError",
     "Role",
     "State",

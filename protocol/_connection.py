@@ -14,8 +14,9 @@ from ._events import ConnectionClosed, Event
 from ._frame import CLIENT_COMMANDS, SERVER_COMMANDS, Command, Frame
 from ._heartbeat import negotiate_heartbeat, parse_heartbeat
 from ._limits import Limits
-from ._parser import FrameParser
-from ._rules import check_frame
+from ._parser import NO_RAW, FrameParser
+from ._raw import RawFrame
+from ._rules import check_frame, check_raw
 from ._serializer import HEARTBEAT_BYTES, serialize
 from ._state import Direction, Role, State, next_state
 from ._versions import VERSIONS, parse_accept_version
@@ -77,6 +78,7 @@ class Connection:
         "_judge",
         "_our_role",
         "_parser",
+        "_raw",
         "_receive_error",
         "_send_failed",
         "_state",
@@ -95,6 +97,7 @@ class Connection:
         self._our_role = our_role
         self._judge = judge_frames
         self._parser = FrameParser(limits, version="1.0")
+        self._raw = NO_RAW
         self._state = State.CONNECTING
         self._version = "1.0"
         self._heartbeat = (0, 0)
@@ -139,6 +142,26 @@ class Connection:
         """The CONNECTED frame (sent in SERVER role, received in CLIENT role)."""
         return self._connected_frame
 
+    @property
+    def raw_commands(self) -> frozenset[Command]:
+        """Received commands that :meth:`next_event` returns as a :class:`RawFrame` (their
+        bytes, ``protocol._raw``) while the state is CONNECTED and the frame is ordinary: the
+        fast lane of a relay. Empty by default.
+
+        Raises:
+            ValueError: (on assignment) a command that is not a routine frame of the peer's
+                once connected (one that needs no state change: SEND, ACK, NACK... from a
+                client; MESSAGE, RECEIPT, ERROR from a server).
+        """
+        return self._raw
+
+    @raw_commands.setter
+    def raw_commands(self, commands: frozenset[Command]) -> None:
+        odd = commands - _ROUTINE[self._our_role]
+        if odd:
+            raise ValueError(f"not routine frames of the peer: {sorted(odd)}")
+        self._raw = frozenset(commands)
+
     # -- receiving ------------------------------------------------------------------------------
 
     def receive_data(self, data: bytes) -> None:
@@ -165,12 +188,29 @@ class Connection:
                 later call raises the same error. Its ``error_frame`` is the ERROR to answer with
                 (in SERVER role, :meth:`send` still accepts that one ERROR frame).
         """
+        event = self._next(NO_RAW)
+        assert not isinstance(event, RawFrame)
+        return event
+
+    def next_fast_event(self) -> Event | RawFrame:
+        """:meth:`next_event`, with the frames of :attr:`raw_commands` as :class:`RawFrame`
+        while the state is CONNECTED (checked as :meth:`next_event` checks them).
+
+        Raises:
+            RemoteProtocolError: as :meth:`next_event`.
+        """
+        return self._next(self._raw if self._state is State.CONNECTED else NO_RAW)
+
+    def _next(self, raw: frozenset[Command]) -> Event | RawFrame:
         if self._receive_error is not None:
             err = self._receive_error
             raise RemoteProtocolError(str(err), error_frame=err.error_frame)
         try:
-            event = self._parser.next_event()
-            if isinstance(event, Frame):
+            event = self._parser.next_fast_event(raw)
+            if isinstance(event, RawFrame):
+                if self._judge:
+                    check_raw(event, self._version)
+            elif isinstance(event, Frame):
                 self._process_received(event)
             elif isinstance(event, ConnectionClosed) and self._state is not State.ERROR:
                 self._state = State.CLOSED
@@ -244,8 +284,12 @@ class Connection:
 
     # -- sending --------------------------------------------------------------------------------
 
-    def send(self, frame: Frame, *, fatal: bool = True) -> bytes:
+    def send(self, frame: Frame | RawFrame, *, fatal: bool = True) -> bytes:
         """Serialize ``frame`` in the negotiated version and update the state machine.
+
+        A :class:`RawFrame` is its own bytes (what :func:`serialize` makes of it in any
+        version) where the frame needs no check beyond the state; elsewhere it goes the
+        general way, as :meth:`RawFrame.to_frame`.
 
         Sending CONNECT (CLIENT) or CONNECTED (SERVER) records it; sending CONNECTED switches the
         parser and serializer to its ``version`` header (absent means 1.0) and negotiates the
@@ -273,6 +317,14 @@ class Connection:
                 version cannot carry (see :func:`serialize`).
             TypeError: ``frame`` is not a Frame.
         """
+        if isinstance(frame, RawFrame):
+            if (
+                fatal
+                and self._state is State.CONNECTED
+                and frame.command in _ROUTINE_SEND[self._our_role]
+            ):
+                return frame.data
+            frame = frame.to_frame()
         if not isinstance(frame, Frame):
             raise TypeError(f"send() takes a Frame, not {type(frame).__name__}")
         command = frame.command

@@ -50,6 +50,7 @@ from ._events import CONNECTION_CLOSED, HEARTBEAT, NEED_DATA, Event
 from ._frame import NEVER_ESCAPED, Command, Frame, trusted_frame
 from ._headers import unescape_header
 from ._limits import Limits
+from ._raw import RawFrame, command_prefixes, copy_out, frame_end, read_raw
 from ._versions import check_version
 
 # Everything in `__all__` gets re-exported as part of the public API of `protocol`.
@@ -57,6 +58,8 @@ __all__ = ["FrameParser"]
 
 _COMMANDS_BY_TEXT = {command.value: command for command in Command}
 _COMMANDS_BY_BYTES = {command.value.encode("ascii"): command for command in Command}
+#: No command is read as a :class:`RawFrame` (``next_event``'s default).
+NO_RAW: frozenset[Command] = frozenset()
 #: The end of a frame's head: the LF of the last line, then an empty line (LF or CRLF).
 _HEAD_END = re.compile(rb"\n\r?\n")
 _LF = 10
@@ -68,9 +71,6 @@ _HEAD = 1
 _BODY = 2
 # Don't move buffered bytes for less than this much consumed data.
 _COMPACT_BYTES = 64 * 1024
-# A body at least this long is copied out of the buffer through a memoryview (one copy instead
-# of two; a memoryview costs more than it saves on small bodies).
-_VIEW_BYTES = 64 * 1024
 
 
 def _unescape(raw: str, version: str) -> str:
@@ -100,14 +100,6 @@ def _unescaped(headers: Iterable[tuple[str, str]], version: str) -> tuple[tuple[
             for name, value in headers
         ]
     )
-
-
-def _body(buf: bytearray, start: int, end: int) -> bytes:
-    """``bytes(buf[start:end])`` copying a large body once, not twice (slice, then bytes)."""
-    if end - start < _VIEW_BYTES:
-        return bytes(buf[start:end])
-    with memoryview(buf) as view:
-        return bytes(view[start:end])
 
 
 def _shown(raw: bytes | bytearray, limit: int = 40) -> str:
@@ -229,10 +221,22 @@ class FrameParser:
             RemoteProtocolError: malformed input, a limit exceeded (as soon as it is known), or
                 EOF inside a frame. Its ``error_frame`` says what was wrong.
         """
+        event = self.next_fast_event(NO_RAW)
+        assert not isinstance(event, RawFrame)
+        return event
+
+    def next_fast_event(self, raw: frozenset[Command]) -> Event | RawFrame:
+        """:meth:`next_event`, with the frames of the commands in ``raw`` as a
+        :class:`RawFrame` (their bytes) when they are ordinary (``protocol._raw``); any other
+        frame of them comes as a :class:`Frame`, read the general way.
+
+        Raises:
+            RemoteProtocolError: as :meth:`next_event`.
+        """
         if self._error is not None:
             raise RemoteProtocolError(str(self._error), error_frame=self._error.error_frame)
         try:
-            return self._next_event()
+            return self._next_event(raw)
         except RemoteProtocolError as exc:
             self._break(exc)
             raise
@@ -248,7 +252,7 @@ class FrameParser:
         self._buf = bytearray()
         self._raw_headers = []
 
-    def _next_event(self) -> Event:
+    def _next_event(self, raw: frozenset[Command]) -> Event | RawFrame:
         buf = self._buf
         if self._phase == _BETWEEN:
             pos = self._pos
@@ -271,6 +275,14 @@ class FrameParser:
                 if buf[pos + 1] == _LF:
                     self._pos = pos + 2
                     return HEARTBEAT
+            if raw and buf.startswith(command_prefixes(raw), pos):
+                raw_frame = read_raw(buf, pos, self._limits, raw)
+                if raw_frame is not None:
+                    end = pos + len(raw_frame.data)
+                    self._pos = end
+                    if end - pos > _COMPACT_BYTES:
+                        self._release(buf)
+                    return raw_frame
             frame = self._whole_frame(buf, pos)
             if frame is not None:
                 return frame
@@ -323,19 +335,12 @@ class FrameParser:
                         return None
                     length = int(value)
                     break
-        if length >= 0:
-            end = body_start + length
-            if len(buf) <= end or buf[end] != _NUL:
-                return None
-        else:
-            end = buf.find(b"\0", body_start, pos + limits.max_frame_bytes + 1)
-            if end < 0:
-                return None
-        if end - pos > limits.max_frame_bytes:
+        end = frame_end(buf, pos, body_start, length, limits)
+        if end < 0:
             return None
         if "\\" in text and self._version != "1.0" and command not in NEVER_ESCAPED:
             headers = _unescaped(headers, self._version)
-        frame = trusted_frame(command, headers, _body(buf, body_start, end))
+        frame = trusted_frame(command, headers, copy_out(buf, body_start, end))
         self._pos = end + 1
         if end - pos >= _COMPACT_BYTES:
             self._release(buf)
@@ -537,7 +542,7 @@ class FrameParser:
                 self._check_eof()
                 self._scan = size
                 return NEED_DATA
-        body = _body(buf, body_start, end)
+        body = copy_out(buf, body_start, end)
         command = self._command
         assert command is not None
         frame = trusted_frame(command, self._unescape_headers(command), body)

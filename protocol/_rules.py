@@ -29,6 +29,7 @@ from operator import itemgetter
 
 from ._errors import remote_error
 from ._frame import Command, Frame
+from ._raw import RawFrame
 
 __all__: list[str] = []
 
@@ -111,3 +112,16 @@ def check_frame(frame: Frame, version: str) -> None:
             f"{command} frame must not have a body",
             "Only SEND, MESSAGE and ERROR frames may have a body (STOMP 1.2 'Body').",
         )
+
+
+def check_raw(frame: RawFrame, version: str) -> None:
+    """:func:`check_frame` for a :class:`RawFrame`: its required headers are looked up in its
+    bytes; a frame that breaks a rule is parsed, and :func:`check_frame` raises the error."""
+    command = frame.command
+    if (
+        (command is Command.NACK and version == "1.0")
+        or (command is Command.UNSUBSCRIBE and version == "1.0")
+        or (frame.body_length and command not in _BODY_ALLOWED)
+        or not all(frame.has(name) for name in _REQUIRED[version].get(command, ()))
+    ):
+        check_frame(frame.to_frame(), version)

@@ -23,7 +23,7 @@ import trio
 
 import protocol
 from config import REDACTED, Broker, Config
-from protocol import Command, ConnectionClosed, Frame, HeartBeat
+from protocol import Command, ConnectionClosed, Frame, HeartBeat, RawFrame
 from proxy.tls import (
     CLOSED_IN_HANDSHAKE,
     DIAGNOSIS_SECONDS,
@@ -136,7 +136,7 @@ class Upstream:
         """Write a frame to the broker. Raises :class:`TransportLost` if the leg is broken."""
         await self.wire.send(frame)
 
-    def queue(self, frame: Frame) -> None:
+    def queue(self, frame: Frame | RawFrame) -> None:
         """Queue a frame for the broker without I/O; it leaves at the next :meth:`flush`
         (:meth:`FrameStream.queue`). Raises :class:`TransportLost` if the leg is broken."""
         self.wire.queue(frame)

@@ -22,13 +22,16 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from protocol import Frame
+from protocol import Command, Frame, RawFrame
 
 __all__ = ["ConfirmationWindow", "Entry", "EntryContext", "WindowStatistics", "frame_size"]
 
 
-def frame_size(frame: Frame) -> int:
-    """Bytes a frame counts against the window: about its size on the wire."""
+def frame_size(frame: Frame | RawFrame) -> int:
+    """Bytes a frame counts against the window: about its size on the wire (exactly, for a
+    :class:`protocol.RawFrame`, whose head is ASCII: the same number either way)."""
+    if isinstance(frame, RawFrame):
+        return frame.size
     size = len(frame.command) + len(frame.body) + 3
     for name, value in frame.headers:
         size += len(name) + len(value) + 2
@@ -50,7 +53,10 @@ class Entry:
 
     Attributes:
         seq: position in the session's upstream stream (1-based, never reused).
-        frame: the frame as sent upstream (sidecar receipt id, duplicate-detection id).
+        held: the frame as sent upstream (sidecar receipt id, duplicate-detection id), as a
+            :class:`protocol.RawFrame` (its bytes) when it came by the fast lane.
+        frame: ``held`` as a :class:`Frame` (a RawFrame is parsed once, when first asked:
+            replays and reports; the bytes it writes are the same).
         size: bytes counted against the window.
         app_receipt: the receipt id the app asked for, if any (answered when confirmed).
         receipt: the sidecar's receipt id requested on this frame, if any.
@@ -69,7 +75,7 @@ class Entry:
     """
 
     seq: int
-    frame: Frame
+    held: Frame | RawFrame
     size: int
     app_receipt: str | None
     receipt: str | None
@@ -84,11 +90,28 @@ class Entry:
     deferred: bool = False
 
     @property
+    def frame(self) -> Frame:
+        """``held`` as a :class:`Frame`; a RawFrame is parsed now, and kept parsed."""
+        held = self.held
+        if isinstance(held, RawFrame):
+            held = self.held = held.to_frame()
+        return held
+
+    @frame.setter
+    def frame(self, frame: Frame) -> None:
+        self.held = frame
+
+    @property
+    def command(self) -> Command:
+        """The frame's command (without parsing a RawFrame)."""
+        return self.held.command
+
+    @property
     def label(self) -> str:
         """How reports name this frame: the app's receipt id, else ``COMMAND #seq``."""
         if self.app_receipt is not None:
             return self.app_receipt
-        return f"{self.frame.command} #{self.seq}"
+        return f"{self.command} #{self.seq}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +194,7 @@ class ConfirmationWindow:
 
     def append(
         self,
-        frame: Frame,
+        frame: Frame | RawFrame,
         *,
         app_receipt: str | None,
         want_receipt: bool | None,
@@ -258,7 +281,7 @@ class ConfirmationWindow:
             return
         receipt = f"{self.receipt_prefix}{entry.seq}"
         entry.receipt = receipt
-        entry.frame = entry.frame.with_header("receipt", receipt)
+        entry.held = entry.held.with_header("receipt", receipt)
         self._register(receipt, entry)
 
     def drop(self, entry: Entry) -> None:

@@ -27,7 +27,7 @@ import socket
 import trio
 
 import protocol
-from protocol import NEED_DATA, ConnectionClosed, Frame, HeartBeat
+from protocol import NEED_DATA, ConnectionClosed, Frame, HeartBeat, RawFrame
 
 __all__ = ["FrameStream", "HeartBeatTimeout", "TransportLost", "send_heartbeats"]
 
@@ -136,8 +136,9 @@ class FrameStream:
         self.queue(frame, fatal=fatal)
         await self.flush()
 
-    def queue(self, frame: Frame, *, fatal: bool = True) -> None:
-        """Serialize ``frame`` into the out-buffer; no I/O. The bytes leave at the next
+    def queue(self, frame: Frame | RawFrame, *, fatal: bool = True) -> None:
+        """Serialize ``frame`` into the out-buffer (a :class:`protocol.RawFrame`: its bytes,
+        :meth:`protocol.Connection.send`); no I/O. The bytes leave at the next
         :meth:`flush` (or :meth:`send`) on this stream, by whichever task calls it.
 
         Raises:
@@ -251,11 +252,25 @@ class FrameStream:
             HeartBeatTimeout: nothing arrived within the negotiated receive interval * grace.
             protocol.RemoteProtocolError: the peer sent garbage (carries the ERROR to answer).
         """
+        event = await self.receive_fast_event(fast=False)
+        assert not isinstance(event, RawFrame)
+        return event
+
+    async def receive_fast_event(
+        self, *, fast: bool = True
+    ) -> Frame | RawFrame | HeartBeat | ConnectionClosed:
+        """:meth:`receive_event`, with the frames of the connection's ``raw_commands`` as
+        :class:`protocol.RawFrame` (:meth:`protocol.Connection.next_fast_event`): the fast
+        lane's reads. ``fast=False``: never.
+
+        Raises: as :meth:`receive_event`.
+        """
+        conn = self.conn
         while True:
-            event = self.conn.next_event()
+            event = conn.next_fast_event() if fast else conn.next_event()
             if event is not NEED_DATA:
                 assert not isinstance(event, protocol.NeedData)
-                if isinstance(event, Frame):
+                if isinstance(event, Frame | RawFrame):
                     self.frames_in += 1
                 return event
             data: bytes | bytearray
@@ -272,7 +287,7 @@ class FrameStream:
             self.bytes_in += len(data)
             if self.timer is not None:
                 self.timer.data_received(trio.current_time())
-            self.conn.receive_data(bytes(data))
+            conn.receive_data(bytes(data))
 
     def _silence(self) -> HeartBeatTimeout:
         # The interval silence is judged by (start_heartbeats), not always the negotiated one.
@@ -335,10 +350,19 @@ class FrameStream:
         Lets a reader see whether a frame is the last of a burst, which gets a receipt so that
         a session going idle is confirmed (docs/behaviour.md, "Confirmation window").
         """
-        event = self.conn.next_event()
+        event = self.next_buffered_fast(fast=False)
+        assert not isinstance(event, RawFrame)
+        return event
+
+    def next_buffered_fast(
+        self, *, fast: bool = True
+    ) -> Frame | RawFrame | HeartBeat | ConnectionClosed | None:
+        """:meth:`next_buffered` as :meth:`receive_fast_event` reads (``fast=False``: as
+        :meth:`receive_event`)."""
+        event = self.conn.next_fast_event() if fast else self.conn.next_event()
         if isinstance(event, protocol.NeedData):
             return None
-        if isinstance(event, Frame):
+        if isinstance(event, Frame | RawFrame):
             self.frames_in += 1
         return event
 

@@ -8,6 +8,15 @@ broker's answer reaches the app: the broker judges what is not the sidecar's to 
 the sidecar itself must refuse (its own limits and ids) gets an ERROR:
 :class:`proxy.tracking.FrameRejected` refuses that frame and keeps the session,
 :class:`proxy.tracking.SessionError` ends it.
+
+The fast lane (docs/architecture.md, "The fast lane"): an ordinary SEND outside transactions,
+while the session runs on a ready leg, is read, spliced, kept in the window and written as its
+bytes (:class:`protocol.RawFrame`), by the same handler as any SEND; anything else is parsed.
+Scheduling, chosen for the cost of a trip through trio's scheduler against fairness: one read
+(up to ``proxy.wire.RECEIVE_SIZE`` bytes) per wakeup, every complete frame of it handled
+without a checkpoint of its own (a frame's awaits yield only for a full window, an out-buffer
+past ``FLUSH_THRESHOLD`` or a failback's hold), one write per burst. Cancellation is seen at
+the next read; other sessions wait for at most one read's worth of frames.
 """
 
 from __future__ import annotations
@@ -20,18 +29,18 @@ import trio
 
 import protocol
 from config import TransactionFailover
-from protocol import Command, ConnectionClosed, Frame, HeartBeat
+from protocol import Command, ConnectionClosed, Frame, HeartBeat, RawFrame
 from proxy.session.confirmations import Confirmations
 from proxy.session.control import SCOPE_HEADER, ControlChannel, scope_refused
 from proxy.session.core import SessionCore, log
 from proxy.session.ending import Ending, error_frame, summary
 from proxy.session.held import HeldTransactions
 from proxy.session.outcomes import report_of_frame, unsettled
+from proxy.session.phase import Phase
+from proxy.session.sends import UpstreamSends
 from proxy.session.spool import Spool
 from proxy.session.to_app import AppOutput
 from proxy.tracking import (
-    ARTEMIS_DUPLICATE_ID,
-    DUPLICATE_ID_HEADER,
     PASS_THROUGH,
     TRANSACTION_OVERHEAD,
     DurableRemoval,
@@ -80,7 +89,8 @@ class AppSide:
         #: :meth:`use_spool`).
         self.spool: Spool | None = None
         self.held: HeldTransactions | None = None
-        self._dup_seq = 0
+        #: SENDs as they go upstream (their duplicate-detection ids).
+        self.sends = UpstreamSends(core)
         #: Transactions the sidecar aborted (max_transaction_size), newest last, at most
         #: :data:`_ABORTED_REMEMBERED`: their later frames are the sidecar's to refuse.
         self._aborted: OrderedDict[str, str] = OrderedDict()
@@ -89,7 +99,7 @@ class AppSide:
         #: Set when the drain has stopped the reading: every frame read is in the window.
         self.reading_stopped = trio.Event()
         #: The frame read ahead of the one being handled (None between bursts).
-        self._upcoming: Frame | HeartBeat | ConnectionClosed | None = None
+        self._upcoming: Frame | RawFrame | HeartBeat | ConnectionClosed | None = None
         self._handlers: dict[Command, _Handler] = {
             Command.SEND: self._send,
             Command.SUBSCRIBE: self._subscribe,
@@ -106,7 +116,7 @@ class AppSide:
         """Outbox mode: SENDs the outbox takes are stored (:mod:`proxy.session.spool`), and
         transactions of only such SENDs are held until COMMIT (:mod:`proxy.session.held`)."""
         self.spool = spool
-        self.held = HeldTransactions(self.core, self.out, spool, self.upstream_send, self._handlers)
+        self.held = HeldTransactions(self.core, self.out, spool, self.sends.parsed, self._handlers)
 
     def not_taken(self) -> list[tuple[Frame, str | None]]:
         """The frames read from the app that are not in the window, with their receipt ids
@@ -116,8 +126,9 @@ class AppSide:
         held = self.confirmations.waiting
         out = [held] if held is not None else []
         upcoming = self._upcoming
-        while isinstance(upcoming, Frame):
-            out.append((upcoming, upcoming.get("receipt")))
+        while isinstance(upcoming, Frame | RawFrame):
+            frame = upcoming.to_frame() if isinstance(upcoming, RawFrame) else upcoming
+            out.append((frame, frame.get("receipt")))
             try:
                 upcoming = self.core.app.next_buffered()
             except protocol.RemoteProtocolError:
@@ -148,7 +159,7 @@ class AppSide:
             self._read_scope = trio.CancelScope()
             try:
                 with self._read_scope:  # a cancelled read loses no byte (trio streams)
-                    event = await core.app.receive_event()
+                    event = await core.app.receive_fast_event()
                 if self._read_scope.cancelled_caught:
                     continue
             except HeartBeatTimeout as exc:
@@ -178,24 +189,32 @@ class AppSide:
                     core.end(Ending("app closed the connection"))
                     return
                 try:
-                    upcoming = core.app.next_buffered()
+                    upcoming = core.app.next_buffered_fast()
                 except protocol.RemoteProtocolError as exc:
                     upcoming = None  # reported when read again, after this frame
                     core.app_broke = exc
                 self._upcoming = upcoming
                 if core.app_hold is not None:
                     await core.frame_boundary()  # a failback holds the app (session.link)
-                if isinstance(event, Frame) and await self._dispatch(event, upcoming is None):
+                if isinstance(event, Frame | RawFrame) and await self._dispatch(
+                    event, upcoming is None
+                ):
                     return
                 if upcoming is None:
                     del event  # an idle session holds no frame of its app's (a large one...)
                     break
                 event = upcoming
 
-    async def _dispatch(self, frame: Frame, idle: bool) -> bool:
+    async def _dispatch(self, frame: Frame | RawFrame, idle: bool) -> bool:
         """Handle one app frame; True when the session is over (DISCONNECT, or a
-        :class:`SessionError` that ended it)."""
+        :class:`SessionError` that ended it). A :class:`protocol.RawFrame` takes the fast
+        lane when :meth:`_fast_lane` allows, else it is parsed and handled as any frame."""
         core = self.core
+        if isinstance(frame, RawFrame):
+            if self._fast_lane(frame):
+                # A SEND outside transactions: nothing in _send can refuse it.
+                return await self._send(frame, idle)
+            frame = frame.to_frame()
         handler = self._handlers.get(frame.command)
         try:
             if handler is None:  # CONNECT/STOMP again: protocol.Connection rejects these first
@@ -254,38 +273,23 @@ class AppSide:
             context=PASS_THROUGH,
         )
 
-    # -- one handler per command ------------------------------------------------------------
+    def _fast_lane(self, frame: RawFrame) -> bool:
+        """Whether a SEND read as its bytes goes on as bytes (docs/architecture.md, "The
+        fast lane"): the session is RUNNING on a leg that takes frames as they come (not
+        reconnecting, no restore writing the window) and the SEND names no transaction (a
+        tracked transaction's frames are charged, held and re-run: the general path). What
+        the SEND then goes through (:meth:`UpstreamSends.upstream`, the window, the leg) is the
+        general path's code on the bytes, which writes what the general path writes."""
+        core = self.core
+        return (
+            frame.command is Command.SEND
+            and self.spool is None  # the outbox stores Frames (docs/outbox.md)
+            and core.link_ready
+            and core.phase is Phase.RUNNING
+            and not frame.has("transaction")
+        )
 
-    def upstream_send(self, frame: Frame) -> tuple[Frame, str | None]:
-        """An app SEND as it goes upstream, and the app's receipt id, in one pass over the
-        headers (the hot path): every ``receipt`` entry removed (the sidecar requests its
-        own), and the duplicate-detection id added: ``mq-sidecar-id``, kept when the app set
-        one, and the same value as Artemis' ``_AMQ_DUPL_ID`` unless present or the leg is a
-        broker that ignores it (:attr:`proxy.upstream.Upstream.artemis_duplicate_ids`). A
-        frame replayed on a new leg keeps the headers it was made with."""
-        app_receipt: str | None = None
-        dup_id: str | None = None
-        artemis = False
-        headers: list[tuple[str, str]] = []
-        for item in frame.headers:
-            name = item[0]
-            if name == "receipt":
-                if app_receipt is None:
-                    app_receipt = item[1]
-                continue
-            if name == DUPLICATE_ID_HEADER:
-                if dup_id is None:
-                    dup_id = item[1]
-            elif name == ARTEMIS_DUPLICATE_ID:
-                artemis = True
-            headers.append(item)
-        if dup_id is None:
-            self._dup_seq += 1
-            dup_id = f"{self.core.id}-{self._dup_seq}"
-            headers.append((DUPLICATE_ID_HEADER, dup_id))
-        if not artemis and self.core.artemis_ids:
-            headers.append((ARTEMIS_DUPLICATE_ID, dup_id))
-        return Frame.unchecked(Command.SEND, tuple(headers), frame.body), app_receipt
+    # -- one handler per command ------------------------------------------------------------
 
     def _spooled(self, frame: Frame) -> bool:
         """A SEND outside a transaction to a destination the outbox takes (docs/outbox.md).
@@ -298,17 +302,20 @@ class AppSide:
             and spool.spools(frame)
         )
 
-    async def _send(self, frame: Frame, idle: bool) -> bool:
+    async def _send(self, frame: Frame | RawFrame, idle: bool) -> bool:
         state = self.core.state
         assert state is not None
-        up, app_receipt = self.upstream_send(frame)
+        up, app_receipt = self.sends.upstream(frame)
         spool = self.spool
-        if spool is not None and self._spooled(frame):
+        if spool is not None and isinstance(frame, Frame) and self._spooled(frame):
             # Stored, answered once durable, forwarded by the spool (not in the window now).
+            # A session with an outbox takes no fast lane (_fast_lane): `up` is a Frame.
+            assert isinstance(up, Frame)
             if spool.add(up, app_receipt) or idle:
                 await spool.write()
             return False
-        tx = state.transaction_of(frame)
+        # A RawFrame names no transaction (_fast_lane).
+        tx = None if isinstance(frame, RawFrame) else state.transaction_of(frame)
         if tx is not None and tx.rolled_back:
             await self.out.answer_locally(app_receipt)  # COMMIT will fail, ABORT succeeds
             return False

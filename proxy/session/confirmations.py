@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import trio
 
-from protocol import Command, Frame
+from protocol import Command, Frame, RawFrame
 from proxy.events import FrameReport
 from proxy.session.control import ControlChannel
 from proxy.session.core import SessionCore, log
@@ -66,7 +66,7 @@ class Confirmations:
 
     async def submit(
         self,
-        frame: Frame,
+        frame: Frame | RawFrame,
         *,
         app_receipt: str | None,
         idle: bool,
@@ -87,7 +87,8 @@ class Confirmations:
         size = frame_size(frame)
         if not window.has_room(size):
             core.metrics.window_full()
-            self.waiting = (frame, app_receipt)
+            held = frame.to_frame() if isinstance(frame, RawFrame) else frame
+            self.waiting = (held, app_receipt)
             try:
                 await self.flush_upstream()  # the receipts that make room answer queued frames
                 # Only a pending receipt makes room; with none, the frame goes in after what
@@ -134,7 +135,7 @@ class Confirmations:
 
     def _append(
         self,
-        frame: Frame,
+        frame: Frame | RawFrame,
         app_receipt: str | None,
         want_receipt: bool | None,
         context: EntryContext | None,
@@ -164,14 +165,15 @@ class Confirmations:
             # receipt is unanswered). Every app frame is read inside the app nursery.
             self.watching = True
             core.app_nursery.start_soon(self.watch_call_timeouts)
-        core.metrics.frame_to_broker(frame.command, len(frame.body))
+        body = frame.body_length if isinstance(frame, RawFrame) else len(frame.body)
+        core.metrics.frame_to_broker(frame.command, body)
         upstream = core.upstream
         if core.link_ready and upstream is not None:
             if core.state is not None:  # the order the leg names temporary destinations
-                core.state.temps.note(entry.frame)
+                core.state.temps.note(entry.held)
             try:
                 entry.sent_at = now
-                upstream.queue(entry.frame)
+                upstream.queue(entry.held)
                 entry.sent = True
             except TransportLost:
                 pass  # the link task sees the loss and replays the window
@@ -203,16 +205,14 @@ class Confirmations:
                 self.on_spooled(entry.context)
             if entry.receipt == receipt and entry.sent_at:
                 metrics.receipt_roundtrip(now - entry.sent_at)
-            if entry.frame.command is Command.COMMIT:
+            if entry.command is Command.COMMIT:
                 metrics.transaction(TransactionOutcome.COMMITTED)
                 if isinstance(entry.context, Transaction):
                     entry.context.finished()
             if entry.app_receipt is not None and not entry.answered:
                 entry.answered = True
                 metrics.frame_to_app(Command.RECEIPT, 0)
-                await self.out.send(
-                    Frame(Command.RECEIPT, (("receipt-id", entry.app_receipt),)), flush=False
-                )
+                await self.out.send(_receipt(entry.app_receipt), flush=False)
             if entry is core.disconnect_entry:
                 # The app's RECEIPT must be written before the session ends: once
                 # `disconnected` is set the app side ends the session and cancels this relay.
@@ -294,7 +294,7 @@ class Confirmations:
         state = "while reconnecting" if core.phase is Phase.RECONNECTING else "by the broker"
         reports = []
         for entry in due:
-            command = entry.frame.command
+            command = entry.command
             if entry.confirmed:
                 # Its RECEIPT came while the send lock was awaited (marked answered, so the
                 # confirmation wrote none): it is plainly confirmed after all.
@@ -330,3 +330,10 @@ class Confirmations:
         await self.control.report(
             reports, f"not confirmed {state} within call_timeout ({core.config.call_timeout} ms)"
         )
+
+
+def _receipt(receipt_id: str) -> Frame | RawFrame:
+    """The app's RECEIPT for ``receipt_id``: as bytes when the id needs no escaping (the fast
+    lane; the same bytes in any version), else a Frame."""
+    headers = (("receipt-id", receipt_id),)
+    return RawFrame.build(Command.RECEIPT, headers) or Frame(Command.RECEIPT, headers)

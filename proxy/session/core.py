@@ -18,7 +18,7 @@ import trio
 
 import protocol
 from config import Config, Durations
-from protocol import Frame
+from protocol import Command, Frame
 from proxy.events import EventBus
 from proxy.failover import Attempt
 from proxy.metrics import Metrics
@@ -41,6 +41,9 @@ log = logging.getLogger("mq_sidecar.session")
 UPSTREAM_HEADROOM = 1 << 20
 #: Header entries a broker leg's frame may have (at least).
 UPSTREAM_MAX_HEADERS = 1 << 16
+#: The app's frames read as their bytes while the session runs (the fast lane, the app
+#: side's ``_fast_lane``; docs/architecture.md, "The fast lane"). Empty: every frame is parsed.
+APP_FAST_LANE: frozenset[Command] = frozenset({Command.SEND})
 #: Seconds allowed for a goodbye (DISCONNECT receipt, final ERROR) when a session ends.
 GOODBYE_TIMEOUT = 2.0
 #: Seconds after a broker's ERROR within which its closing the connection is taken as the
@@ -116,6 +119,7 @@ class SessionCore:
             protocol.Connection(protocol.Role.SERVER, self.limits, judge_frames=False),
             grace=config.heartbeat_grace,
         )
+        self.app.conn.raw_commands = APP_FAST_LANE
         self.state: SessionState | None = None
         self.window = ConfirmationWindow(
             config.confirmation_window_size, receipt_prefix=f"{session_id}-r"

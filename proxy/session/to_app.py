@@ -11,7 +11,7 @@ import logging
 import trio
 
 import protocol
-from protocol import Command, Frame
+from protocol import Command, Frame, RawFrame
 from proxy.session.acks import SidecarAcks
 from proxy.session.core import SessionCore, log
 from proxy.session.ending import Ending
@@ -33,8 +33,9 @@ class AppOutput:
         #: one burst: the relay flushes at the end of each, and after ``max_unacked`` ACKs).
         self.seen: list[tuple[str, str]] = []
 
-    async def send(self, frame: Frame, *, flush: bool = True) -> None:
+    async def send(self, frame: Frame | RawFrame, *, flush: bool = True) -> None:
         """Write to the app; if the app is gone, end the session (and unwind the caller).
+        A :class:`protocol.RawFrame` is written as its bytes (the fast lane).
 
         ``flush=False`` only queues the frame (the upstream relay flushes at the end of a
         burst, :meth:`flush`). An ERROR written here rejects one frame and keeps the session
@@ -48,6 +49,8 @@ class AppOutput:
             core.end(Ending(f"app connection lost: {exc}"))
             await trio.lowlevel.checkpoint()  # raises Cancelled: end() cancelled our scope
         except protocol.LocalProtocolError:
+            if isinstance(frame, RawFrame):
+                frame = frame.to_frame()
             if app.conn.state in (protocol.State.ERROR, protocol.State.CLOSED):
                 # The app broke the protocol (its next frame, already read ahead, or a frame
                 # cut off by EOF while this relay handled a burst) or left: its connection

@@ -24,7 +24,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from protocol import Command, Frame
+from protocol import Command, Frame, RawFrame
 from proxy.tracking.records import Subscription
 
 __all__ = [
@@ -138,18 +138,15 @@ class TempNames:
             return None
         return t.broker_name
 
-    def note(self, frame: Frame) -> None:
+    def note(self, frame: Frame | RawFrame) -> None:
         """A frame the current leg sends (every one, in order): the temporary destinations it
         makes the broker create (module docstring)."""
         command = frame.command
         if command is Command.SEND:
-            destination = reply_to = None
-            for name, value in frame.headers:
-                if name == "destination":
-                    if destination is None:
-                        destination = value
-                elif name == "reply-to" and reply_to is None:
-                    reply_to = value
+            if isinstance(frame, RawFrame) and frame.data.find(b":/temp-", 0, frame.head_end) < 0:
+                return  # no header value names a temporary destination (the fast lane)
+            destination = frame.get("destination")
+            reply_to = frame.get("reply-to")
             if destination is not None and self._style == "activemq":
                 self._made_by(destination)
             if reply_to is not None:
