@@ -291,6 +291,7 @@ async def open_outbox(config: Config) -> AsyncIterator[OutboxService]:
             be created or written, or holds a database this sidecar cannot use.
     """
     store = await trio.to_thread.run_sync(partial(_open_store, config))
+    committer: GroupCommitter | None = None
     try:
         log_recovery(store.recovery)
         async with open_group_committer(store) as committer:
@@ -305,5 +306,9 @@ async def open_outbox(config: Config) -> AsyncIterator[OutboxService]:
             with trio.CancelScope(shield=True):
                 await service.seen.write()  # what the last sessions settled (one commit)
     finally:
-        with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(store.close)
+        if committer is not None:
+            # After any read still running in the worker slot (a session that is ending).
+            await committer.close_store()
+        else:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(store.close)

@@ -301,6 +301,15 @@ class GroupCommitter:
     async def _read(self, fn: Callable[[], T]) -> T:
         return await trio.to_thread.run_sync(fn, limiter=self._limiter)
 
+    async def close_store(self) -> None:
+        """Close the store in the committer's worker slot, after the read or write in
+        progress: a read of a session that is still ending runs in its own thread, and a
+        connection closed under it from another thread crashes the process (sqlite3 objects
+        are not safe to close while in use; seen as a segmentation fault). Reads after it
+        raise :class:`OutboxError` (closed). Shielded: the store closes either way."""
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(self.store.close, limiter=self._limiter)
+
     async def pending(
         self, session_key: str, *, after_seq: int = 0, limit: int = 1000
     ) -> tuple[StoredFrame, ...]:

@@ -19,6 +19,7 @@ import trio.testing
 
 from proxy.outbox import (
     OutboxClosed,
+    OutboxError,
     OutboxFull,
     OutboxFullTimeout,
     OutboxStore,
@@ -237,3 +238,44 @@ async def test_seen_ids_and_reads_go_through_the_committer(tmp_path: Path) -> No
             assert [f.sidecar_id for f in await committer.pending("s", after_seq=1)] == ["id-2"]
             assert [b.frames for b in await committer.backlog()] == [2]
             assert (await committer.depth()).bytes == 2 * ONE
+
+
+async def test_the_store_closes_only_after_the_read_in_progress(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session still ending may be reading in its worker thread when the sidecar closes the
+    outbox: the close waits for that read (closing the connection under it crashed the
+    process with a segmentation fault in CI), and a read after it raises OutboxError (closed),
+    never a crash."""
+    entered, release = threading.Event(), threading.Event()
+    with trio.fail_after(GUARD), OutboxStore.open(tmp_path, max_bytes=1 << 20) as store:
+        pending = store.pending
+
+        def slow_pending(key: str, *, after_seq: int = 0, limit: int = 1000) -> object:
+            entered.set()
+            release.wait(GUARD)
+            return pending(key, after_seq=after_seq, limit=limit)
+
+        monkeypatch.setattr(store, "pending", slow_pending)
+        order: list[str] = []
+        async with open_group_committer(store) as committer:
+            await committer.append("s", [frame(1)])
+
+            async def read() -> None:
+                frames = await committer.pending("s")
+                order.append(f"read {len(frames)}")
+
+            async def close() -> None:
+                await committer.close_store()
+                order.append("closed")
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(read)
+                assert await trio.to_thread.run_sync(entered.wait, GUARD)
+                nursery.start_soon(close)
+                await trio.testing.wait_all_tasks_blocked()
+                assert order == []  # the close waits for the worker slot
+                release.set()
+        assert order == ["read 1", "closed"]
+        with pytest.raises(OutboxError):
+            store.pending("s")
