@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from bench.report import write_document
 from bench.sidecar import SidecarProcess
 from bench.workloads import BrokerCtx, Settings, bench_broker
 from bench.workloads.throughput import WORKLOADS, run_once
@@ -319,8 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.micro_only:
         result["sidecar"] = run_sidecars(args.broker, args.workloads, args.n, args.reps)
     result["loadavg_end"] = os.getloadavg()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_document(args.out, result)
     print(f"\nwritten to {args.out}")
     return 0
 

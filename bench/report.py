@@ -238,5 +238,11 @@ def print_outbox_table(rows: list[Row]) -> str:
 
 def write_json(path: Path, rows: list[Row]) -> None:
     """Write ``rows`` as a JSON list (one object per row) to ``path``, creating its folder."""
+    write_document(path, [r.to_json() for r in rows])
+
+
+def write_document(path: Path, document: object) -> None:
+    """Write ``document`` as indented JSON to ``path``, creating its folder (values JSON does
+    not know, such as a Path, as their ``str``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps([r.to_json() for r in rows], indent=2) + "\n")
+    path.write_text(json.dumps(document, indent=2, default=str) + "\n")

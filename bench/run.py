@@ -49,7 +49,7 @@ from typing import Any
 from bench import loadgen
 from bench.goals import format_goals, goal_lines
 from bench.loadgen import RawStomp
-from bench.report import Row, print_outbox_table, print_table, write_json
+from bench.report import Row, print_outbox_table, print_table, write_document, write_json
 from bench.workloads import TARGETS, BrokerCtx, Settings, bench_broker
 from bench.workloads.failover import run_blackhole, run_kill9, run_reset
 from bench.workloads.latency import run_latency
@@ -430,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(failures)} failure(s):\n  " + "\n  ".join(failures))
     write_json(args.out, rows)
     meta_path = args.out.with_name(args.out.stem + "-meta.json")
-    meta_path.write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    write_document(meta_path, meta)
     return 1 if failures else 0
 
 

@@ -31,7 +31,6 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import signal
 import subprocess
@@ -46,6 +45,7 @@ from bench import loadgen
 from bench.loadgen import RawStomp
 from bench.procstat import cpu_split, run_ns
 from bench.relay import RelayProcess
+from bench.report import write_document
 from bench.workloads import BrokerCtx, Settings, bench_broker
 from protocol import _native
 
@@ -369,8 +369,7 @@ def main(argv: list[str] | None = None) -> int:
             for t, m in measured.items()
         },
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    write_document(args.out, results)
     print(f"written to {args.out}")
     return 0
 
