@@ -27,7 +27,7 @@ from proxy.vocabulary import FrameOutcome, OutcomeCause, TransactionOutcome
 from proxy.window import Entry, EntryContext, frame_size
 from proxy.wire import TransportLost
 
-__all__ = ["ALWAYS_RECEIPTED", "Confirmations"]
+__all__ = ["ALWAYS_RECEIPTED", "WATCH_RECHECK", "Confirmations"]
 
 #: Commands that always carry a sidecar receipt: each changes session state a restore must
 #: know the outcome of (docs/behaviour.md, "Confirmation window").
@@ -42,6 +42,10 @@ ALWAYS_RECEIPTED = frozenset(
     }
 )
 
+
+#: Seconds the ``call_timeout`` watch sleeps at most before it looks at the window again: the
+#: watch of a session gone idle ends within this (:meth:`Confirmations.watch_call_timeouts`).
+WATCH_RECHECK = 1.0
 
 #: Frames whose receipt RabbitMQ sends only when their transaction commits.
 _DEFERRED_IN_TRANSACTION = frozenset({Command.SEND, Command.ACK, Command.NACK})
@@ -248,8 +252,9 @@ class Confirmations:
         "unblocking calls"; JEUS request-blocking-time): the app is never left waiting
         forever, and a frame that was never sent is dropped. Every frame due at once is
         answered together, and named in one OUTCOME event. Runs while an app receipt is
-        unanswered (started by the append of one, in the app nursery): an idle session has no
-        task for it (the memory of 1,000 idle sessions, docs/architecture.md)."""
+        unanswered (started by the append of one, in the app nursery) and ends within
+        :data:`WATCH_RECHECK` seconds of the last one answered: an idle session has no task
+        for it (the memory of 1,000 idle sessions, docs/architecture.md)."""
         core = self.core
         timeout = core.durations.call_timeout
         while True:
@@ -260,14 +265,18 @@ class Confirmations:
                 self.watching = False
                 return
             deadline = entry.enqueued_at + timeout
-            if trio.current_time() < deadline:
+            now = trio.current_time()
+            if now < deadline:
                 # Entries are in the order the app handed them over, so no later one is due
                 # sooner: sleep to this deadline and look again (the entry may be answered by
-                # then), rather than waking on every window change (every relayed frame).
+                # then), rather than waking on every window change (every relayed frame); at
+                # most WATCH_RECHECK at a time, so the watch of a session gone idle ends
+                # within that and the idle session holds no task for it (one wakeup a
+                # second of a busy session's, against a task per idle one).
                 # Not holding the entry meanwhile: once confirmed, its frame (a large body)
                 # leaves memory now, not at the deadline.
                 entry = None
-                await trio.sleep_until(deadline)
+                await trio.sleep_until(min(deadline, now + WATCH_RECHECK))
                 continue
             due: list[Entry] = []
             while entry is not None and entry.enqueued_at + timeout <= trio.current_time():

@@ -16,6 +16,7 @@ from protocol import Command, Frame
 from proxy.events import EventKind, FrameReport, SessionEvent
 from proxy.logs import OUTCOME_NAMES_PER_LINE, log_session_event
 from proxy.metrics import Metrics
+from proxy.session.confirmations import WATCH_RECHECK
 from proxy.tracking import DUPLICATE_ID_HEADER
 from proxy.vocabulary import DrainResult, FrameOutcome, OutcomeCause
 from tests.proxy.scripted_broker import (
@@ -148,6 +149,35 @@ async def test_call_timeout_names_a_frame_on_the_live_leg_timed_out(
     assert error.get(DUPLICATE_ID_HEADER) == "s1-1"
     assert named(app) == [("SEND", "r1", "s1-1", "timed_out", "call_timeout")]
     assert outcomes(running, "timed_out") == 1
+
+
+async def test_the_call_timeout_watch_ends_soon_after_the_last_receipt_is_answered(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, network: Network
+) -> None:
+    """The watch runs while an app receipt waits and ends within WATCH_RECHECK of the last
+    one answered, not call_timeout later: an idle session holds no task for it (memory of
+    idle sessions, docs/architecture.md). A later receipt starts it again, and it still
+    times out what the broker never confirms."""
+    broker = network.add("broker", 61001)
+    running = await connected(nursery, network, broker, call_timeout=30_000)
+    app, confirmations = running.app, running.session.confirmations
+
+    def watching() -> bool:
+        return confirmations.watching
+
+    await app.send(Command.SEND, {"destination": QUEUE, "receipt": "r1"}, b"x")
+    await app.wait_receipt("r1")
+    assert watching()
+    await trio.sleep(WATCH_RECHECK + 0.1)
+    assert not watching()
+    broker.receipts = "hold"
+    await app.send(Command.SEND, {"destination": QUEUE, "receipt": "r2"}, b"y")
+    await broker.wait_for(Command.SEND, 2)
+    assert watching()
+    started = trio.current_time()
+    error = await app.wait_error()
+    assert error.get("receipt-id") == "r2"
+    assert 30.0 <= trio.current_time() - started <= 30.0 + WATCH_RECHECK
 
 
 async def test_call_timeout_while_reconnecting_names_unknown_and_lost_in_one_event(
