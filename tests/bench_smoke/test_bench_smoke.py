@@ -319,6 +319,24 @@ def test_syscalls_counts_both_relays(tmp_path: Path) -> None:
     assert "wakeups (epoll/poll/select)" in proc.stdout
 
 
+@pytest.mark.activemq
+def test_floor_measures_the_trio_relay_beside_the_sidecar(tmp_path: Path) -> None:
+    """``python -m bench.floor`` runs the trio relay and the sidecar in front of one broker
+    (about 15 s)."""
+    if not activemq_installed():
+        pytest.fail("ActiveMQ missing: run scripts/setup.sh", pytrace=False)
+    out = tmp_path / "floor.json"
+    args = ("--n", "50", "--warmup", "20", "--sessions", "20", "--idle", "0.2")
+    proc = _bench("floor", *args, "--out", str(out))
+    got = json.loads(out.read_text())
+    assert set(got["targets"]) == {"trio-relay", "sidecar"}
+    for figures in got["targets"].values():
+        assert figures["cpu_us"] > 0, figures
+        assert figures["rss_idle_mib"] > 0, figures
+        assert figures["rss_fresh_mib"] > 0, figures
+    assert "RSS per idle session" in proc.stdout
+
+
 def test_hot_functions_add_up_lines_and_leave_out_the_roots() -> None:
     collapsed = (
         "<module> (proxy/__main__.py:3);run (trio/_core/_run.py:9);f (proxy/a.py:10);"
