@@ -81,10 +81,14 @@ class FrameStream:
     I/O on a plain TCP socket takes a lean path: ``recv``/``send`` on the socket itself, with
     trio's ``wait_readable``/``wait_writable`` only when the kernel says EAGAIN, one
     scheduling checkpoint per read that did not wait (as trio's own ``receive_some``), none
-    after a write that completed at once (the relay's next read is one), and a cancel scope
-    for the heart-beat deadline only around an actual wait. trio's ``SocketStream`` pays an
-    async context manager, two checkpoints and a cancel scope per call: with one frame per
-    read (a synchronous request/reply) that was most of the sidecar's CPU.
+    after a write that completed at once (the relay's next read is one), and no cancel scope
+    for the heart-beat deadline while :func:`send_heartbeats` runs for the leg: that task
+    judges the peer's silence (it wakes at the deadline anyway, a read does not need to) and
+    wakes a reader it found silent with ``trio.lowlevel.notify_closing`` (the leg is over).
+    Without it (a handshake, a goodbye) a wait carries its own deadline scope. trio's
+    ``SocketStream`` pays an async context manager, two checkpoints and a cancel scope per
+    call: with one frame per read (a synchronous request/reply) that was most of the sidecar's
+    CPU.
     """
 
     def __init__(self, stream: trio.abc.Stream, conn: protocol.Connection, *, grace: float) -> None:
@@ -108,6 +112,10 @@ class FrameStream:
         #: the next read waits for readiness first instead of trying a read that would fail
         #: with EAGAIN (two system calls fewer per request/reply round trip, bench.syscalls).
         self._drained = False
+        #: :func:`send_heartbeats` judges the peer's silence for the reads (lean path only).
+        self._watched = False
+        #: It found the peer silent: every read raises :class:`HeartBeatTimeout` from now on.
+        self._silent = False
 
     def start_heartbeats(self, *, silence_ms: int = 0) -> None:
         """Arm the heart-beat timer once the CONNECT/CONNECTED exchange has negotiated it.
@@ -301,6 +309,24 @@ class FrameStream:
             f"(heart-beat {interval} ms x {self.grace})"
         )
 
+    def _bytes_waiting(self) -> bool:
+        """Whether the kernel holds bytes of the peer's not yet read (lean path; no I/O
+        beyond a non-blocking peek)."""
+        assert self._sock is not None
+        try:
+            return bool(self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True  # a reset or EOF: the reader is to find it, not a silence
+
+    def _found_silent(self) -> None:
+        """The peer is silent past its deadline: reads raise :class:`HeartBeatTimeout`, and a
+        reader waiting now is woken to raise it (so is a writer waiting: the leg is over)."""
+        self._silent = True
+        assert self._sock is not None
+        trio.lowlevel.notify_closing(self._sock)
+
     async def _receive_stream(self) -> bytes | bytearray:
         deadline = self.timer.receive_deadline() if self.timer is not None else None
         if deadline is None:
@@ -321,8 +347,11 @@ class FrameStream:
 
         Raises: trio.BrokenResourceError (reset, closed), HeartBeatTimeout, Cancelled.
         """
+        if self._silent:
+            raise self._silence()
         timer = self.timer
-        deadline = timer.receive_deadline() if timer is not None else None
+        watched = self._watched
+        deadline = timer.receive_deadline() if timer is not None and not watched else None
         # Read first, before any wait, when the last read filled its buffer (more may be
         # there: a stream) or when the silence deadline has passed (what came while the
         # reader paused is taken before silence is judged). After a short read the kernel
@@ -337,12 +366,19 @@ class FrameStream:
                 raise trio.BrokenResourceError(f"recv: {exc}") from exc
             else:
                 self._drained = len(data) < RECEIVE_SIZE
+                if timer is not None:  # now, not after the checkpoint: send_heartbeats may
+                    timer.data_received(trio.current_time())  # judge silence meanwhile
                 # As trio's receive_some: a checkpoint that cannot lose the bytes just read.
                 await trio.lowlevel.cancel_shielded_checkpoint()
                 return data
         while True:
             if deadline is None:
-                await trio.lowlevel.wait_readable(sock)
+                try:
+                    await trio.lowlevel.wait_readable(sock)
+                except trio.ClosedResourceError:
+                    if self._silent:  # woken by send_heartbeats (_found_silent)
+                        raise self._silence() from None
+                    raise
             else:
                 with trio.move_on_at(deadline) as scope:
                     await trio.lowlevel.wait_readable(sock)
@@ -351,7 +387,7 @@ class FrameStream:
             try:
                 data = sock.recv(RECEIVE_SIZE)
             except BlockingIOError:
-                deadline = timer.receive_deadline() if timer is not None else None
+                deadline = timer.receive_deadline() if timer is not None and not watched else None
                 continue
             except OSError as exc:
                 raise trio.BrokenResourceError(f"recv: {exc}") from exc
@@ -429,19 +465,36 @@ async def _send_all_raw(sock: socket.socket, data: bytes) -> None:
 
 
 async def send_heartbeats(fs: FrameStream) -> None:
-    """Keep ``fs`` alive: write an EOL whenever nothing was written for the send interval.
+    """Keep ``fs`` alive: write an EOL whenever nothing was written for the send interval;
+    on a plain TCP leg, also judge the peer's silence for its reader (:class:`FrameStream`):
+    past the receive deadline with nothing read and nothing waiting in the kernel, the reader
+    raises :class:`HeartBeatTimeout` (bytes waiting because the reader paused count as
+    received: the peer is not silent, as a reader judges, STOMP 1.2 "Heart-beating").
 
-    Runs until cancelled by its owner; returns at once when no heart-beats were negotiated.
-    Raises :class:`TransportLost` when the write fails.
+    Runs until cancelled by its owner, or until it found the peer silent; returns at once when
+    there is nothing to send or judge. Raises :class:`TransportLost` when a write fails.
     """
     timer = fs.timer
     if timer is None:
         return
-    while True:
-        deadline = timer.next_send_deadline()
-        if deadline is None:
-            return
-        if trio.current_time() >= deadline:
-            await fs.send_heartbeat()
-        else:
-            await trio.sleep_until(deadline)
+    watch = fs._sock is not None and timer.receive_deadline() is not None
+    fs._watched = watch
+    try:
+        while True:
+            send_at = timer.next_send_deadline()
+            silent_at = timer.receive_deadline() if watch else None
+            now = trio.current_time()
+            if silent_at is not None and now >= silent_at:
+                if not fs._bytes_waiting():
+                    fs._found_silent()
+                    return
+                timer.data_received(now)
+                continue
+            if send_at is not None and now >= send_at:
+                await fs.send_heartbeat()
+                continue
+            if send_at is None and silent_at is None:
+                return
+            await trio.sleep_until(min(t for t in (send_at, silent_at) if t is not None))
+    finally:
+        fs._watched = False

@@ -27,6 +27,7 @@ from proxy.session.ending import Ending, Loss
 from proxy.session.phase import Phase, PhaseMachine
 from proxy.tracking import SessionState
 from proxy.upstream import Upstream
+from proxy.vocabulary import ClientErrorReason
 from proxy.window import ConfirmationWindow, Entry
 from proxy.wire import FrameStream
 
@@ -286,6 +287,14 @@ class SessionCore:
                 self.advance(Phase.CLOSING)
         self.app_scope.cancel()
         self.link_scope.cancel()
+
+    def end_for_app_protocol_error(self, exc: protocol.RemoteProtocolError) -> None:
+        """End the session because the app broke STOMP: counted as a malformed frame, the
+        ERROR that ``exc`` carries answers the app, logged as a warning."""
+        self.metrics.client_protocol_error(ClientErrorReason.MALFORMED_FRAME)
+        self.end(
+            Ending(f"app protocol error: {exc}", app_error=exc.error_frame, level=logging.WARNING)
+        )
 
     def window_changed(self) -> None:
         """Wake the tasks waiting for the window to change (room, a new app receipt to

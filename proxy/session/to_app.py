@@ -6,7 +6,6 @@ messages in it may go upstream (:mod:`proxy.session.acks`)."""
 from __future__ import annotations
 
 import contextlib
-import logging
 
 import trio
 
@@ -15,7 +14,6 @@ from protocol import Command, Frame, RawFrame
 from proxy.session.acks import SidecarAcks
 from proxy.session.core import SessionCore, log
 from proxy.session.ending import Ending
-from proxy.vocabulary import ClientErrorReason
 from proxy.wire import TransportLost
 
 __all__ = ["AppOutput", "representable"]
@@ -57,14 +55,7 @@ class AppOutput:
                 # takes nothing but the ERROR that answers it, and the session ends.
                 broke = core.app_broke
                 if core.ending is None and broke is not None:
-                    core.metrics.client_protocol_error(ClientErrorReason.MALFORMED_FRAME)
-                    core.end(
-                        Ending(
-                            f"app protocol error: {broke}",
-                            app_error=broke.error_frame,
-                            level=logging.WARNING,
-                        )
-                    )
+                    core.end_for_app_protocol_error(broke)
                 elif core.ending is None:
                     core.end(Ending(f"app connection unusable ({app.conn.state.name})"))
                 await trio.lowlevel.checkpoint()  # raises Cancelled: end() cancelled our scope

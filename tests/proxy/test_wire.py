@@ -12,7 +12,13 @@ import trio.testing
 
 import protocol
 from protocol import Command, Frame, Role
-from proxy.wire import FLUSH_THRESHOLD, FrameStream, HeartBeatTimeout, TransportLost
+from proxy.wire import (
+    FLUSH_THRESHOLD,
+    FrameStream,
+    HeartBeatTimeout,
+    TransportLost,
+    send_heartbeats,
+)
 
 
 class CountingStream(trio.abc.Stream):
@@ -309,6 +315,52 @@ async def _pause_then_read(
     with pytest.raises(HeartBeatTimeout, match=r"no data for 2\.0 s"):
         await fs.receive_event()
     assert trio.current_time() == pytest.approx(32.0)
+
+
+async def test_send_heartbeats_judges_silence_for_a_reader_waiting_without_a_deadline(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    """While send_heartbeats runs for a TCP leg, the reader's waits carry no deadline (no
+    cancel scope per read: the synchronous round trip's cost); the task wakes a waiting reader
+    of a silent peer at the deadline, which raises HeartBeatTimeout as before."""
+    ours, theirs = socket_pair()
+    async with ours, theirs:
+        fs = beating_client(ours, receive_ms=1000)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send_heartbeats, fs)
+            await trio.testing.wait_all_tasks_blocked()
+            assert fs._watched
+            await theirs.send_all(b"\n")
+            assert await fs.receive_event() is protocol.HEARTBEAT
+            mock_clock.autojump_threshold = 0
+            with pytest.raises(HeartBeatTimeout, match=r"no data for 2\.0 s"):
+                await fs.receive_event()
+            assert trio.current_time() == pytest.approx(2.0)
+            with pytest.raises(HeartBeatTimeout):  # and for good: the leg is over
+                await fs.receive_event()
+        assert not fs._watched
+
+
+async def test_send_heartbeats_counts_bytes_waiting_for_a_paused_reader_as_received(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    """A reader that paused (backpressure) while the peer's bytes wait in the kernel is not
+    declared silent by the task: it gets the bytes when it reads again, and silence is judged
+    from there."""
+    ours, theirs = socket_pair()
+    async with ours, theirs:
+        fs = beating_client(ours, receive_ms=1000)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send_heartbeats, fs)
+            await theirs.send_all(b"\n")
+            mock_clock.autojump_threshold = 0
+            await trio.sleep(30)  # the reader was busy elsewhere; the task looked 15 times
+            assert not fs._silent
+            assert await fs.receive_event() is protocol.HEARTBEAT
+            with pytest.raises(HeartBeatTimeout):
+                await fs.receive_event()
+            assert 32.0 <= trio.current_time() <= 34.0
+            nursery.cancel_scope.cancel()
 
 
 async def test_lean_path_reports_a_reset_as_transport_lost() -> None:
