@@ -348,15 +348,17 @@ class FrameStream:
         )
 
     def _bytes_waiting(self) -> bool:
-        """Whether the kernel holds bytes of the peer's not yet read (lean path; no I/O
-        beyond a non-blocking peek)."""
+        """Whether the kernel holds something of the peer's the reader has not taken yet:
+        bytes, an EOF or a reset (lean path; a non-blocking peek, nothing consumed). Any of
+        them is for the reader to find, not a silence."""
         assert self._sock is not None
         try:
-            return bool(self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+            self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
         except BlockingIOError:
             return False
         except OSError:
-            return True  # a reset or EOF: the reader is to find it, not a silence
+            return True
+        return True
 
     def _found_silent(self) -> None:
         """The peer is silent past its deadline: reads raise :class:`HeartBeatTimeout`, and a

@@ -363,6 +363,24 @@ async def test_send_heartbeats_counts_bytes_waiting_for_a_paused_reader_as_recei
             nursery.cancel_scope.cancel()
 
 
+async def test_send_heartbeats_leaves_an_eof_to_a_paused_reader(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    """A peer that closed while the reader paused is not a silence: the reader finds the EOF
+    when it reads again (CONNECTION_CLOSED, as without the task)."""
+    ours, theirs = socket_pair()
+    async with ours:
+        fs = beating_client(ours, receive_ms=1000)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send_heartbeats, fs)
+            await theirs.aclose()
+            mock_clock.autojump_threshold = 0
+            await trio.sleep(30)
+            assert not fs._silent
+            assert await fs.receive_event() is protocol.CONNECTION_CLOSED
+            nursery.cancel_scope.cancel()
+
+
 async def test_lean_path_reports_a_reset_as_transport_lost() -> None:
     ours, theirs = socket_pair()
     async with ours:
