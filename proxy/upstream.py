@@ -40,7 +40,7 @@ from proxy.tls import (
     server_name,
     tls_failure,
 )
-from proxy.wire import FrameStream, TransportLost, send_heartbeats
+from proxy.wire import FrameStream, TransportLost
 
 __all__ = [
     "BrokerStreams",
@@ -171,7 +171,7 @@ class Upstream:
         and reports it, so this just returns rather than tearing its owner's scope down.
         """
         try:
-            await send_heartbeats(self.wire)
+            await self.wire.keep_alive()
         except TransportLost:
             return
 

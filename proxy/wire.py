@@ -30,7 +30,7 @@ import trio
 import protocol
 from protocol import NEED_DATA, ConnectionClosed, Frame, HeartBeat, RawFrame
 
-__all__ = ["FrameStream", "HeartBeatTimeout", "TransportLost", "send_heartbeats"]
+__all__ = ["FrameStream", "HeartBeatTimeout", "TransportLost"]
 
 #: Bytes asked of the kernel per read. 64 KiB amortises the per-call cost of trio and the
 #: parser over many small frames, and a 1 MiB body arrives in 16 reads.
@@ -120,7 +120,7 @@ class FrameStream:
     trio's ``wait_readable``/``wait_writable`` only when the kernel says EAGAIN, one
     scheduling checkpoint per read that did not wait (as trio's own ``receive_some``), none
     after a write that completed at once (the relay's next read is one), and no cancel scope
-    for the heart-beat deadline while :func:`send_heartbeats` runs for the leg: that task
+    for the heart-beat deadline while :meth:`FrameStream.keep_alive` runs for the leg: that task
     judges the peer's silence (it wakes at the deadline anyway, a read does not need to) and
     wakes a reader it found silent with ``trio.lowlevel.notify_closing`` (the leg is over).
     Without it (a handshake, a goodbye) a wait carries its own deadline scope. trio's
@@ -150,7 +150,7 @@ class FrameStream:
         #: the next read waits for readiness first instead of trying a read that would fail
         #: with EAGAIN (two system calls fewer per request/reply round trip, bench.syscalls).
         self._drained = False
-        #: :func:`send_heartbeats` judges the peer's silence for the reads (lean path only).
+        #: :meth:`keep_alive` judges the peer's silence for the reads (lean path only).
         self._watched = False
         #: It found the peer silent: every read raises :class:`HeartBeatTimeout` from now on.
         self._silent = False
@@ -236,6 +236,42 @@ class FrameStream:
         if self.broken is not None:
             raise TransportLost(self.broken)
         await self._write(self.conn.send_heartbeat())
+
+    async def keep_alive(self) -> None:
+        """Keep the leg alive: write an EOL whenever nothing was written for the send
+        interval; on a plain TCP leg, also judge the peer's silence for the reader: past the
+        receive deadline with nothing read and nothing waiting in the kernel, the reader raises
+        :class:`HeartBeatTimeout` (bytes waiting because the reader paused count as received:
+        the peer is not silent, as a reader judges, STOMP 1.2 "Heart-beating").
+
+        Run it in the owner's nursery: it runs until cancelled, or until it found the peer
+        silent; returns at once when there is nothing to send or judge. Raises
+        :class:`TransportLost` when a write fails.
+        """
+        timer = self.timer
+        if timer is None:
+            return
+        watch = self._sock is not None and timer.receive_deadline() is not None
+        self._watched = watch
+        try:
+            while True:
+                send_at = timer.next_send_deadline()
+                silent_at = timer.receive_deadline() if watch else None
+                now = trio.current_time()
+                if silent_at is not None and now >= silent_at:
+                    if not self._bytes_waiting():
+                        self._found_silent()
+                        return
+                    timer.data_received(now)
+                    continue
+                if send_at is not None and now >= send_at:
+                    await self.send_heartbeat()
+                    continue
+                if send_at is None and silent_at is None:
+                    return
+                await trio.sleep_until(min(t for t in (send_at, silent_at) if t is not None))
+        finally:
+            self._watched = False
 
     async def _write(self, extra: bytes | None) -> None:
         lock = self._send_lock
@@ -406,7 +442,7 @@ class FrameStream:
                 raise trio.BrokenResourceError(f"recv: {exc}") from exc
             else:
                 self._drained = len(data) < RECEIVE_SIZE
-                if timer is not None:  # now, not after the checkpoint: send_heartbeats may
+                if timer is not None:  # now, not after the checkpoint: keep_alive may
                     timer.data_received(trio.current_time())  # judge silence meanwhile
                 # As trio's receive_some: a checkpoint that cannot lose the bytes just read.
                 await trio.lowlevel.cancel_shielded_checkpoint()
@@ -416,7 +452,7 @@ class FrameStream:
                 try:
                     await trio.lowlevel.wait_readable(sock)
                 except trio.ClosedResourceError:
-                    if self._silent:  # woken by send_heartbeats (_found_silent)
+                    if self._silent:  # woken by keep_alive (_found_silent)
                         raise self._silence() from None
                     raise
             else:
@@ -502,39 +538,3 @@ async def _send_all_raw(sock: socket.socket, data: bytes) -> None:
                 continue
             except OSError as exc:
                 raise trio.BrokenResourceError(f"send: {exc}") from exc
-
-
-async def send_heartbeats(fs: FrameStream) -> None:
-    """Keep ``fs`` alive: write an EOL whenever nothing was written for the send interval;
-    on a plain TCP leg, also judge the peer's silence for its reader (:class:`FrameStream`):
-    past the receive deadline with nothing read and nothing waiting in the kernel, the reader
-    raises :class:`HeartBeatTimeout` (bytes waiting because the reader paused count as
-    received: the peer is not silent, as a reader judges, STOMP 1.2 "Heart-beating").
-
-    Runs until cancelled by its owner, or until it found the peer silent; returns at once when
-    there is nothing to send or judge. Raises :class:`TransportLost` when a write fails.
-    """
-    timer = fs.timer
-    if timer is None:
-        return
-    watch = fs._sock is not None and timer.receive_deadline() is not None
-    fs._watched = watch
-    try:
-        while True:
-            send_at = timer.next_send_deadline()
-            silent_at = timer.receive_deadline() if watch else None
-            now = trio.current_time()
-            if silent_at is not None and now >= silent_at:
-                if not fs._bytes_waiting():
-                    fs._found_silent()
-                    return
-                timer.data_received(now)
-                continue
-            if send_at is not None and now >= send_at:
-                await fs.send_heartbeat()
-                continue
-            if send_at is None and silent_at is None:
-                return
-            await trio.sleep_until(min(t for t in (send_at, silent_at) if t is not None))
-    finally:
-        fs._watched = False

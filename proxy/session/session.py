@@ -83,7 +83,7 @@ from proxy.tracking import Transaction
 from proxy.upstream import BrokerStreams, StreamOpener, UpstreamUnavailable
 from proxy.vocabulary import DrainResult, FrameOutcome, OutcomeCause
 from proxy.window import Entry
-from proxy.wire import TransportLost, send_heartbeats
+from proxy.wire import TransportLost
 
 __all__ = ["DRAIN_GOODBYE_MAX", "Session"]
 
@@ -447,7 +447,7 @@ class Session:
 
     async def _app_heartbeats(self) -> None:
         try:
-            await send_heartbeats(self.core.app)
+            await self.core.app.keep_alive()
         except TransportLost as exc:
             self.core.end(Ending(f"app connection lost: {exc}"))
 

@@ -17,7 +17,6 @@ from proxy.wire import (
     FrameStream,
     HeartBeatTimeout,
     TransportLost,
-    send_heartbeats,
 )
 
 
@@ -317,17 +316,17 @@ async def _pause_then_read(
     assert trio.current_time() == pytest.approx(32.0)
 
 
-async def test_send_heartbeats_judges_silence_for_a_reader_waiting_without_a_deadline(
+async def test_keep_alive_judges_silence_for_a_reader_waiting_without_a_deadline(
     mock_clock: trio.testing.MockClock,
 ) -> None:
-    """While send_heartbeats runs for a TCP leg, the reader's waits carry no deadline (no
+    """While keep_alive runs for a TCP leg, the reader's waits carry no deadline (no
     cancel scope per read: the synchronous round trip's cost); the task wakes a waiting reader
     of a silent peer at the deadline, which raises HeartBeatTimeout as before."""
     ours, theirs = socket_pair()
     async with ours, theirs:
         fs = beating_client(ours, receive_ms=1000)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(send_heartbeats, fs)
+            nursery.start_soon(fs.keep_alive)
             await trio.testing.wait_all_tasks_blocked()
             assert fs._watched
             await theirs.send_all(b"\n")
@@ -341,7 +340,7 @@ async def test_send_heartbeats_judges_silence_for_a_reader_waiting_without_a_dea
         assert not fs._watched
 
 
-async def test_send_heartbeats_counts_bytes_waiting_for_a_paused_reader_as_received(
+async def test_keep_alive_counts_bytes_waiting_for_a_paused_reader_as_received(
     mock_clock: trio.testing.MockClock,
 ) -> None:
     """A reader that paused (backpressure) while the peer's bytes wait in the kernel is not
@@ -351,7 +350,7 @@ async def test_send_heartbeats_counts_bytes_waiting_for_a_paused_reader_as_recei
     async with ours, theirs:
         fs = beating_client(ours, receive_ms=1000)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(send_heartbeats, fs)
+            nursery.start_soon(fs.keep_alive)
             await theirs.send_all(b"\n")
             mock_clock.autojump_threshold = 0
             await trio.sleep(30)  # the reader was busy elsewhere; the task looked 15 times
@@ -363,7 +362,7 @@ async def test_send_heartbeats_counts_bytes_waiting_for_a_paused_reader_as_recei
             nursery.cancel_scope.cancel()
 
 
-async def test_send_heartbeats_leaves_an_eof_to_a_paused_reader(
+async def test_keep_alive_leaves_an_eof_to_a_paused_reader(
     mock_clock: trio.testing.MockClock,
 ) -> None:
     """A peer that closed while the reader paused is not a silence: the reader finds the EOF
@@ -372,7 +371,7 @@ async def test_send_heartbeats_leaves_an_eof_to_a_paused_reader(
     async with ours:
         fs = beating_client(ours, receive_ms=1000)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(send_heartbeats, fs)
+            nursery.start_soon(fs.keep_alive)
             await theirs.aclose()
             mock_clock.autojump_threshold = 0
             await trio.sleep(30)
