@@ -7,7 +7,9 @@ wait is bounded (scripted_broker.WAIT)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,8 @@ from proxy.logs import log_session_event
 from proxy.spool import OutboxService, open_outbox
 from tests.proxy.scripted_broker import (
     Network,
+    Running,
+    ScriptedBroker,
     make_config,
     start_session,
     wait_until,
@@ -29,6 +33,19 @@ QUEUE = "/queue/orders"
 
 def _frames(outbox: OutboxService) -> int:
     return outbox.committer.statistics().frames
+
+
+@contextlib.asynccontextmanager
+async def _no_broker_up(
+    nursery: trio.Nursery, network: Network, tmp_path: Path
+) -> AsyncIterator[tuple[ScriptedBroker, OutboxService, Running]]:
+    """A session in outbox mode (its outbox in ``tmp_path``) whose only broker does not
+    answer until the test sets ``broker.reachable``; the app has not connected yet."""
+    broker = network.add("only", 61001)
+    broker.reachable = False
+    config = make_config(broker, outbox=True, outbox_dir=str(tmp_path))
+    async with open_outbox(config) as outbox:
+        yield broker, outbox, await start_session(nursery, network, config, outbox=outbox)
 
 
 async def test_forwarded_frames_are_replayed_after_a_failover_and_removed_once_confirmed(
@@ -68,11 +85,7 @@ async def test_forwarded_frames_are_replayed_after_a_failover_and_removed_once_c
 async def test_connect_with_no_broker_up_then_the_first_leg_is_restored_onto(
     nursery: trio.Nursery, network: Network, tmp_path: Path
 ) -> None:
-    broker = network.add("only", 61001)
-    broker.reachable = False
-    config = make_config(broker, outbox=True, outbox_dir=str(tmp_path))
-    async with open_outbox(config) as outbox:
-        running = await start_session(nursery, network, config, outbox=outbox)
+    async with _no_broker_up(nursery, network, tmp_path) as (broker, outbox, running):
         app = running.app
         connected = await app.connect()
         assert connected.command is Command.CONNECTED
@@ -101,11 +114,7 @@ async def test_connect_with_no_broker_up_then_the_first_leg_is_restored_onto(
 async def test_a_transaction_of_stored_sends_is_stored_at_commit_and_forwarded_plain(
     nursery: trio.Nursery, network: Network, tmp_path: Path
 ) -> None:
-    broker = network.add("only", 61001)
-    broker.reachable = False
-    config = make_config(broker, outbox=True, outbox_dir=str(tmp_path))
-    async with open_outbox(config) as outbox:
-        running = await start_session(nursery, network, config, outbox=outbox)
+    async with _no_broker_up(nursery, network, tmp_path) as (broker, outbox, running):
         app = running.app
         assert (await app.connect()).command is Command.CONNECTED  # the sidecar's own
         await app.send(Command.BEGIN, {"transaction": "t1", "receipt": "b"})
@@ -171,11 +180,7 @@ EVENTS_SUB = {"destination": "/mq-sidecar/events", "id": "events", "ack": "auto"
 async def test_spooling_with_no_broker_at_connect_then_spool_drained_once_forwarded(
     nursery: trio.Nursery, network: Network, tmp_path: Path
 ) -> None:
-    broker = network.add("only", 61001)
-    broker.reachable = False
-    config = make_config(broker, outbox=True, outbox_dir=str(tmp_path))
-    async with open_outbox(config) as outbox:
-        running = await start_session(nursery, network, config, outbox=outbox)
+    async with _no_broker_up(nursery, network, tmp_path) as (broker, outbox, running):
         app = running.app
         assert (await app.connect()).command is Command.CONNECTED  # the sidecar's own
         await app.send(Command.SUBSCRIBE, {**EVENTS_SUB, "receipt": "e"})
@@ -187,7 +192,7 @@ async def test_spooling_with_no_broker_at_connect_then_spool_drained_once_forwar
         assert spooling["spooled_frames"] == 1  # when the first was stored
         assert spooling["outbox_frames"] == 1
         assert spooling["outbox_bytes"] > 0
-        assert spooling["outbox_max_bytes"] == config.outbox_max_bytes
+        assert spooling["outbox_max_bytes"] == running.session.core.config.outbox_max_bytes
         assert spooling["reason"] == "no broker answered at CONNECT"
         assert spooling["from_broker"] is None
         assert spooling["forwarded_frames"] is None
