@@ -141,10 +141,6 @@ class RawFrame:
         """Whether at least one header is called ``name``."""
         return self.data.find(_KEYS[name], 0, self.head_end) >= 0
 
-    def count(self, name: str) -> int:
-        """How many header entries are called ``name``."""
-        return self.data.count(_KEYS[name], 0, self.head_end)
-
     def without(self, name: str) -> RawFrame:
         """A copy without any entry of header ``name`` (as :meth:`Frame.without` with one
         name); ``self`` when there is none."""

@@ -127,7 +127,6 @@ def test_splices_equal_the_frame_operations(
     frame = raw.to_frame()
     assert raw.get(name) == frame.get(name)
     assert raw.has(name) == frame.has(name)
-    assert raw.count(name) == len(frame.get_all(name))
     without = raw.without(name)
     assert without.to_frame() == frame.without(name)
     assert without.data == serialize(frame.without(name), version)
