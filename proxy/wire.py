@@ -362,17 +362,17 @@ class FrameStream:
             data: bytes | bytearray
             try:
                 if self._sock is not None:
-                    data = await self._receive_raw(self._sock)
+                    data = await self._receive_raw(self._sock)  # notes the time received
                 else:
                     data = await self._receive_stream()
+                    if self.timer is not None:
+                        self.timer.data_received(trio.current_time())
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 self.broken = f"read failed: {exc or type(exc).__name__}"
                 raise TransportLost(self.broken) from exc
             if not self.bytes_in:
                 self.head = bytes(data[:5])
             self.bytes_in += len(data)
-            if self.timer is not None:
-                self.timer.data_received(trio.current_time())
             conn.receive_data(bytes(data))
 
     def _silence(self) -> HeartBeatTimeout:
@@ -415,7 +415,8 @@ class FrameStream:
         raise self._silence()
 
     async def _receive_raw(self, sock: socket.socket) -> bytes:
-        """Read what the kernel has (``b""`` at EOF), waiting only if it has nothing.
+        """Read what the kernel has (``b""`` at EOF), waiting only if it has nothing, and note
+        the time on the heart-beat timer (before any checkpoint: :meth:`keep_alive` judges).
 
         What is buffered is always taken before silence is judged: a reader that paused
         (backpressure) comes back to the bytes that arrived meanwhile, not to a deadline
@@ -468,6 +469,8 @@ class FrameStream:
             except OSError as exc:
                 raise trio.BrokenResourceError(f"recv: {exc}") from exc
             self._drained = len(data) < RECEIVE_SIZE
+            if timer is not None:
+                timer.data_received(trio.current_time())
             return data
 
     def next_buffered(self) -> Frame | HeartBeat | ConnectionClosed | None:
