@@ -32,7 +32,7 @@ from setuptools.command.build_ext import build_ext
 #: The modules compiled: protocol/ and the session's pure bookkeeping on the data path. Not
 #: compiled: protocol/_native.py (it decides whether these load); protocol/_limits.py (the
 #: compiled argument checks would replace Limits' own TypeError, which names the field, and
-#: it is only read); proxy/reconnects.py (mypyc cannot build its generic slots dataclass)
+#: it is only read); proxy/reconnect/tally.py (mypyc cannot build its generic slots dataclass)
 #: and proxy/session/phase.py (its error subclasses RuntimeError, which mypyc cannot), both
 #: off the data path; packages' __init__.py files.
 COMPILED = (
@@ -48,14 +48,14 @@ COMPILED = (
     "protocol/_serializer.py",
     "protocol/_state.py",
     "protocol/_versions.py",
-    "proxy/policy.py",
-    "proxy/replay.py",
+    "proxy/reconnect/policy.py",
+    "proxy/tracking/replay.py",
     "proxy/tracking/deliveries.py",
     "proxy/tracking/links.py",
     "proxy/tracking/records.py",
     "proxy/tracking/state.py",
-    "proxy/vocabulary.py",
-    "proxy/window.py",
+    "proxy/telemetry/vocabulary.py",
+    "proxy/tracking/window.py",
 )
 #: Written beside protocol/_native.py by every compiling build.
 MANIFEST = "protocol/_native.sha256"

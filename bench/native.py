@@ -41,7 +41,7 @@ from bench.sidecar import SidecarProcess
 from bench.workloads import BrokerCtx, Settings, bench_broker
 from bench.workloads.throughput import WORKLOADS, run_once
 from protocol import Command, Connection, Frame, FrameParser, Role, _native, serialize
-from proxy.window import ConfirmationWindow
+from proxy.tracking.window import ConfirmationWindow
 
 __all__ = ["main"]
 

@@ -5,11 +5,11 @@ Consumer sessions (trio tasks) each "show" bursts of messages as fast as they ca
 the ``mq-sidecar-id`` of each through the group committer of a real store in a temporary
 directory (``--dir`` to choose another), in one of three ways:
 
-- ``trailing`` (what the sidecar does, :class:`proxy.spool.SeenRecorder`): the burst's ids are
-  queued and the session goes on at once; the recorder's task writes whatever is queued, one
-  commit at a time, so a record trails its MESSAGE by one commit at most. The session waits
-  only when :data:`proxy.spool.SEEN_PENDING_MAX` ids are queued (back-pressure), so its rate
-  is what the store sustains.
+- ``trailing`` (what the sidecar does, :class:`proxy.outbox.service.SeenRecorder`): the
+  burst's ids are queued and the session goes on at once; the recorder's task writes whatever
+  is queued, one commit at a time, so a record trails its MESSAGE by one commit at most. The
+  session waits only when :data:`proxy.outbox.service.SEEN_PENDING_MAX` ids are queued
+  (back-pressure), so its rate is what the store sustains.
 - ``before-show``: the burst waits until its ids are durable (one ``record_seen``, group
   committed with the other sessions') before it is shown.
 - ``per-message``: one ``record_seen`` per message, awaited (one fsync per message for a lone
@@ -35,7 +35,7 @@ from pathlib import Path
 import trio
 
 from proxy.outbox import GroupCommitter, OutboxStore, open_group_committer
-from proxy.spool import SeenRecorder
+from proxy.outbox.service import SeenRecorder
 
 MODES = ("trailing", "before-show", "per-message")
 SESSIONS = (1, 16)

@@ -20,7 +20,7 @@ from bench.relay import RelayProcess
 
 __all__ = ["TrioRelayProcess", "main"]
 
-#: Bytes asked of the kernel per read (the sidecar's ``proxy.wire.RECEIVE_SIZE``).
+#: Bytes asked of the kernel per read (the sidecar's ``proxy.legs.stream.RECEIVE_SIZE``).
 RECEIVE_SIZE = 65536
 
 

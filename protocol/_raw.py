@@ -11,7 +11,7 @@ exactly what :func:`serialize` makes of its parsed form, in every version:
 
 * the head is ASCII, with no NUL, CR or backslash (no escape to undo or redo, no CRLF line
   end to drop; ASCII also makes a header's size in characters its size in bytes, which the
-  confirmation window counts: :func:`proxy.window.frame_size`);
+  confirmation window counts: :func:`proxy.tracking.window.frame_size`);
 * every header line holds exactly one ``:`` (a second one is part of the value, which STOMP
   1.1 and 1.2 escape as ``\\c`` on the way out);
 * a ``content-length``, if any, appears once and says ``len(body)`` in canonical decimal
@@ -118,7 +118,8 @@ class RawFrame:
 
     @property
     def size(self) -> int:
-        """Bytes on the wire, NUL included: :func:`proxy.window.frame_size` of the frame."""
+        """Bytes on the wire, NUL included: :func:`proxy.tracking.window.frame_size` of the
+        frame."""
         return len(self.data)
 
     @property

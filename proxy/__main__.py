@@ -25,10 +25,10 @@ import trio
 
 from config import Config, ConfigError, load_config
 from proxy._version import VERSION
-from proxy.admin_http import TokenUnavailable, read_token
+from proxy.admin.http import TokenUnavailable, read_token
 from proxy.app import ListenError, OutboxUnusable, serve
-from proxy.logs import configure_logging
-from proxy.tls import TlsFailed, client_context
+from proxy.legs.tls import TlsFailed, client_context
+from proxy.telemetry.logs import configure_logging
 
 __all__ = [
     "COMMAND_GROUP",

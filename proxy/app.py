@@ -14,8 +14,8 @@ seconds after that deadline. The admin plane answers during the drain (``/readyz
 "shutting down").
 
 The :class:`Sidecar` owns what sessions report into: the Prometheus ``registry`` (never the
-global one), the :class:`~proxy.metrics.Metrics` recorded on it, and the
-:class:`~proxy.events.EventBus` of session events.
+global one), the :class:`~proxy.telemetry.metrics.Metrics` recorded on it, and the
+:class:`~proxy.telemetry.events.EventBus` of session events.
 
 At most ``max_sessions`` sessions are open at once (those still reading their CONNECT count). A
 connection beyond that gets no :class:`Session`: its CONNECT (a small frame, read within
@@ -30,7 +30,6 @@ import errno
 import itertools
 import logging
 import secrets
-import signal
 
 import trio
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
@@ -38,20 +37,19 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 import protocol
 from config import Config
 from proxy._errors import ListenError, OutboxUnusable
-from proxy.admin import AdminLimits, AdminServer
-from proxy.events import EventBus
-from proxy.failover import ReconnectBoard
-from proxy.logs import log_session_event
-from proxy.metrics import Metrics
-from proxy.orphans import RecoveryForwarder
+from proxy.admin.server import AdminLimits, AdminServer
+from proxy.legs.opening import BrokerStreams
+from proxy.legs.stream import FrameStream, TransportLost
+from proxy.outbox.forwarder import OutboxForwarder
+from proxy.outbox.service import OutboxService, open_outbox
+from proxy.reconnect.board import ReconnectBoard
 from proxy.session import Session
 from proxy.session.ending import error_frame
-from proxy.session.session import DRAIN_GOODBYE_MAX
-from proxy.spool import OutboxService, open_outbox
-from proxy.statistics import SidecarStatistics
-from proxy.upstream import BrokerStreams
-from proxy.vocabulary import DrainResult
-from proxy.wire import FrameStream, TransportLost
+from proxy.shutdown import drain_sessions, log_drain, shutdown_on_signals
+from proxy.telemetry.events import EventBus
+from proxy.telemetry.logs import log_session_event
+from proxy.telemetry.metrics import Metrics
+from proxy.telemetry.statistics import SidecarStatistics
 
 __all__ = ["ListenError", "OutboxUnusable", "Sidecar", "SidecarStatistics", "serve"]
 
@@ -72,9 +70,6 @@ _REFUSAL_LIMITS = protocol.Limits(
 _REFUSAL_SEND_SECONDS = 2.0
 #: Seconds between log lines about refused connections (a flood is one line a minute).
 _REFUSAL_LOG_INTERVAL = 60.0
-#: Seconds past the drain's deadline and a session's goodbyes before whatever still runs is
-#: cancelled (a backstop: sessions end by themselves by then).
-_DRAIN_BACKSTOP_MARGIN = 0.25
 
 
 class _Refusals:
@@ -117,9 +112,9 @@ class Sidecar:
         streams: opens every broker connection (sessions and readiness probes), with TLS
             built from the configuration at each connect; its ``tracker`` holds what each
             TLS broker's certificate said (``/status``, the expiry gauge).
-        outbox: the outbox (``outbox`` on; :mod:`proxy.spool`), open while :meth:`serve`
+        outbox: the outbox (``outbox`` on; :mod:`proxy.outbox.service`), open while :meth:`serve`
             runs; None otherwise.
-        recovery: the outbox's recovery forwarder (:mod:`proxy.orphans`), with the outbox.
+        recovery: the outbox's outbox forwarder (:mod:`proxy.outbox.forwarder`), with the outbox.
     """
 
     def __init__(self, config: Config) -> None:
@@ -134,7 +129,7 @@ class Sidecar:
         self.streams = BrokerStreams(config)
         self.admin: AdminServer | None = None
         self.outbox: OutboxService | None = None
-        self.recovery: RecoveryForwarder | None = None
+        self.recovery: OutboxForwarder | None = None
         self.sessions: set[Session] = set()
         self.listen_address: tuple[str, int] | None = None
         self.admin_address: tuple[str, int] | None = None
@@ -166,8 +161,8 @@ class Sidecar:
     ) -> None:
         """Run until :meth:`request_shutdown`, then drain within ``drain_timeout``.
 
-        With ``outbox`` on, the outbox is opened first (:func:`proxy.spool.open_outbox`) and
-        stays open until every session has ended. Reports the bound ``(host, port)`` through
+        With ``outbox`` on, the outbox is opened first (:func:`proxy.outbox.service.open_outbox`)
+        and stays open until every session has ended. Reports the bound ``(host, port)`` through
         ``task_status``.
 
         Raises:
@@ -180,7 +175,7 @@ class Sidecar:
         async with open_outbox(self.config) as outbox, trio.open_nursery() as nursery:
             self.outbox = outbox
             # Frames no live session forwards: a previous process's, an ended session's.
-            self.recovery = RecoveryForwarder(
+            self.recovery = OutboxForwarder(
                 self.config, outbox, self.streams, self.metrics, self._prefix
             )
             await nursery.start(self.recovery.run)
@@ -211,37 +206,13 @@ class Sidecar:
                 # Also when cancelled (e.g. the admin plane failed to bind): never leak a socket.
                 for listener in listeners:
                     await trio.aclose_forcefully(listener)
-            drain = self.config.durations.drain_timeout
-            log.info("shutting down: draining %d session(s) within %g s", len(self.sessions), drain)
-            self._drain_deadline = trio.current_time() + drain
             draining = list(self.sessions)
-            for session in draining:
-                session.request_drain(self._drain_deadline)
-            # A backstop that should never fire: each session ends by itself at the deadline
-            # and says its goodbyes within DRAIN_GOODBYE_MAX.
-            sessions_nursery.cancel_scope.deadline = (
-                self._drain_deadline + DRAIN_GOODBYE_MAX + _DRAIN_BACKSTOP_MARGIN
+            self._drain_deadline = drain_sessions(
+                draining, self.config.durations.drain_timeout, sessions_nursery.cancel_scope
             )
-        self._log_drain(draining)
+        log_drain(draining)
         log.info("shutdown complete")
         self.stopped.set()
-
-    def _log_drain(self, sessions: list[Session]) -> None:
-        """One line on how the drain went (each session's frames are named in its own OUTCOME
-        event and log lines)."""
-        late = [s for s in sessions if s.drain_result is DrainResult.DEADLINE]
-        cut = [s for s in sessions if s.drain_result is None and s.core.ending is None]
-        if not late and not cut:
-            log.info("drain complete: every frame of %d session(s) confirmed", len(sessions))
-            return
-        log.warning(
-            "drain_timeout reached: %d of %d session(s) had %d frame(s) not confirmed (named "
-            "to their apps)%s",
-            len(late),
-            len(sessions),
-            sum(s.drain_unconfirmed for s in late),
-            f"; {len(cut)} session(s) cut off" if cut else "",
-        )
 
     async def _accept_loop(
         self, listener: trio.SocketListener, sessions_nursery: trio.Nursery
@@ -322,14 +293,6 @@ class Sidecar:
             await trio.aclose_forcefully(stream)
 
 
-async def _signals_to_shutdown(sidecar: Sidecar) -> None:
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async for signum in signals:
-            log.info("received %s", signal.Signals(signum).name)
-            sidecar.request_shutdown()
-            return
-
-
 async def _log_events(events: EventBus) -> None:
     """One log line per session event (with session id and broker), for as long as it runs."""
     while True:
@@ -352,7 +315,7 @@ async def serve(
     Args:
         config: validated configuration.
         handle_signals: turn SIGTERM/SIGINT into a graceful shutdown (main thread only).
-        admin_limits: bounds of the admin plane (default :class:`~proxy.admin.AdminLimits`).
+        admin_limits: bounds of the admin plane (default :class:`~proxy.admin.server.AdminLimits`).
 
     Raises:
         ListenError: the STOMP or the admin address cannot be bound (raised as the only
@@ -362,7 +325,7 @@ async def serve(
     sidecar = Sidecar(config)
     async with trio.open_nursery(strict_exception_groups=True) as nursery:
         if handle_signals:
-            nursery.start_soon(_signals_to_shutdown, sidecar)
+            nursery.start_soon(shutdown_on_signals, sidecar.request_shutdown)
         nursery.start_soon(_log_events, sidecar.events)
         await nursery.start(sidecar.serve)
         sidecar.admin = AdminServer(sidecar, limits=admin_limits)

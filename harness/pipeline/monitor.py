@@ -4,9 +4,9 @@ It reads the sidecar's ``GET /events`` (Server-Sent Events on the admin plane, d
 "Admin plane"): an operator's view of every session, which needs no STOMP session of its own
 (the in-band ``mq-sidecar-scope:all`` subscription is only for an app that authenticated with
 the sidecar's ``client_login``: docs/behaviour.md, "Control channel"). Event bodies are the JSON
-of ``proxy.events.SessionEvent`` (``session_id``, ``from_broker``, ``to_broker``, ``outage_ms``,
-``replayed_frames``, ``duplicates_hidden``, ``redeliveries_hidden``, ``timestamp`` in Unix
-seconds...).
+of ``proxy.telemetry.events.SessionEvent`` (``session_id``, ``from_broker``, ``to_broker``,
+``outage_ms``, ``replayed_frames``, ``duplicates_hidden``, ``redeliveries_hidden``, ``timestamp`` in
+Unix seconds...).
 """
 
 from __future__ import annotations

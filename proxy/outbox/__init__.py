@@ -1,11 +1,18 @@
-"""The durable outbox (issue 17): frames stored on local disk before their RECEIPT, forwarded
-later, and the consumer side's duplicate-suppression ids kept across a restart.
+"""The outbox (store and forward, docs/outbox.md): frames stored on local disk before their
+RECEIPT, forwarded later, and the consumer side's duplicate-suppression ids kept across a
+restart.
 
-Daemon side (it does I/O): SQLite in ``outbox_dir`` (:mod:`proxy.outbox.store`), recovered on
-open (:mod:`proxy.outbox.recovery`, :mod:`proxy.outbox.wal`), locked to one process
-(:mod:`proxy.outbox.lock`), written from trio through a group committer
-(:mod:`proxy.outbox.committer`). docs/outbox.md describes the files, what a power cut can lose
-and the measurements.
+- ``service``: the outbox at work in the daemon: opened at start, its group committer, what the
+  sessions share of it (:class:`~proxy.outbox.service.OutboxService`).
+- ``forwarder``: the outbox forwarder: frames no live session forwards (a previous process's,
+  an ended session's) sent over a connection of the sidecar's own.
+- ``store``: SQLite in ``outbox_dir``; ``records``: what it holds; ``committer``: the group
+  committer (one fsync per batch, from trio); ``lock``: one process per directory;
+  ``recovery`` and ``wal``: recovering the store after a crash or power cut; ``btree``: reading
+  a damaged database page by page; ``errors``.
+
+The session's part (storing its app's SENDs, forwarding them, removing what was confirmed) is
+:mod:`proxy.session.outbox`, its transactions :mod:`proxy.session.outbox_transactions`.
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ import trio
 
 import protocol
 from protocol import Frame
-from proxy.upstream import Upstream
-from proxy.wire import TransportLost
+from proxy.legs.broker import Upstream
+from proxy.legs.stream import TransportLost
 
 __all__ = ["SidecarAcks"]
 
@@ -32,7 +32,7 @@ class SidecarAcks:
     def __init__(self, max_unacked: int) -> None:
         self.max_unacked = max_unacked
         #: ACKs of auto-acked messages, held until the app flush.
-        self._held: list[Frame] = []
+        self._deferred: list[Frame] = []
         #: Cumulative ACKs of auto subscriptions (``Delivered.coalesce``): the latest of each,
         #: and how many messages they settle, until the app flush.
         self._latest: dict[str, Frame] = {}
@@ -57,7 +57,7 @@ class SidecarAcks:
 
     def reset(self) -> None:
         """Forget everything owed: a new leg (ack ids of the old one mean nothing there)."""
-        self._held.clear()
+        self._deferred.clear()
         self._latest.clear()
         self._latest_count = 0
         self._flush_wanted = False
@@ -68,13 +68,13 @@ class SidecarAcks:
     def pending(self) -> bool:
         """Whether any ACK of the sidecar's is held or queued (a ``priority_backup`` quiet
         point needs none)."""
-        return bool(self._held or self._latest or self._flush_wanted)
+        return bool(self._deferred or self._latest or self._flush_wanted)
 
-    def hold(self, ack: Frame) -> bool:
-        """Hold an auto-acked message's ACK until the app flush. True when ``max_unacked``
-        are held: the caller should flush the app now."""
-        self._held.append(ack)
-        return len(self._held) >= self.max_unacked
+    def defer(self, ack: Frame) -> bool:
+        """Defer an auto-acked message's ACK until the app flush. True when ``max_unacked``
+        are deferred: the caller should flush the app now."""
+        self._deferred.append(ack)
+        return len(self._deferred) >= self.max_unacked
 
     def coalesce(self, key: str, ack: Frame) -> bool:
         """Keep ``ack`` as the latest cumulative ACK of subscription ``key`` (it settles the
@@ -85,7 +85,7 @@ class SidecarAcks:
 
     def take(self) -> list[Frame]:
         """Every ACK held so far (the app flush about to happen writes their messages)."""
-        held, self._held = self._held, []
+        held, self._deferred = self._deferred, []
         if self._latest:
             held.extend(self._latest.values())
             self._latest = {}

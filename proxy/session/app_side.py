@@ -13,7 +13,7 @@ The fast lane (docs/architecture.md, "The fast lane"): an ordinary SEND outside 
 while the session runs on a ready leg, is read, spliced, kept in the window and written as its
 bytes (:class:`protocol.RawFrame`), by the same handler as any SEND; anything else is parsed.
 Scheduling, chosen for the cost of a trip through trio's scheduler against fairness: one read
-(up to ``proxy.wire.RECEIVE_SIZE`` bytes) per wakeup, every complete frame of it handled
+(up to ``proxy.legs.stream.RECEIVE_SIZE`` bytes) per wakeup, every complete frame of it handled
 without a checkpoint of its own (a frame's awaits yield only for a full window, an out-buffer
 past ``FLUSH_THRESHOLD`` or a failback's hold), one write per burst. Cancellation is seen at
 the next read; other sessions wait for at most one read's worth of frames.
@@ -30,16 +30,18 @@ import trio
 import protocol
 from config import TransactionFailover
 from protocol import Command, ConnectionClosed, Frame, HeartBeat, RawFrame
+from proxy.legs.stream import HeartBeatTimeout, TransportLost
 from proxy.session.confirmations import Confirmations
 from proxy.session.control import SCOPE_HEADER, ControlChannel, scope_refused
 from proxy.session.core import SessionCore, log
 from proxy.session.ending import Ending, error_frame, summary
-from proxy.session.held import HeldTransactions
+from proxy.session.outbox import SessionOutbox
+from proxy.session.outbox_transactions import OutboxTransactions
 from proxy.session.outcomes import report_of_frame, unsettled
 from proxy.session.phase import Phase
 from proxy.session.sends import UpstreamSends
-from proxy.session.spool import Spool
 from proxy.session.to_app import AppOutput
+from proxy.telemetry.vocabulary import ClientErrorReason, FrameOutcome, OutcomeCause
 from proxy.tracking import (
     PASS_THROUGH,
     TRANSACTION_OVERHEAD,
@@ -47,12 +49,10 @@ from proxy.tracking import (
     ForBroker,
     FrameRejected,
     SessionError,
-    Spooled,
+    StoredInOutbox,
     Transaction,
 )
-from proxy.vocabulary import ClientErrorReason, FrameOutcome, OutcomeCause
-from proxy.window import frame_size
-from proxy.wire import HeartBeatTimeout, TransportLost
+from proxy.tracking.window import frame_size
 
 __all__ = ["AppSide", "TransactionRolledBack"]
 
@@ -86,9 +86,9 @@ class AppSide:
         self.control = control
         self.confirmations = confirmations
         #: The session's part of the outbox and its held transactions (``outbox`` on;
-        #: :meth:`use_spool`).
-        self.spool: Spool | None = None
-        self.held: HeldTransactions | None = None
+        #: :meth:`use_outbox`).
+        self.outbox: SessionOutbox | None = None
+        self.outbox_transactions: OutboxTransactions | None = None
         #: SENDs as they go upstream (their duplicate-detection ids).
         self.sends = UpstreamSends(core)
         #: Transactions the sidecar aborted (max_transaction_size), newest last, at most
@@ -112,11 +112,14 @@ class AppSide:
             Command.DISCONNECT: self._disconnect,
         }
 
-    def use_spool(self, spool: Spool) -> None:
-        """Outbox mode: SENDs the outbox takes are stored (:mod:`proxy.session.spool`), and
-        transactions of only such SENDs are held until COMMIT (:mod:`proxy.session.held`)."""
-        self.spool = spool
-        self.held = HeldTransactions(self.core, self.out, spool, self.sends.parsed, self._handlers)
+    def use_outbox(self, outbox: SessionOutbox) -> None:
+        """Outbox mode: SENDs the outbox takes are stored (:mod:`proxy.session.outbox`), and
+        transactions of only such SENDs are held until COMMIT
+        (:mod:`proxy.session.outbox_transactions`)."""
+        self.outbox = outbox
+        self.outbox_transactions = OutboxTransactions(
+            self.core, self.out, outbox, self.sends.parsed, self._handlers
+        )
 
     def not_taken(self) -> list[tuple[Frame, str | None]]:
         """The frames read from the app that are not in the window, with their receipt ids
@@ -140,7 +143,7 @@ class AppSide:
         is finished (every frame read goes into the window), then :meth:`relay` returns and
         sets :attr:`reading_stopped`; a relay waiting for the app between bursts has nothing
         to finish, so the reading stops at once (:attr:`reading_stopped` set here), and what
-        that wait brings later is not taken. Call after setting ``core.drain_requested``.
+        that wait brings later is not taken. Call after setting ``core.drain.requested``.
 
         No cancel scope around each read for this (3.6 us a read, a synchronous round trip's
         cost): the wait is left to end with the app side, as a cancelled one would."""
@@ -153,12 +156,12 @@ class AppSide:
         app side is cancelled."""
         core = self.core
         while True:
-            # The burst read so far is handled: what it spooled is stored and answered, what
+            # The burst read so far is handled: what went to the outbox is stored and answered, what
             # it queued for the broker leaves in one write, before we wait for the app again.
-            if self.spool is not None and self.spool.pending:
-                await self.spool.write()
+            if self.outbox is not None and self.outbox.pending:
+                await self.outbox.write()
             await self.confirmations.flush_upstream()
-            if core.drain_requested:
+            if core.drain.requested:
                 # Hypercorn's and Envoy's drain: no new work, what is in flight finishes.
                 self.reading_stopped.set()
                 return
@@ -200,7 +203,7 @@ class AppSide:
                     upcoming = None  # reported when read again, after this frame
                     core.app_broke = exc
                 self._upcoming = upcoming
-                if core.app_hold is not None:
+                if core.flow.failback_hold is not None:
                     await core.frame_boundary()  # a failback holds the app (session.link)
                 if isinstance(event, Frame | RawFrame) and await self._dispatch(
                     event, upcoming is None
@@ -227,11 +230,11 @@ class AppSide:
                 raise SessionError(f"unexpected {frame.command} frame")
             if self._aborted and frame.get("transaction") in self._aborted:
                 return await self._in_aborted_transaction(frame)
-            spool = self.spool
-            if spool is not None and spool.pending and not self._spooled(frame):
-                await spool.write()  # the app's frames are handled in the order it sent them
-            if self.held is not None and self.held.takes(frame):
-                return await self.held.handle(frame, idle)
+            outbox = self.outbox
+            if outbox is not None and outbox.pending and not self._goes_to_outbox(frame):
+                await outbox.write()  # the app's frames are handled in the order it sent them
+            if self.outbox_transactions is not None and self.outbox_transactions.takes(frame):
+                return await self.outbox_transactions.handle(frame, idle)
             return await handler(frame, idle)
         except ForBroker as exc:
             log.debug("session %s: %s goes to the broker as it is", core.id, exc)
@@ -289,36 +292,36 @@ class AppSide:
         core = self.core
         return (
             frame.command is Command.SEND
-            and self.spool is None  # the outbox stores Frames (docs/outbox.md)
-            and core.link_ready
+            and self.outbox is None  # the outbox stores Frames (docs/outbox.md)
+            and core.leg.ready
             and core.phase is Phase.RUNNING
             and not frame.has("transaction")
         )
 
     # -- one handler per command ------------------------------------------------------------
 
-    def _spooled(self, frame: Frame) -> bool:
+    def _goes_to_outbox(self, frame: Frame) -> bool:
         """A SEND outside a transaction to a destination the outbox takes (docs/outbox.md).
         Transactions keep the usual path (their SENDs are not stored at COMMIT yet)."""
-        spool = self.spool
+        outbox = self.outbox
         return (
-            spool is not None
+            outbox is not None
             and frame.command is Command.SEND
             and frame.get("transaction") is None
-            and spool.spools(frame)
+            and outbox.takes(frame)
         )
 
     async def _send(self, frame: Frame | RawFrame, idle: bool) -> bool:
         state = self.core.state
         assert state is not None
         up, app_receipt = self.sends.upstream(frame)
-        spool = self.spool
-        if spool is not None and isinstance(frame, Frame) and self._spooled(frame):
-            # Stored, answered once durable, forwarded by the spool (not in the window now).
+        outbox = self.outbox
+        if outbox is not None and isinstance(frame, Frame) and self._goes_to_outbox(frame):
+            # Stored, answered once durable, forwarded by the outbox (not in the window now).
             # A session with an outbox takes no fast lane (_fast_lane): `up` is a Frame.
             assert isinstance(up, Frame)
-            if spool.add(up, app_receipt) or idle:
-                await spool.write()
+            if outbox.add(up, app_receipt) or idle:
+                await outbox.write()
             return False
         # A RawFrame names no transaction (_fast_lane).
         tx = None if isinstance(frame, RawFrame) else state.transaction_of(frame)
@@ -338,7 +341,7 @@ class AppSide:
     def _held_until_commit(self) -> bool:
         """The broker confirms a transaction's SENDs and ACKs only at its COMMIT (RabbitMQ,
         docs/brokers.md, "Receipts"): the window holds them until then."""
-        return not self.core.cumulative_receipts
+        return not self.core.leg.dialect.cumulative_receipts
 
     async def _in_aborted_transaction(self, frame: Frame) -> bool:
         """A frame naming a transaction the sidecar aborted: its ABORT is answered (and the
@@ -373,7 +376,7 @@ class AppSide:
             return
         held = state.transaction_bytes.used
         abort = Frame(Command.ABORT, (("transaction", tx.id),))
-        state.end(abort, now=trio.current_time())
+        state.close_transaction(abort, now=trio.current_time())
         tx.end = await self.confirmations.submit(abort, app_receipt=None, idle=idle, context=tx)
         why = (
             f"transaction '{tx.id}' aborted: its frames would take the session's open "
@@ -391,7 +394,7 @@ class AppSide:
         app_receipt = frame.get("receipt")
         if frame.get("destination") == core.config.events_destination:
             every_session = frame.get(SCOPE_HEADER) == "all"
-            if every_session and not core.app_authenticated:
+            if every_session and not core.asked.authenticated:
                 core.metrics.client_protocol_error(ClientErrorReason.INVALID_REQUEST)
                 await self.out.send(scope_refused(app_receipt))
                 return False
@@ -404,7 +407,7 @@ class AppSide:
             return False
         if (
             state.app_version == "1.0"
-            and core.stomp10_rabbitmq
+            and core.leg.dialect.rabbitmq_stomp10_rules
             and frame.get("id") is None
             and frame.get("durable") == "true"
         ):
@@ -412,7 +415,7 @@ class AppSide:
         upstream = state.subscribe(frame)
         if core.seen is not None:  # outbox mode: before the SUBSCRIBE goes upstream
             await core.seen.seed(state, upstream.get("id") or "", now=trio.current_time())
-        if core.wildcard_receipt_bug and _is_wildcard(upstream.get("destination") or ""):
+        if core.leg.dialect.subscribe_receipt_breaks(upstream.get("destination") or ""):
             # No receipt on the SUBSCRIBE itself (it can make ActiveMQ dispatch none of the
             # waiting messages): an empty transaction after it carries the receipt, which
             # confirms the SUBSCRIBE too (one connection's frames are processed in order).
@@ -440,7 +443,7 @@ class AppSide:
         if sub is not None and sub.local:
             await self.out.answer_locally(app_receipt)
             return False
-        core.acks_freed.set()
+        core.flow.acks_freed.set()
         if sub is None:
             # No live subscription: e.g. ActiveMQ's removal of a durable subscription
             # (UNSUBSCRIBE with activemq.subscriptionName after the consumer closed).
@@ -465,18 +468,18 @@ class AppSide:
         assert state is not None
         app_receipt = frame.get("receipt")
         bare = frame.without("receipt")
-        upstream_version = core.upstream.version if core.upstream else "1.2"
+        upstream_version = core.leg.upstream.version if core.leg.upstream else "1.2"
         if frame.command is Command.NACK and upstream_version == "1.0":
             raise FrameRejected("NACK is not possible: the broker speaks STOMP 1.0")
         if (
             frame.command is Command.NACK
             and state.app_version == "1.0"
-            and not core.stomp10_rabbitmq
+            and not core.leg.dialect.rabbitmq_stomp10_rules
         ):
             raise ForBroker("NACK from a STOMP 1.0 app")  # ActiveMQ refuses it
         tx = state.transaction_of(frame)
         settled = state.settle(bare, upstream_version=upstream_version, now=trio.current_time())
-        core.acks_freed.set()
+        core.flow.acks_freed.set()
         await core.hand_seen()  # the ids it acknowledged, persisted in outbox mode
         if tx is not None and not tx.rolled_back:
             # The settle charged its deliveries; the ACK frames count when held until COMMIT.
@@ -510,7 +513,7 @@ class AppSide:
                 f"open transactions hold {state.transaction_bytes.used} bytes, "
                 f"max_transaction_size is {limit}"
             )
-        tx = state.begin(frame)
+        tx = state.begin_transaction(frame)
         tx.begin = await self.confirmations.submit(
             frame.without("receipt"), app_receipt=frame.get("receipt"), idle=idle, context=tx
         )
@@ -521,7 +524,7 @@ class AppSide:
         state = self.core.state
         assert state is not None
         app_receipt = frame.get("receipt")
-        tx = state.end(frame, now=trio.current_time())
+        tx = state.close_transaction(frame, now=trio.current_time())
         await self.core.hand_seen()  # a COMMIT's acknowledged ids, persisted in outbox mode
         if tx.rolled_back:
             if frame.command is Command.COMMIT:
@@ -543,17 +546,17 @@ class AppSide:
         # the DISCONNECT (after it the leg takes no frame), or the broker would redeliver
         # them to another consumer.
         await self.out.flush()
-        if self.spool is not None and await self._disconnect_spooled(frame):
+        if self.outbox is not None and await self._disconnect_stored(frame):
             return True
-        core.disconnect_entry = await self.confirmations.submit(
+        core.asked.disconnect_entry = await self.confirmations.submit(
             frame.without("receipt"), app_receipt=frame.get("receipt"), idle=True
         )
         await self.confirmations.flush_upstream()
         with trio.move_on_after(core.durations.call_timeout):
-            await core.disconnected.wait()
+            await core.asked.disconnected.wait()
         # Frames forwarded from the outbox are not lost: it still holds them.
         lost = unsettled(
-            (e for e in core.window if not isinstance(e.context, Spooled)),
+            (e for e in core.flow.window if not isinstance(e.context, StoredInOutbox)),
             OutcomeCause.APP_DISCONNECT,
         )
         reason = "app disconnected"
@@ -564,20 +567,22 @@ class AppSide:
         core.end(Ending(reason, disconnect_upstream=False))
         return True
 
-    async def _disconnect_spooled(self, frame: Frame) -> bool:
+    async def _disconnect_stored(self, frame: Frame) -> bool:
         """Outbox mode, the app's DISCONNECT: with a broker, what the outbox holds of this
         session goes first, within ``call_timeout``; the rest is left to the recovery
         forwarder (docs/outbox.md). With no broker and nothing but outbox frames in the
         window, the sidecar answers the DISCONNECT itself and ends the session (True): what
         the app handed over is durable."""
         core = self.core
-        spool = self.spool
-        assert spool is not None
-        if core.link_ready:
+        outbox = self.outbox
+        assert outbox is not None
+        if core.leg.ready:
             with trio.move_on_after(core.durations.call_timeout):
-                await spool.drained()
-        spool.stop()
-        if core.link_ready or not all(isinstance(e.context, Spooled) for e in core.window):
+                await outbox.drained()
+        outbox.stop()
+        if core.leg.ready or not all(
+            isinstance(e.context, StoredInOutbox) for e in core.flow.window
+        ):
             return False
         await self.out.answer_locally(frame.get("receipt"))
         core.end(
@@ -587,10 +592,3 @@ class AppSide:
             )
         )
         return True
-
-
-def _is_wildcard(destination: str) -> bool:
-    """Whether ``destination`` names several (ActiveMQ wildcards: ``*`` for one element of a
-    ``.``-separated name, ``>`` for the rest; ActiveMQ "Wildcards")."""
-    name = destination.rpartition("/")[2]
-    return any(part in ("*", ">") for part in name.split("."))

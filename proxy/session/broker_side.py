@@ -11,15 +11,15 @@ import trio
 
 import protocol
 from protocol import Command, ConnectionClosed, Frame, HeartBeat
-from proxy.events import FrameReport
+from proxy.legs.broker import Upstream
+from proxy.legs.stream import HeartBeatTimeout, TransportLost
 from proxy.session.acks import SidecarAcks
 from proxy.session.confirmations import Confirmations
 from proxy.session.core import ERROR_CLOSE_WINDOW, SessionCore, log
 from proxy.session.ending import Ending
 from proxy.session.to_app import AppOutput
-from proxy.upstream import Upstream
-from proxy.vocabulary import FailoverReason
-from proxy.wire import HeartBeatTimeout, TransportLost
+from proxy.telemetry.events import FrameReport
+from proxy.telemetry.vocabulary import FailoverReason
 
 __all__ = ["BrokerSide"]
 
@@ -67,7 +67,7 @@ class BrokerSide:
             and kind is FailoverReason.CONNECTION_LOST
             and trio.current_time() - error_at < ERROR_CLOSE_WINDOW
         )
-        if core.disconnect_entry is not None and core.disconnected.is_set():
+        if core.asked.disconnect_entry is not None and core.asked.disconnected.is_set():
             core.end(Ending("app disconnected", disconnect_upstream=False))
         elif closed_after_error:
             # An ERROR answering the app's own frame is an application error, not a
@@ -92,22 +92,22 @@ class BrokerSide:
         core = self.core
         state = core.state
         assert state is not None
-        while state.unacked >= state.max_unacked and not core.drain_requested:
+        while state.unacked >= state.max_unacked and not core.drain.requested:
             # Bounded: stop reading the broker until the app acknowledges (max_unacked). The
             # event is made before the flush: the app's ACKs may all arrive while the flush
             # writes, and an event made after it would wait for one more ACK that never comes
             # (the app holds nothing to acknowledge any more): the session would stall.
-            core.acks_freed = trio.Event()
+            core.flow.acks_freed = trio.Event()
             await self.out.flush()
-            if state.unacked >= state.max_unacked and not core.drain_requested:
-                await core.acks_freed.wait()
-        if core.drain_requested and self._acked_by_the_app(frame):
+            if state.unacked >= state.max_unacked and not core.drain.requested:
+                await core.flow.acks_freed.wait()
+        if core.drain.requested and self._acked_by_the_app(frame):
             # Draining (SIGTERM): the app is no longer read, so it could not acknowledge
             # this; held back and not acknowledged (every subscription the sidecar tracks is
             # client-acked upstream), it goes back to the broker's queue at the DISCONNECT
             # for another consumer (STOMP 1.2 "SUBSCRIBE ack Header"). The broker is still
             # read, for the receipts the app waits for (docs/behaviour.md, "Drain").
-            core.held_back += 1
+            core.drain.messages_not_shown += 1
             return
         decision = state.deliver(frame, upstream_version=upstream.version, now=trio.current_time())
         if state.seen_out:
@@ -132,7 +132,7 @@ class BrokerSide:
             # subscription would otherwise cover it first: RabbitMQ then closes the
             # connection on the "unknown delivery tag").
             await self.acks.send(upstream, decision.to_broker)
-        elif self.acks.hold(decision.to_broker):
+        elif self.acks.defer(decision.to_broker):
             # The sidecar's ACK of an auto subscription's message goes only after the app
             # has it: held until the app's out-buffer is written (AppOutput.flush).
             await self.out.flush()

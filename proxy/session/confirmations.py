@@ -3,8 +3,8 @@ the receipts the sidecar asks for; broker RECEIPTs confirm them and answer the a
 a receipt the app waits for past ``call_timeout`` is answered with an ERROR, and the frames of
 an ERROR are named in an OUTCOME event (docs/behaviour.md, "Frame outcomes").
 
-The window itself (:class:`proxy.window.ConfirmationWindow`) is pure bookkeeping; this module
-adds the I/O and the waiting (backpressure: while the window is full the app is not read).
+The window itself (:class:`proxy.tracking.window.ConfirmationWindow`) is pure bookkeeping; this
+module adds the I/O and the waiting (backpressure: while the window is full the app is not read).
 """
 
 from __future__ import annotations
@@ -15,17 +15,17 @@ from collections.abc import Callable
 import trio
 
 from protocol import Command, Frame, RawFrame
-from proxy.events import FrameReport
+from proxy.legs.stream import TransportLost
 from proxy.session.control import ControlChannel
 from proxy.session.core import SessionCore, log
 from proxy.session.ending import error_frame
 from proxy.session.outcomes import report_of
 from proxy.session.phase import Phase
 from proxy.session.to_app import AppOutput
-from proxy.tracking import Spooled, Transaction
-from proxy.vocabulary import FrameOutcome, OutcomeCause, TransactionOutcome
-from proxy.window import Entry, EntryContext, frame_size
-from proxy.wire import TransportLost
+from proxy.telemetry.events import FrameReport
+from proxy.telemetry.vocabulary import FrameOutcome, OutcomeCause, TransactionOutcome
+from proxy.tracking import StoredInOutbox, Transaction
+from proxy.tracking.window import Entry, EntryContext, frame_size
 
 __all__ = ["ALWAYS_RECEIPTED", "WATCH_RECHECK", "Confirmations"]
 
@@ -65,8 +65,8 @@ class Confirmations:
         #: Whether the ``call_timeout`` watch runs (:meth:`watch_call_timeouts`): only while
         #: an app receipt is unanswered, so an idle session holds no task for it.
         self.watching = False
-        #: Told of every settled entry forwarded from the outbox (``Spool.confirmed``).
-        self.on_spooled: Callable[[Spooled], None] | None = None
+        #: Told of every settled entry forwarded from the outbox (``SessionOutbox.confirmed``).
+        self.on_stored: Callable[[StoredInOutbox], None] | None = None
 
     async def submit(
         self,
@@ -87,7 +87,7 @@ class Confirmations:
         frame (a later frame's receipt confirms it: the wildcard SUBSCRIBE on ActiveMQ).
         """
         core = self.core
-        window = core.window
+        window = core.flow.window
         size = frame_size(frame)
         if not window.has_room(size):
             core.metrics.window_full()
@@ -98,7 +98,7 @@ class Confirmations:
                 # Only a pending receipt makes room; with none, the frame goes in after what
                 # the window holds and confirms it (ConfirmationWindow.receipts_pending).
                 while not window.has_room(size) and window.receipts_pending:
-                    await core.window_change()
+                    await core.flow.window_change()
             finally:
                 self.waiting = None
         # A SEND on a leg whose receipts overtake each other (RabbitMQ) gets a receipt of its
@@ -107,7 +107,7 @@ class Confirmations:
         # forever): there the sidecar asks none (the app's own is still passed on), and the
         # COMMIT's receipt confirms them.
         deferred = (
-            not core.cumulative_receipts
+            not core.leg.dialect.cumulative_receipts
             and isinstance(context, Transaction)
             and frame.command in _DEFERRED_IN_TRANSACTION
         )
@@ -121,18 +121,18 @@ class Confirmations:
             want = (
                 idle
                 or frame.command in ALWAYS_RECEIPTED
-                or (frame.command is Command.SEND and not core.cumulative_receipts)
+                or (frame.command is Command.SEND and not core.leg.dialect.cumulative_receipts)
             )
         if not receipted:
             want = None
-        if core.send_lock.locked():  # a restore is writing the window: append after it
-            async with core.send_lock:
+        if core.leg.send_lock.locked():  # a restore is writing the window: append after it
+            async with core.leg.send_lock:
                 entry = self._append(frame, app_receipt, want, context, size, deferred=deferred)
         else:
             # _append never checkpoints, so nothing can come between the append and the
             # queueing; taking the lock would only cost a trip through the scheduler.
             entry = self._append(frame, app_receipt, want, context, size, deferred=deferred)
-        upstream = core.upstream
+        upstream = core.leg.upstream
         if upstream is not None and upstream.needs_flush:
             await self.flush_upstream()
         return entry
@@ -153,8 +153,12 @@ class Confirmations:
         now = trio.current_time()
         # RabbitMQ copies a SEND's receipt header into the MESSAGE its consumers get: there
         # the app's own receipt id goes upstream (when no pending frame uses it), as directly.
-        copied = app_receipt if frame.command is Command.SEND and core.receipts_copied else None
-        entry = core.window.append(
+        copied = (
+            app_receipt
+            if frame.command is Command.SEND and core.leg.dialect.copies_receipt_into_messages
+            else None
+        )
+        entry = core.flow.window.append(
             frame,
             app_receipt=app_receipt,
             want_receipt=want_receipt,
@@ -171,13 +175,13 @@ class Confirmations:
             core.app_nursery.start_soon(self.watch_call_timeouts)
         body = frame.body_length if isinstance(frame, RawFrame) else len(frame.body)
         core.metrics.frame_to_broker(frame.command, body)
-        upstream = core.upstream
-        if core.link_ready and upstream is not None:
+        upstream = core.leg.upstream
+        if core.leg.ready and upstream is not None:
             if core.state is not None:  # the order the leg names temporary destinations
-                core.state.temps.note(entry.held)
+                core.state.temps.note(entry.outgoing)
             try:
                 entry.sent_at = now
-                upstream.queue(entry.held)
+                upstream.queue(entry.outgoing)
                 entry.sent = True
             except TransportLost:
                 pass  # the link task sees the loss and replays the window
@@ -186,7 +190,7 @@ class Confirmations:
     async def flush_upstream(self) -> None:
         """Write what is queued for the broker; a failed write is left to the link task,
         which sees the loss on its read and replays the window."""
-        upstream = self.core.upstream
+        upstream = self.core.leg.upstream
         if upstream is not None:
             with contextlib.suppress(TransportLost):
                 await upstream.flush()
@@ -196,17 +200,17 @@ class Confirmations:
         core = self.core
         state = core.state
         assert state is not None
-        confirmed = core.window.confirm(receipt)
+        confirmed = core.flow.window.confirm(receipt)
         if confirmed is None:
             if not state.take_internal_receipt(receipt):
                 log.warning("session %s: broker sent unknown receipt-id %r", core.id, receipt)
             return
-        core.window_changed()
+        core.flow.window_changed()
         now = trio.current_time()
         metrics = core.metrics
         for entry in confirmed:
-            if isinstance(entry.context, Spooled) and self.on_spooled is not None:
-                self.on_spooled(entry.context)
+            if isinstance(entry.context, StoredInOutbox) and self.on_stored is not None:
+                self.on_stored(entry.context)
             if entry.receipt == receipt and entry.sent_at:
                 metrics.receipt_roundtrip(now - entry.sent_at)
             if entry.command is Command.COMMIT:
@@ -217,11 +221,11 @@ class Confirmations:
                 entry.answered = True
                 metrics.frame_to_app(Command.RECEIPT, 0)
                 await self.out.send(_receipt(entry.app_receipt), flush=False)
-            if entry is core.disconnect_entry:
+            if entry is core.asked.disconnect_entry:
                 # The app's RECEIPT must be written before the session ends: once
                 # `disconnected` is set the app side ends the session and cancels this relay.
                 await self.out.flush()
-                core.disconnected.set()
+                core.asked.disconnected.set()
 
     async def confirm_by_error(self, error: Frame, receipt: str) -> tuple[Frame, list[FrameReport]]:
         """A broker ERROR that answers the frame carrying sidecar receipt ``receipt``: the
@@ -229,13 +233,13 @@ class Confirmations:
         Returns the ERROR as the app gets it (with the app's receipt id, or without one), and
         the report of the frame it refused (``refused``), for the OUTCOME event after it."""
         core = self.core
-        confirmed = core.window.confirm(receipt) or []
-        core.window_changed()
+        confirmed = core.flow.window.confirm(receipt) or []
+        core.flow.window_changed()
         answered = next((e for e in confirmed if e.receipt == receipt), None)
         for entry in confirmed:
             # The broker's ERROR reaches the app: the outbox is done with such a frame too.
-            if isinstance(entry.context, Spooled) and self.on_spooled is not None:
-                self.on_spooled(entry.context)
+            if isinstance(entry.context, StoredInOutbox) and self.on_stored is not None:
+                self.on_stored(entry.context)
             if entry is not answered and entry.app_receipt and not entry.answered:
                 entry.answered = True
                 await self.out.answer_locally(entry.app_receipt)
@@ -258,7 +262,7 @@ class Confirmations:
         core = self.core
         timeout = core.durations.call_timeout
         while True:
-            entry = core.window.first_unanswered()
+            entry = core.flow.window.first_unanswered()
             if entry is None:
                 # No checkpoint between this test and the flag: an append that comes after
                 # it sees the flag down and starts the watch again.
@@ -282,7 +286,7 @@ class Confirmations:
             while entry is not None and entry.enqueued_at + timeout <= trio.current_time():
                 entry.answered = True
                 due.append(entry)
-                entry = core.window.first_unanswered()
+                entry = core.flow.window.first_unanswered()
             entry = None
             await self._time_out(due)
             del due
@@ -295,11 +299,11 @@ class Confirmations:
         it; what is on the live leg stays in the window: ``timed_out``, it may still be done.
         """
         core = self.core
-        async with core.send_lock:
+        async with core.leg.send_lock:
             for entry in due:
                 if not entry.sent and not entry.confirmed and not entry.dropped:
-                    core.window.drop(entry)
-            core.window_changed()
+                    core.flow.window.drop(entry)
+            core.flow.window_changed()
         state = "while reconnecting" if core.phase is Phase.RECONNECTING else "by the broker"
         reports = []
         for entry in due:

@@ -15,10 +15,10 @@ from collections.abc import Sequence
 import trio
 
 from protocol import Command, Frame
-from proxy.events import EventKind, FrameReport, SessionEvent
 from proxy.session.core import SessionCore
 from proxy.session.ending import error_frame
 from proxy.session.to_app import AppOutput
+from proxy.telemetry.events import EventKind, FrameReport, SessionEvent
 
 __all__ = ["SCOPE_HEADER", "ControlChannel", "scope_refused"]
 
@@ -67,12 +67,12 @@ class ControlChannel:
         for outcome, count in Counter(f.outcome for f in frames).items():
             core.metrics.frame_outcome(outcome, count)
         broker: str | None = None
-        if core.upstream is not None:
-            broker = core.upstream.broker.label
-        elif core.loss is not None:
-            broker = core.loss.broker
-        elif core.broker_index is not None:
-            broker = core.config.brokers[core.broker_index].label
+        if core.leg.upstream is not None:
+            broker = core.leg.upstream.broker.label
+        elif core.leg.loss is not None:
+            broker = core.leg.loss.broker
+        elif core.leg.broker_index is not None:
+            broker = core.config.brokers[core.leg.broker_index].label
         await self.publish(
             SessionEvent(
                 EventKind.OUTCOME, core.id, reason, from_broker=broker, frames=tuple(frames)

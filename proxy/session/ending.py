@@ -12,11 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from protocol import Command, Frame
-from proxy.events import FrameReport
-from proxy.failover import ReconnectExhausted
+from proxy.legs.broker import UpstreamRefused, UpstreamUnavailable
+from proxy.reconnect.walk import ReconnectExhausted
+from proxy.telemetry.events import FrameReport
+from proxy.telemetry.vocabulary import FailoverReason, FrameOutcome
 from proxy.tracking import DUPLICATE_ID_HEADER
-from proxy.upstream import UpstreamRefused, UpstreamUnavailable
-from proxy.vocabulary import FailoverReason, FrameOutcome
 
 __all__ = [
     "OUTCOME_HEADER",

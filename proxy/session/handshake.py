@@ -17,13 +17,14 @@ import protocol
 from config import FailoverMode
 from protocol import Command, ConnectionClosed, Frame
 from proxy._version import VERSION
+from proxy.legs.broker import Upstream
+from proxy.legs.opening import StreamOpener
+from proxy.legs.stream import TransportLost
 from proxy.session.core import SessionCore, log
 from proxy.session.ending import Ending, error_frame
 from proxy.session.verdict import broker_verdict
+from proxy.telemetry.vocabulary import ClientErrorReason
 from proxy.tracking import SessionState
-from proxy.upstream import StreamOpener, Upstream
-from proxy.vocabulary import ClientErrorReason
-from proxy.wire import TransportLost
 
 __all__ = ["SUPPORTED_VERSIONS", "accept_connect", "connected_frame", "local_connected_frame"]
 
@@ -36,7 +37,7 @@ _CONNECT = (Command.CONNECT, Command.STOMP)
 
 
 async def accept_connect(core: SessionCore, open_stream: StreamOpener) -> Frame | None:
-    """Read and check the app's CONNECT; on success set ``core.state`` and ``core.connect``
+    """Read and check the app's CONNECT; on success set ``core.state`` and ``core.asked.connect``
     and return the frame; otherwise end the session (with the ERROR the app gets) and
     return None. ``open_stream`` reaches the brokers asked for their verdicts."""
     timeout = core.durations.handshake_timeout
@@ -94,7 +95,7 @@ async def accept_connect(core: SessionCore, open_stream: StreamOpener) -> Frame 
             )
         )
         return None
-    core.app_authenticated = config.client_login is not None
+    core.asked.authenticated = config.client_login is not None
     core.state = SessionState(
         core.id,
         version,
@@ -105,7 +106,7 @@ async def accept_connect(core: SessionCore, open_stream: StreamOpener) -> Frame 
     )
     # Outbox mode: queue subscriptions persist the ids the app settles (issue 17 part 3).
     core.state.persist_seen_ids = core.seen is not None
-    core.connect = connect
+    core.asked.connect = connect
     return connect
 
 

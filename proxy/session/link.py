@@ -16,8 +16,12 @@ import trio
 import protocol
 from config import Broker
 from protocol import Command, ConnectionClosed, Frame
-from proxy.events import EventKind, SessionEvent
-from proxy.failover import Attempt, ReconnectBoard, ReconnectExhausted, connect_by_policy
+from proxy.legs.broker import Upstream, UpstreamRefused, UpstreamUnavailable, connect_upstream
+from proxy.legs.connect_frame import connect_frame
+from proxy.legs.opening import StreamOpener
+from proxy.legs.stream import TransportLost
+from proxy.reconnect.board import ReconnectBoard
+from proxy.reconnect.walk import Attempt, ReconnectExhausted, connect_by_policy
 from proxy.session.acks import SidecarAcks
 from proxy.session.broker_side import BrokerSide
 from proxy.session.control import ControlChannel
@@ -25,17 +29,9 @@ from proxy.session.core import GOODBYE_TIMEOUT, SessionCore, log
 from proxy.session.ending import Loss
 from proxy.session.phase import Phase
 from proxy.session.restore import Restorer, start_link
+from proxy.telemetry.events import EventKind, SessionEvent
+from proxy.telemetry.vocabulary import ConnectOutcome, FailoverReason
 from proxy.tracking.links import LinkEnd
-from proxy.upstream import (
-    StreamOpener,
-    Upstream,
-    UpstreamRefused,
-    UpstreamUnavailable,
-    connect_frame,
-    connect_upstream,
-)
-from proxy.vocabulary import ConnectOutcome, FailoverReason
-from proxy.wire import TransportLost
 
 __all__ = ["FAILBACK_HOLD", "Link"]
 
@@ -67,7 +63,7 @@ class Link:
         self.restorer = restorer
         self.open_stream = open_stream
         #: The sidecar's board: reconnects are reported there, and a first connection waits
-        #: there for the outcome of other sessions' reconnects (proxy.failover).
+        #: there for the outcome of other sessions' reconnects (proxy.reconnect.walk).
         self.reconnects = reconnects
         self._relay_scope = trio.CancelScope()  # per leg; cancelled to fail back
         self._failback: Upstream | None = None
@@ -87,14 +83,14 @@ class Link:
         """
         core = self.core
         try:
-            with core.link_scope:
+            with core.leg.scope:
                 await self._loop(task_status)
             if not self._started and core.ending is not None:
                 task_status.started()
         finally:
             self._release_app()
-            upstream, core.upstream = core.upstream, None
-            core.link_ready = False
+            upstream, core.leg.upstream = core.leg.upstream, None
+            core.leg.ready = False
             if upstream is not None:
                 with trio.move_on_after(GOODBYE_TIMEOUT, shield=True):
                     ending = core.ending
@@ -103,13 +99,13 @@ class Link:
                     await upstream.aclose()
 
     def connect_frame(self, broker: Broker) -> Frame:
-        """The CONNECT for ``broker`` (:func:`proxy.upstream.connect_frame`), asking for
+        """The CONNECT for ``broker`` (:func:`proxy.legs.broker.connect_frame`), asking for
         heart-beats at half the interval silence is judged by (FrameStream.start_heartbeats)."""
         core = self.core
-        assert core.connect is not None
+        assert core.asked.connect is not None
         cx, cy = core.config.upstream_heartbeat
         return connect_frame(
-            broker, core.config, heart_beat=f"{cx},{(cy + 1) // 2}", app_connect=core.connect
+            broker, core.config, heart_beat=f"{cx},{(cy + 1) // 2}", app_connect=core.asked.connect
         )
 
     async def _connect_one(self, broker: Broker) -> Upstream:
@@ -132,7 +128,7 @@ class Link:
 
     def _log_attempt(self, attempt: Attempt) -> None:
         core = self.core
-        core.reconnect_attempts.append(attempt)
+        core.leg.reconnect_attempts.append(attempt)
         core.metrics.connect_attempt(attempt.broker, ConnectOutcome(attempt.outcome))
         if attempt.outcome != "connected":
             self._first_failure()
@@ -148,7 +144,7 @@ class Link:
 
     def _identity(self, broker: Broker) -> bytes:
         """What this session's CONNECT to ``broker`` is for the brokers' refusals: sessions
-        sending the same one share the broker's cool-down (proxy.failover)."""
+        sending the same one share the broker's cool-down (proxy.reconnect.walk)."""
         return self.reconnects.identity(self.connect_frame(broker))
 
     def _log_skip(self, broker: Broker, refusal: UpstreamRefused) -> None:
@@ -166,7 +162,7 @@ class Link:
         failback: Upstream | None = None
         end = LinkEnd()
         while True:
-            core.reconnect_attempts = []
+            core.leg.reconnect_attempts = []
             attempts: list[Attempt] = []
             if failback is not None:  # priority_backup found the first broker again
                 upstream, index = failback, 0
@@ -178,7 +174,7 @@ class Link:
                         core.policy,
                         core.rng,
                         self._connect_one,
-                        current=core.broker_index,
+                        current=core.leg.broker_index,
                         initial=first,
                         on_attempt=self._log_attempt,
                         initial_period=core.durations.initial_connect_period,
@@ -191,21 +187,17 @@ class Link:
                         raise
                     await self.restorer.exhausted(exc, loss)
                     return
-            core.upstream = upstream
-            core.broker_index = index
-            core.cumulative_receipts = upstream.confirms_in_order
-            core.artemis_ids = upstream.artemis_duplicate_ids
-            core.wildcard_receipt_bug = upstream.receipt_breaks_wildcard_subscribe
-            core.stomp10_rabbitmq = upstream.stomp10_rabbitmq
-            core.receipts_copied = upstream.copies_receipt_into_messages
+            core.leg.upstream = upstream
+            core.leg.broker_index = index
+            core.leg.dialect = upstream.dialect
             self.acks.reset()  # ack ids of the old leg mean nothing on this one
             # A first leg of a session whose CONNECT the sidecar answered itself (outbox mode)
             # is restored onto as after a reconnect: the app may have subscribed meanwhile.
-            local = first and core.connected_locally
+            local = first and core.asked.connected_locally
             if local:
                 first = False
-                assert core.loss is not None
-                loss = core.loss
+                assert core.leg.loss is not None
+                loss = core.leg.loss
             if not first:
                 end = await self.restorer.begin(upstream)
             async with trio.open_nursery() as leg:
@@ -215,8 +207,8 @@ class Link:
                     self._started = True
                     task_status.started()
                 if first:
-                    start_link(state, upstream, core.connect)
-                    core.link_ready = True
+                    start_link(state, upstream, core.asked.connect)
+                    core.leg.ready = True
                     if core.phase is Phase.HANDSHAKE:
                         core.advance(Phase.RUNNING)
                     self._started = True
@@ -236,8 +228,8 @@ class Link:
                     loss_reason, loss_kind = "failback to the first broker", FailoverReason.FAILBACK
                 leg.cancel_scope.cancel()
             # The leg is gone (or left for the first broker): stop the world (Qpid draft).
-            core.link_ready = False
-            core.upstream = None
+            core.leg.ready = False
+            core.leg.upstream = None
             if failback is not None:
                 with trio.move_on_after(GOODBYE_TIMEOUT, shield=True):
                     await self.disconnect(upstream)
@@ -249,10 +241,10 @@ class Link:
             first = False
             lost_from = upstream.broker.label
             loss = Loss(trio.current_time(), lost_from, loss_reason, loss_kind)
-            core.loss = loss
+            core.leg.loss = loss
             core.advance(Phase.RECONNECTING)
-            async with core.send_lock:
-                core.window.mark_all_unsent()
+            async with core.leg.send_lock:
+                core.flow.window.mark_all_unsent()
             log.warning("session %s: lost %s: %s; reconnecting", core.id, lost_from, loss_reason)
             await self.control.publish(
                 SessionEvent(
@@ -312,9 +304,10 @@ class Link:
         """End the backup leg for a failback: a DISCONNECT, after which the broker answers
         and closes, and the relay ends with it, having handed the app every frame it had
         begun (cancelling it in the middle of a write to the app would end the app's
-        session: proxy.wire). A backup that does not close within ``GOODBYE_TIMEOUT`` is cut."""
+        session: proxy.legs.stream). A backup that does not close within ``GOODBYE_TIMEOUT``
+        is cut."""
         core = self.core
-        upstream, state = core.upstream, core.state
+        upstream, state = core.leg.upstream, core.state
         if upstream is not None and state is not None:
             goodbye = Frame(Command.DISCONNECT, (("receipt", state.new_internal_receipt()),))
             try:
@@ -343,12 +336,12 @@ class Link:
             while state.unacked or state.transactions:
                 await self._session_changes()
         self._held_since = trio.current_time()
-        core.app_hold = trio.Event()
+        core.flow.failback_hold = trio.Event()
         with trio.move_on_after(FAILBACK_HOLD):
             while not (
-                core.link_ready
+                core.leg.ready
                 and not state.transactions
-                and len(core.window) == 0
+                and len(core.flow.window) == 0
                 and not self.acks.pending
             ):
                 await self._session_changes()
@@ -356,7 +349,7 @@ class Link:
         log.info(
             "session %s: failback given up: %d frame(s) unconfirmed after %.1f s",
             core.id,
-            len(core.window),
+            len(core.flow.window),
             FAILBACK_HOLD,
         )
         self._release_app()
@@ -366,11 +359,11 @@ class Link:
         """Wait for the window to change (a receipt, an app frame), or a moment: what a
         failback waits for (transactions, deliveries, the sidecar's ACKs) signals nothing."""
         with trio.move_on_after(_FAILBACK_POLL):
-            await self.core.window_change()
+            await self.core.flow.window_change()
 
     def _release_app(self) -> None:
         """End a failback's hold of the app, if any."""
-        hold, self.core.app_hold = self.core.app_hold, None
+        hold, self.core.flow.failback_hold = self.core.flow.failback_hold, None
         self._held_since = None
         if hold is not None:
             hold.set()

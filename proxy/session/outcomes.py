@@ -1,6 +1,6 @@
 """What became of app frames that did not end plainly confirmed: one :class:`FrameReport` per
 frame, naming it by the app's receipt id and its ``mq-sidecar-id`` with one
-:class:`~proxy.vocabulary.FrameOutcome` (docs/behaviour.md, "Frame outcomes").
+:class:`~proxy.telemetry.vocabulary.FrameOutcome` (docs/behaviour.md, "Frame outcomes").
 
 After JEUS' Send/AcknowledgeException, which carry the id of the message that failed, and the
 Qpid draft's TransactionAborted (certainly not done) vs TransactionUnknown (may be done): the
@@ -17,11 +17,11 @@ from collections.abc import Iterable
 
 from config import FailoverMode
 from protocol import Command, Frame
-from proxy.events import FrameReport
-from proxy.replay import ReplayPlan
+from proxy.telemetry.events import FrameReport
+from proxy.telemetry.vocabulary import FrameOutcome, OutcomeCause
 from proxy.tracking import DUPLICATE_ID_HEADER, Transaction
-from proxy.vocabulary import FrameOutcome, OutcomeCause
-from proxy.window import Entry
+from proxy.tracking.replay import ReplayPlan
+from proxy.tracking.window import Entry
 
 __all__ = ["after_restore", "report_of", "report_of_frame", "unsettled", "unsettled_outcome"]
 
@@ -68,7 +68,7 @@ def unsettled(entries: Iterable[Entry], cause: OutcomeCause) -> list[FrameReport
 
 
 def after_restore(plan: ReplayPlan, mode: FailoverMode) -> list[FrameReport]:
-    """Reports of what a restore did to the window (:func:`proxy.replay.plan_replay`):
+    """Reports of what a restore did to the window (:func:`proxy.tracking.replay.plan_replay`):
 
     - a frame replayed that an earlier leg may have had (``sent_before``): ``replayed``;
     - an ACK of a delivery of the old leg, not replayed: in ``transparent`` mode the sidecar

@@ -2,8 +2,8 @@
 temporary destinations), replay what the old broker never confirmed, and tell the app
 (FAILOVER); or, when the policy gives up, tell the app what was lost (DISCONNECT).
 
-What to replay is decided by the pure :func:`proxy.replay.plan_replay`; this module carries it
-out on the leg and reports it (events, metrics, log). What the failover did beyond that is
+What to replay is decided by the pure :func:`proxy.tracking.replay.plan_replay`; this module carries
+it out on the leg and reports it (events, metrics, log). What the failover did beyond that is
 reported too (docs/behaviour.md, "Restoring the session"): the temporary destinations it
 renamed (:mod:`proxy.tracking.links`), the browsers it cut short (each also gets an ERROR, as
 the Qpid client failover draft throws from a browser's enumeration), the non-durable topic
@@ -22,9 +22,9 @@ import trio
 import protocol
 from config import TransactionFailover
 from protocol import Command, ConnectionClosed, Frame
-from proxy.events import EventKind, SessionEvent
-from proxy.failover import Attempt, ReconnectExhausted
-from proxy.replay import ReplayPlan, plan_replay
+from proxy.legs.broker import Upstream
+from proxy.legs.stream import TransportLost
+from proxy.reconnect.walk import Attempt, ReconnectExhausted
 from proxy.session.control import ControlChannel
 from proxy.session.core import GOODBYE_TIMEOUT, SessionCore, log
 from proxy.session.ending import SUMMARY_NAMES, Ending, Loss, error_frame
@@ -32,12 +32,12 @@ from proxy.session.ending import summary as frames_summary
 from proxy.session.outcomes import after_restore, report_of_frame, unsettled
 from proxy.session.phase import Phase
 from proxy.session.to_app import AppOutput
+from proxy.telemetry.events import EventKind, SessionEvent
+from proxy.telemetry.vocabulary import FrameOutcome, OutageOutcome, OutcomeCause, TransactionOutcome
 from proxy.tracking import SessionState
 from proxy.tracking.links import LinkEnd, probe_end
-from proxy.upstream import Upstream
-from proxy.vocabulary import FrameOutcome, OutageOutcome, OutcomeCause, TransactionOutcome
-from proxy.window import Entry
-from proxy.wire import TransportLost
+from proxy.tracking.replay import ReplayPlan, plan_replay
+from proxy.tracking.window import Entry
 
 __all__ = ["Restorer", "start_link"]
 
@@ -51,9 +51,9 @@ def start_link(state: SessionState, upstream: Upstream, app_connect: Frame | Non
     session = upstream.connected.get("session")
     client_id = app_connect.get("client-id") if app_connect is not None else None
     return state.new_link(
-        stable_message_ids=upstream.stable_message_ids,
-        client_ack_per_subscription=upstream.client_ack_per_subscription,
-        acks_ignore_subscription=upstream.acks_ignore_subscription,
+        stable_message_ids=upstream.dialect.stable_message_ids,
+        client_ack_per_subscription=upstream.dialect.client_ack_per_subscription,
+        acks_ignore_subscription=upstream.dialect.acks_ignore_subscription,
         server=server,
         connection_id=session if client_id is None and server.startswith("ActiveMQ/") else None,
     )
@@ -89,8 +89,8 @@ class Restorer:
         core = self.core
         state = core.state
         assert state is not None
-        async with core.send_lock:
-            end = start_link(state, upstream, core.connect)
+        async with core.leg.send_lock:
+            end = start_link(state, upstream, core.asked.connect)
         names = [name for name, _ in end.temps]
         frames = state.temps.probe(f"{core.id}-t{state.generation}", names)
         if not frames:
@@ -176,14 +176,14 @@ class Restorer:
         """
         core = self.core
         state = core.state
-        window = core.window
+        window = core.flow.window
         assert state is not None
         replay_tx = core.config.transaction_failover is TransactionFailover.REPLAY
-        async with core.send_lock:
+        async with core.leg.send_lock:
             plan = plan_replay(state, window, replay_transactions=replay_tx)
             for entry in (*plan.answer, *plan.in_doubt):
                 window.drop(entry)
-            core.window_changed()
+            core.flow.window_changed()
             # plan.replay, then what the app handed over while we reconnected
             replayed = {id(e) for e in plan.replay}
             entries = [*plan.replay, *(e for e in window if not e.sent and id(e) not in replayed)]
@@ -194,7 +194,7 @@ class Restorer:
             for frame in frames:
                 await _queue_on(upstream, frame)
             await self._replay(upstream, entries)
-            core.link_ready = True
+            core.leg.ready = True
             if core.phase is Phase.RECONNECTING:
                 core.advance(Phase.RUNNING)
         with _app_writes():  # the app hears all of it, even if this leg is lost meanwhile
@@ -202,8 +202,8 @@ class Restorer:
                 if not entry.answered:
                     entry.answered = True
                     await self.out.answer_locally(entry.app_receipt)
-                if entry is core.disconnect_entry:
-                    core.disconnected.set()
+                if entry is core.asked.disconnect_entry:
+                    core.asked.disconnected.set()
             for entry in plan.in_doubt:
                 if not entry.answered:
                     entry.answered = True
@@ -244,8 +244,8 @@ class Restorer:
         for entry in entries:
             if entry.sent:
                 continue
-            if not core.cumulative_receipts and entry.frame.command is Command.SEND:
-                core.window.ensure_receipt(entry)
+            if not core.leg.dialect.cumulative_receipts and entry.frame.command is Command.SEND:
+                core.flow.window.ensure_receipt(entry)
             entry.sent_at = trio.current_time()
             await _queue_on(upstream, entry.frame)
             entry.sent = True
@@ -264,7 +264,7 @@ class Restorer:
         core = self.core
         state = core.state
         assert state is not None
-        core.failovers += 1
+        core.leg.failovers += 1
         to = upstream.broker.label
         lost_from, loss_reason = loss.broker, loss.reason
         now = trio.current_time()
@@ -272,7 +272,7 @@ class Restorer:
         outage_ms = round(outage * 1000)
         wall = time.time()
         reattached = to == lost_from
-        core.loss = None
+        core.leg.loss = None
         m = core.metrics
         if reattached:
             m.reattach(to, loss.kind)
@@ -342,7 +342,7 @@ class Restorer:
         # Stop taking frames from the app first: one submitted while the event is written
         # would be in neither the event's nor the ERROR's list of lost frames.
         core.app_scope.cancel()
-        reports = unsettled(core.window.drop_all(), OutcomeCause.RECONNECT_EXHAUSTED)
+        reports = unsettled(core.flow.window.drop_all(), OutcomeCause.RECONNECT_EXHAUSTED)
         # Read before anything yields: the frames a full window held up (read from the app,
         # never sent) are lost too (the app side, cancelled, forgets the one it was waiting
         # with when it next runs).
@@ -351,12 +351,12 @@ class Restorer:
             for frame, receipt in self.not_taken()
         ]
         lost = [r.label for r in reports]
-        core.window_changed()
+        core.flow.window_changed()
         core.metrics.outage(trio.current_time() - loss.at, OutageOutcome.DISCONNECTED)
         core.metrics.frames_lost(len(lost))
         reason = f"{loss.reason}; reconnect {exc}"
         await self.control.report(reports, reason)  # before the DISCONNECT, the last event
-        core.loss = None
+        core.leg.loss = None
         await self.control.publish(
             SessionEvent(
                 EventKind.DISCONNECT,
@@ -392,5 +392,5 @@ async def _queue_on(upstream: Upstream, frame: Frame) -> None:
 def _app_writes() -> trio.CancelScope:
     """A scope for a restore's writes to the app: they finish even when the leg is lost (or
     the session ends) meanwhile, since a write cancelled half way leaves the app a partial
-    frame and ends its session (proxy.wire); but within ``GOODBYE_TIMEOUT`` seconds."""
+    frame and ends its session (proxy.legs.stream); but within ``GOODBYE_TIMEOUT`` seconds."""
     return trio.CancelScope(shield=True, deadline=trio.current_time() + GOODBYE_TIMEOUT)

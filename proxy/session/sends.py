@@ -30,7 +30,7 @@ class UpstreamSends:
         headers (the hot path): every ``receipt`` entry removed (the sidecar requests its
         own), and the duplicate-detection id added: ``mq-sidecar-id``, kept when the app set
         one, and the same value as Artemis' ``_AMQ_DUPL_ID`` unless present or the leg is a
-        broker that ignores it (:attr:`proxy.upstream.Upstream.artemis_duplicate_ids`). A
+        broker that ignores it (:attr:`proxy.legs.dialect.BrokerDialect.artemis_duplicate_ids`). A
         frame replayed on a new leg keeps the headers it was made with. A
         :class:`protocol.RawFrame` is spliced (:meth:`_raw`)."""
         if isinstance(frame, RawFrame):
@@ -55,7 +55,7 @@ class UpstreamSends:
             self._seq += 1
             dup_id = f"{self.core.id}-{self._seq}"
             headers.append((DUPLICATE_ID_HEADER, dup_id))
-        if not artemis and self.core.artemis_ids:
+        if not artemis and self.core.leg.dialect.artemis_duplicate_ids:
             headers.append((ARTEMIS_DUPLICATE_ID, dup_id))
         return Frame.unchecked(Command.SEND, tuple(headers), frame.body), app_receipt
 
@@ -70,7 +70,7 @@ class UpstreamSends:
             self._seq += 1
             dup_id = f"{self.core.id}-{self._seq}"
             add.append((DUPLICATE_ID_HEADER, dup_id))
-        if self.core.artemis_ids and not frame.has(ARTEMIS_DUPLICATE_ID):
+        if self.core.leg.dialect.artemis_duplicate_ids and not frame.has(ARTEMIS_DUPLICATE_ID):
             add.append((ARTEMIS_DUPLICATE_ID, dup_id))
         cut = None if app_receipt is None else "receipt"
         up = frame.spliced(cut, add)

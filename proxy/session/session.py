@@ -4,7 +4,7 @@ The sidecar *terminates* the app's connection: toward the app it is a STOMP serv
 broker a STOMP client, and each leg negotiates its own version and heart-beats. Everything that
 must outlive one upstream connection (subscriptions, transactions, ack ids, identities of
 delivered messages) is in :class:`proxy.tracking.SessionState`, and every frame bound for the
-broker sits in the :class:`proxy.window.ConfirmationWindow` until a RECEIPT confirms it. So
+broker sits in the :class:`proxy.tracking.window.ConfirmationWindow` until a RECEIPT confirms it. So
 when the upstream leg dies the app's session stays up: the sidecar reattaches or fails over,
 restores the session and replays what the old broker never confirmed, and tells the app.
 
@@ -17,7 +17,7 @@ Where each rule lives (``proxy/session/``):
 - ``link``: connect by policy, reconnect, failback, goodbye; ``restore``: re-create and replay
   after a reconnect, or report what was lost; ``broker_side``: broker → app;
 - ``acks``: the sidecar's own ACKs; ``to_app``: writing to the app; ``control``: events;
-- ``spool``: the outbox (``outbox`` on): the app's SENDs stored and answered once durable,
+- ``outbox``: the outbox (``outbox`` on): the app's SENDs stored and answered once durable,
   forwarded into the window while a broker is up, removed from the outbox once confirmed;
   ``held``: transactions of such SENDs, stored at COMMIT.
 
@@ -31,7 +31,7 @@ Task layout (every task has an owner). :meth:`Session.run` owns one nursery with
 - the **app side**, in ``run``'s own task: the app reader (app → window → broker); in a nursery
   it opens, the app heart-beat sender (when negotiated), the ``call_timeout`` watch (while an
   app receipt is unanswered), when asked for, the control-channel pump and, with the outbox,
-  the spool's forwarder and remover (outbox → window; confirmed → removed).
+  the outbox's forwarder and remover (outbox → window; confirmed → removed).
 
 An idle session (no frame unanswered, no ACK of the sidecar's written yet, no outbox) has three
 tasks: ``run`` (the app reader), the link task and the upstream heart-beat sender. Tasks and
@@ -52,9 +52,12 @@ import random
 import trio
 
 from config import Config
-from proxy.events import EventBus
-from proxy.failover import ReconnectBoard, ReconnectExhausted
-from proxy.metrics import Metrics
+from proxy.legs.broker import UpstreamUnavailable
+from proxy.legs.opening import BrokerStreams, StreamOpener
+from proxy.legs.stream import TransportLost
+from proxy.outbox.service import OutboxService
+from proxy.reconnect.board import ReconnectBoard
+from proxy.reconnect.walk import ReconnectExhausted
 from proxy.session.acks import SidecarAcks
 from proxy.session.app_side import AppSide
 from proxy.session.broker_side import BrokerSide
@@ -72,18 +75,17 @@ from proxy.session.ending import (
 )
 from proxy.session.handshake import accept_connect, connected_frame, local_connected_frame
 from proxy.session.link import Link
+from proxy.session.outbox import SessionOutbox
 from proxy.session.outcomes import report_of, report_of_frame, unsettled_outcome
 from proxy.session.phase import Phase
 from proxy.session.restore import Restorer
-from proxy.session.spool import Spool
 from proxy.session.to_app import AppOutput
-from proxy.spool import OutboxService
-from proxy.statistics import SessionStatistics
+from proxy.telemetry.events import EventBus
+from proxy.telemetry.metrics import Metrics
+from proxy.telemetry.statistics import SessionStatistics
+from proxy.telemetry.vocabulary import DrainResult, FrameOutcome, OutcomeCause
 from proxy.tracking import Transaction
-from proxy.upstream import BrokerStreams, StreamOpener, UpstreamUnavailable
-from proxy.vocabulary import DrainResult, FrameOutcome, OutcomeCause
-from proxy.window import Entry
-from proxy.wire import TransportLost
+from proxy.tracking.window import Entry
 
 __all__ = ["DRAIN_GOODBYE_MAX", "Session"]
 
@@ -113,12 +115,12 @@ class Session:
         metrics: where counters go (the sidecar's; a private registry when None).
         rng: randomness for backoff jitter and ``randomize`` (seeded in tests).
         open_stream: opens the byte stream to a broker: the sidecar's
-            :class:`~proxy.upstream.BrokerStreams` (TCP/TLS; a private one when None), a
+            :class:`~proxy.legs.broker.BrokerStreams` (TCP/TLS; a private one when None), a
             memory stream to a scripted broker in unit tests.
-        reconnects: the sidecar's :class:`~proxy.failover.ReconnectBoard`, shared by its
+        reconnects: the sidecar's :class:`~proxy.reconnect.walk.ReconnectBoard`, shared by its
             sessions: reconnects are reported there and a first connection waits there for
             their outcome (a private one when None).
-        outbox: the sidecar's outbox (``outbox`` on; :mod:`proxy.session.spool`): the app's
+        outbox: the sidecar's outbox (``outbox`` on; :mod:`proxy.session.outbox`): the app's
             SENDs it takes are stored and forwarded, and the app's CONNECT is answered even
             when no broker is up. None: off.
 
@@ -166,12 +168,12 @@ class Session:
             open_stream=open_stream if open_stream is not None else BrokerStreams(config),
             reconnects=reconnects if reconnects is not None else ReconnectBoard(),
         )
-        self.spool: Spool | None = None
+        self.outbox: SessionOutbox | None = None
         if outbox is not None:
-            self.spool = Spool(core, self.out, self.control, self.confirmations, outbox)
+            self.outbox = SessionOutbox(core, self.out, self.control, self.confirmations, outbox)
             core.seen = outbox.seen
-            self.app_side.use_spool(self.spool)
-            self.confirmations.on_spooled = self.spool.confirmed
+            self.app_side.use_outbox(self.outbox)
+            self.confirmations.on_stored = self.outbox.confirmed
 
     # -- public -------------------------------------------------------------------------------
 
@@ -188,21 +190,21 @@ class Session:
         once it has it: neither has taken a frame. :attr:`drain_result` says how it ended.
         """
         core = self.core
-        if core.drain_requested:
+        if core.drain.requested:
             return
-        core.drain_requested = True
-        if self.spool is not None:
-            self.spool.stop()  # what the outbox holds stays there for the next start
+        core.drain.requested = True
+        if self.outbox is not None:
+            self.outbox.stop()  # what the outbox holds stays there for the next start
         if core.ending is not None or core.app_scope.cancel_called:
             return  # ending already (its app side may be gone): nothing left to drain
         if deadline is None:
             deadline = trio.current_time() + core.durations.drain_timeout
-        core.drain_deadline = deadline
-        core.acks_freed.set()  # a relay waiting for the app's ACKs must read the broker again
+        core.drain.deadline = deadline
+        core.flow.acks_freed.set()  # a relay waiting for the app's ACKs must read the broker again
         if core.app_nursery is not None:
             self.app_side.stop_reading()
             core.app_nursery.start_soon(self._drain)
-        elif core.connect is not None:
+        elif core.asked.connect is not None:
             self._drained_at_once()
 
     def _drained_at_once(self) -> None:
@@ -216,12 +218,12 @@ class Session:
     async def _drain(self) -> None:
         """The drain of a session whose app side runs (:meth:`request_drain`)."""
         core = self.core
-        assert core.drain_deadline is not None
-        with trio.move_on_at(core.drain_deadline) as waiting:
+        assert core.drain.deadline is not None
+        with trio.move_on_at(core.drain.deadline) as waiting:
             await self.app_side.reading_stopped.wait()
             # Short-circuits at the window's head, which each receipt takes away: O(1) a wake.
-            while any(not _left_open(e) for e in core.window):
-                await core.window_change()
+            while any(not _left_open(e) for e in core.flow.window):
+                await core.flow.window_change()
         # Past the deadline: what is unconfirmed is named (unknown: a broker has it, or may;
         # lost: none ever had it); frames of a transaction the app left open are rolled back
         # by the broker at the DISCONNECT (it was never committed).
@@ -229,7 +231,7 @@ class Session:
             report_of(e, FrameOutcome.ROLLED_BACK, OutcomeCause.DRAIN)
             if _left_open(e)
             else report_of(e, unsettled_outcome(e), OutcomeCause.DRAIN_DEADLINE)
-            for e in core.window
+            for e in core.flow.window
         ]
         if waiting.cancelled_caught:
             # The app side was still held up (a full window): the frames it had read and
@@ -245,12 +247,12 @@ class Session:
         core.metrics.drain(result)
         if late:
             core.metrics.frames_lost(late)
-        if core.held_back:
+        if core.drain.messages_not_shown:
             log.info(
                 "session %s: %d message(s) held back during the drain (back to the broker's "
                 "queue at the DISCONNECT)",
                 core.id,
-                core.held_back,
+                core.drain.messages_not_shown,
             )
         # Bounded: an app that stopped reading does not hold the shutdown up.
         with trio.move_on_after(DRAIN_REPORT_TIMEOUT):
@@ -270,11 +272,11 @@ class Session:
         """Counters and state of this session."""
         core = self.core
         st = core.state
-        up = core.upstream
+        up = core.leg.upstream
         now = trio.current_time()
-        window = core.window
+        window = core.flow.window
         oldest = next(iter(window), None)
-        loss = core.loss
+        loss = core.leg.loss
         phase = core.phase
         window_stats = window.statistics()
         return SessionStatistics(
@@ -290,8 +292,10 @@ class Session:
             frames_from_app=core.app.frames_in,
             frames_to_app=core.app.frames_out,
             window=window_stats,
-            reconnect_attempts=(len(core.reconnect_attempts) if phase is Phase.RECONNECTING else 0),
-            failovers=core.failovers,
+            reconnect_attempts=(
+                len(core.leg.reconnect_attempts) if phase is Phase.RECONNECTING else 0
+            ),
+            failovers=core.leg.failovers,
             duplicates_hidden=st.duplicates_hidden if st else 0,
             redeliveries_hidden=st.redeliveries_hidden if st else 0,
             reconnecting_for=now - loss.at if loss is not None else None,
@@ -318,13 +322,13 @@ class Session:
         finally:
             ending = core.ending
             core.advance(Phase.CLOSED)
-            if self.spool is not None:
+            if self.outbox is not None:
                 # What a broker confirmed leaves the outbox now, not at the next start.
                 with trio.move_on_after(GOODBYE_TIMEOUT, shield=True):
-                    await self.spool.remove_settled()
-                self.spool.outbox.forget(core.id)
-                if self.spool.stored > self.spool.forwarded:
-                    self.spool.outbox.orphan(core.id)  # the recovery forwarder takes them
+                    await self.outbox.remove_settled()
+                self.outbox.outbox.forget(core.id)
+                if self.outbox.stored > self.outbox.forwarded:
+                    self.outbox.outbox.leave_unowned(core.id)  # the outbox forwarder takes them
             with trio.move_on_after(GOODBYE_TIMEOUT, shield=True):
                 # What the relays queued before the end (the RECEIPT of the app's DISCONNECT)
                 # leaves first, then the ERROR that ends the session, if any.
@@ -340,11 +344,11 @@ class Session:
 
     async def _serve(self) -> None:
         core = self.core
-        if core.drain_requested:  # SIGTERM came while the app's CONNECT was read
+        if core.drain.requested:  # SIGTERM came while the app's CONNECT was read
             self._drained_at_once()
             return
         async with trio.open_nursery() as nursery:
-            if self.spool is not None:
+            if self.outbox is not None:
                 if not await self._first_leg_or_local(nursery):
                     return
             else:
@@ -355,7 +359,7 @@ class Session:
                     return
             if core.ending is not None:
                 return
-            upstream = core.upstream
+            upstream = core.leg.upstream
             connected = (
                 local_connected_frame(core) if upstream is None else connected_frame(core, upstream)
             )
@@ -409,7 +413,7 @@ class Session:
                 await nursery.start(self.link.run)
             except (UpstreamUnavailable, ReconnectExhausted) as exc:
                 failure.append(exc)
-                if core.connected_locally:
+                if core.asked.connected_locally:
                     self._no_first_leg(exc)
             decided.set()
 
@@ -425,10 +429,10 @@ class Session:
         if failure:
             self._no_first_leg(failure[0])
             return False
-        if core.upstream is None and core.ending is None:
+        if core.leg.upstream is None and core.ending is None:
             # No broker answered the first round: the app is answered by the sidecar.
-            core.connected_locally = True
-            core.loss = Loss(trio.current_time(), None, "no broker answered at CONNECT")
+            core.asked.connected_locally = True
+            core.leg.loss = Loss(trio.current_time(), None, "no broker answered at CONNECT")
             core.advance(Phase.RECONNECTING)
         return core.ending is None
 
@@ -437,12 +441,12 @@ class Session:
         with core.app_scope:
             async with trio.open_nursery() as nursery:
                 core.app_nursery = nursery
-                if core.drain_requested:  # SIGTERM came before the app side started
+                if core.drain.requested:  # SIGTERM came before the app side started
                     self._drained_at_once()
                 nursery.start_soon(self._app_heartbeats)
-                if self.spool is not None:  # ends with the app side, as core.end() does
-                    nursery.start_soon(self.spool.forward)
-                    nursery.start_soon(self.spool.remove_confirmed)
+                if self.outbox is not None:  # ends with the app side, as core.end() does
+                    nursery.start_soon(self.outbox.forward)
+                    nursery.start_soon(self.outbox.remove_confirmed)
                 await self.app_side.relay()
 
     async def _app_heartbeats(self) -> None:

@@ -11,10 +11,10 @@ import trio
 
 import protocol
 from protocol import Command, Frame, RawFrame
+from proxy.legs.stream import TransportLost
 from proxy.session.acks import SidecarAcks
 from proxy.session.core import SessionCore, log
 from proxy.session.ending import Ending
-from proxy.wire import TransportLost
 
 __all__ = ["AppOutput", "representable"]
 
@@ -85,7 +85,7 @@ class AppOutput:
         # Only the ACKs of messages queued before this call: the flush writes those.
         held = self.acks.take()
         seen, self.seen = self.seen, []
-        upstream = core.upstream
+        upstream = core.leg.upstream
         try:
             await core.app.flush()
         except TransportLost as exc:
@@ -93,7 +93,7 @@ class AppOutput:
             await trio.lowlevel.checkpoint()  # raises Cancelled: end() cancelled our scope
         if seen and core.seen is not None:
             await core.seen.add(seen)  # the app has these messages now: persisted next
-        if held and upstream is not None and upstream is core.upstream:
+        if held and upstream is not None and upstream is core.leg.upstream:
             for ack in held:
                 await self.acks.send(upstream, ack)
 

@@ -10,9 +10,9 @@ import trio
 
 import protocol
 from protocol import Frame
+from proxy.legs.opening import StreamOpener
+from proxy.legs.stream import FrameStream, TransportLost
 from proxy.session.core import SessionCore, log
-from proxy.upstream import StreamOpener
-from proxy.wire import FrameStream, TransportLost
 
 __all__ = ["broker_verdict"]
 

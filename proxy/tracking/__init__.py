@@ -23,6 +23,11 @@ stable across redelivery and failover (ActiveMQ does, RabbitMQ does not: docs/br
 "Message ids").
 Each link (upstream connection) has a *generation*; a message seen again on a later generation
 is a redelivery, one seen again on the same generation is a duplicate (a producer's replay).
+
+Modules: ``state`` (:class:`SessionState`), ``deliveries`` (its delivery half), ``records``
+(subscriptions, deliveries, transactions...), ``links`` (temporary destinations per leg, topic
+gaps), ``window`` (the confirmation window) and ``replay`` (what restores a session on a new
+leg).
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from proxy.tracking.records import (
     PassThrough,
     SessionError,
     Settled,
-    Spooled,
+    StoredInOutbox,
     Subscription,
     Transaction,
     TransactionBytes,
@@ -67,7 +72,7 @@ __all__ = [
     "SessionError",
     "SessionState",
     "Settled",
-    "Spooled",
+    "StoredInOutbox",
     "Subscription",
     "Transaction",
     "TransactionBytes",

@@ -10,7 +10,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from protocol import Frame
-from proxy.window import Entry, EntryContext
+from proxy.tracking.window import Entry, EntryContext
 
 __all__ = [
     "ACK_MODES",
@@ -32,7 +32,7 @@ __all__ = [
     "PassThrough",
     "SessionError",
     "Settled",
-    "Spooled",
+    "StoredInOutbox",
     "Subscription",
     "Transaction",
     "TransactionBytes",
@@ -214,7 +214,7 @@ PASS_THROUGH = PassThrough()
 
 
 @dataclass(frozen=True, slots=True)
-class Spooled(EntryContext):
+class StoredInOutbox(EntryContext):
     """Window-entry context of a SEND forwarded from the outbox (issue 17, docs/outbox.md):
     ``seq`` is its place in the outbox, removed from it once a RECEIPT covers the entry. The
     app had its RECEIPT when the frame was stored, so the entry carries no app receipt; it is

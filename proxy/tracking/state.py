@@ -276,7 +276,7 @@ class SessionState(Deliveries):
 
     # -- transactions -----------------------------------------------------------------------
 
-    def begin(self, frame: Frame) -> Transaction:
+    def begin_transaction(self, frame: Frame) -> Transaction:
         """Open the transaction a BEGIN names and return it.
 
         Raises ForBroker when the BEGIN names none or one already open (the broker judges)."""
@@ -286,7 +286,7 @@ class SessionState(Deliveries):
         opened = self.transactions[tx] = Transaction(tx, self.transaction_bytes)
         return opened
 
-    def end(self, frame: Frame, *, now: float) -> Transaction:
+    def close_transaction(self, frame: Frame, *, now: float) -> Transaction:
         """Close the transaction a COMMIT/ABORT names (``now``: the caller's clock, seconds,
         as for :meth:`deliver`). Raises ForBroker if it names none that is open."""
         tx = frame.get("transaction")

@@ -74,7 +74,7 @@ def connect_header_with_inner_cr(sc: SidecarProcess) -> str | None:
     """An app CONNECT header value with a CR inside (legal: CONNECT frames are not escaped,
     only a trailing CR is stripped). The sidecar copies it into its upstream CONNECT, which
     ``serialize`` refuses (LocalProtocolError), and nothing catches that in
-    ``proxy/upstream.py`` ``connect_upstream``: internal error instead of an ERROR naming the
+    ``proxy/legs/broker.py`` ``connect_upstream``: internal error instead of an ERROR naming the
     header (or dropping it)."""
     out = _exchange(sc.address, b"CONNECT\naccept-version:1.2\nhost:/\nclient-id:a\rb\n\n\x00")
     return None if b"internal error" not in out else f"answered {out[:120]!r}"

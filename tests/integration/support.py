@@ -27,7 +27,7 @@ from prometheus_client import generate_latest
 import protocol
 from config import Config, load_config
 from proxy.app import Sidecar, serve
-from proxy.statistics import SidecarStatistics
+from proxy.telemetry.statistics import SidecarStatistics
 from testbed import BrokerProcess
 
 #: Generous per-wait bound for anything a broker does on loopback.

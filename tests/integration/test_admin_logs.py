@@ -29,7 +29,7 @@ import trustme
 from cryptography.hazmat.primitives import serialization
 
 from protocol import Command
-from proxy.logs import JsonFormatter
+from proxy.telemetry.logs import JsonFormatter
 from testbed import ActiveMQ, free_port, wait_stomp
 from tests.integration.support import WAIT, RawClient, SidecarThread, sidecar_config, wait_until
 from tests.integration.test_admin import EventStream, admin_address, http_get

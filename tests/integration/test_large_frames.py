@@ -27,8 +27,8 @@ import pytest
 import protocol
 from config import Config
 from protocol import Command, Frame
-from proxy.window import ConfirmationWindow
-from proxy.wire import FLUSH_THRESHOLD, _coalesced
+from proxy.legs.stream import FLUSH_THRESHOLD, _coalesced
+from proxy.tracking.window import ConfirmationWindow
 from testbed import ActiveMQ, BrokerProcess, RabbitMQ, activemq_installed
 from testbed.sidecar import SidecarProcess
 from tests.faultproxy import FaultProxy

@@ -1,7 +1,7 @@
 """The outbox wired into the daemon (issue 17, docs/outbox.md), against real brokers and real
 processes: producers answered with no broker up, then every message forwarded once; the
 CONNECT answered by the sidecar itself; a full outbox; two sidecars on one directory; what a
-killed sidecar or an ended session left, forwarded by the recovery forwarder."""
+killed sidecar or an ended session left, forwarded by the outbox forwarder."""
 
 from __future__ import annotations
 
@@ -205,7 +205,7 @@ def test_what_a_killed_sidecar_stored_is_forwarded_by_the_next(tmp_path: Path) -
     producer.conn.disconnect()
     with broker, SidecarThread(_outbox_config(broker.stomp_url, directory)) as sidecar:
         assert sidecar.status()["outbox"]["recovery"]["frames"] == len(bodies)
-        wait_until(lambda: sidecar.status()["outbox"]["orphan_sessions"] == 0, timeout=60)
+        wait_until(lambda: sidecar.status()["outbox"]["unowned_sessions"] == 0, timeout=60)
         wait_until(lambda: sidecar.status()["outbox"]["forwarded_total"] == len(bodies), timeout=60)
         assert sidecar.status()["outbox"]["frames"] == 0
         _consume_once_in_order(broker, destination, bodies)

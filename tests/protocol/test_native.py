@@ -57,7 +57,7 @@ def _run(code: str, *, cwd: Path | None = None, pure: str | None = None) -> list
 
 
 _SHOW = (
-    "import protocol._native as n, protocol._parser as p, proxy.window as w\n"
+    "import protocol._native as n, protocol._parser as p, proxy.tracking.window as w\n"
     "print(n.STATUS)\nprint(p.__file__)\nprint(w.__file__)\n"
 )
 
@@ -91,7 +91,7 @@ def test_a_source_changed_since_the_build_runs_pure(tmp_path: Path) -> None:
         "pure Python: protocol/_parser.py changed since the last build (scripts/setup.sh rebuilds)"
     )
     assert parser == str(tmp_path / "protocol" / "_parser.py")
-    assert window == str(tmp_path / "proxy" / "window.py")
+    assert window == str(tmp_path / "proxy" / "tracking" / "window.py")
 
 
 def _fake_build(root: Path, source: str = "x = 1\n") -> Path:

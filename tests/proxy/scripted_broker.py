@@ -35,9 +35,9 @@ import trio.testing
 import protocol
 from config import Broker, Config
 from protocol import Command, ConnectionClosed, Frame, HeartBeat, Role
-from proxy.failover import ReconnectBoard
+from proxy.outbox.service import OutboxService
+from proxy.reconnect.board import ReconnectBoard
 from proxy.session import Session
-from proxy.spool import OutboxService
 
 __all__ = [
     "ACTIVEMQ",
@@ -53,7 +53,7 @@ __all__ = [
     "wait_until",
 ]
 
-#: ``server`` headers of CONNECTED: proxy.upstream.Upstream derives the broker's behaviour.
+#: ``server`` headers of CONNECTED: proxy.legs.broker.Upstream derives the broker's behaviour.
 ACTIVEMQ = "ActiveMQ/5.17.0"
 RABBITMQ = "RabbitMQ/3.10.8"
 #: The control channel's destination (Config.events_destination's default).

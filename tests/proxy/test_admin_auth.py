@@ -17,7 +17,7 @@ import h11
 import pytest
 import trio
 
-from proxy.admin_http import AUTHENTICATE, TokenUnavailable, read_token
+from proxy.admin.http import AUTHENTICATE, TokenUnavailable, read_token
 from tests.proxy.test_admin_http import Client, FakeSidecar, connect, header, make_admin
 
 TOKEN = "tok-7f3a9c"

@@ -16,17 +16,17 @@ import trio
 import trio.testing
 
 from config import Broker, Config, Secret
-from proxy._health import (
+from proxy.admin.health import (
     BrokerHealth,
     BrokerProber,
     Readiness,
     evaluate_readiness,
     stuck_for,
 )
-from proxy.metrics import Metrics
-from proxy.statistics import OutboxStatistics, SessionStatistics
-from proxy.vocabulary import ProbeOutcome
-from proxy.window import WindowStatistics
+from proxy.telemetry.metrics import Metrics
+from proxy.telemetry.statistics import OutboxStatistics, SessionStatistics
+from proxy.telemetry.vocabulary import ProbeOutcome
+from proxy.tracking.window import WindowStatistics
 
 A = Broker("127.0.0.1", 61001)
 B = Broker("127.0.0.1", 61002)

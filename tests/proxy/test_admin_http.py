@@ -19,11 +19,11 @@ import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
 
 from config import Broker, Config, Secret
-from proxy.admin import AdminLimits, AdminServer
+from proxy.admin.server import AdminLimits, AdminServer
 from proxy.app import Sidecar
-from proxy.events import EventBus, EventKind, SessionEvent
-from proxy.statistics import SessionStatistics, SidecarStatistics
-from proxy.vocabulary import ProbeOutcome
+from proxy.telemetry.events import EventBus, EventKind, SessionEvent
+from proxy.telemetry.statistics import SessionStatistics, SidecarStatistics
+from proxy.telemetry.vocabulary import ProbeOutcome
 from tests.proxy.test_admin_health import session_stats
 
 A = Broker("127.0.0.1", 61001)

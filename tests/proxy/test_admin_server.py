@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from config import Broker, Config
-from proxy.admin import AdminLimits, AdminServer
+from proxy.admin.server import AdminLimits, AdminServer
 from proxy.app import ListenError, Sidecar, serve
 from testbed import free_port
 

@@ -18,9 +18,9 @@ import trio.testing
 
 from config import Broker
 from protocol import Command, Frame
-from proxy.failover import Attempt, ReconnectExhausted, connect_by_policy
-from proxy.policy import ReconnectPolicy
-from proxy.upstream import ConnectFailed, Upstream, UpstreamRefused
+from proxy.legs.broker import ConnectFailed, Upstream, UpstreamRefused
+from proxy.reconnect.policy import ReconnectPolicy
+from proxy.reconnect.walk import Attempt, ReconnectExhausted, connect_by_policy
 
 A = Broker("127.0.0.1", 61001)
 B = Broker("127.0.0.1", 61002)

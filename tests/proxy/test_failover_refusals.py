@@ -2,7 +2,7 @@
 sidecar skip a refusing broker, and giving up at once when every broker refuses.
 
 Three layers: the pure parts (:meth:`ReconnectPolicy.refusal_cooldown`,
-:class:`proxy.reconnects.Refusals`), :func:`connect_by_policy` with the scripted
+:class:`proxy.reconnect.tally.Refusals`), :func:`connect_by_policy` with the scripted
 ``connect_one`` of test_failover.py, and whole sessions on scripted brokers sharing a
 :class:`ReconnectBoard` (docs/behaviour.md, "Broker list and reconnect policy"). All on trio's
 autojump clock: times are exact.
@@ -19,10 +19,11 @@ import trio.testing
 
 from config import Broker
 from protocol import Command, Frame
-from proxy.failover import Attempt, ReconnectBoard, ReconnectExhausted, connect_by_policy
-from proxy.policy import ReconnectPolicy
-from proxy.reconnects import Refusals
-from proxy.upstream import Upstream, UpstreamRefused
+from proxy.legs.broker import Upstream, UpstreamRefused
+from proxy.reconnect.board import ReconnectBoard
+from proxy.reconnect.policy import ReconnectPolicy
+from proxy.reconnect.tally import Refusals
+from proxy.reconnect.walk import Attempt, ReconnectExhausted, connect_by_policy
 from tests.proxy.scripted_broker import (
     Network,
     Running,

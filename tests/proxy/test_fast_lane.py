@@ -138,7 +138,7 @@ def _window_state(running: scripted_broker.Running) -> list[tuple[Any, ...]]:
     core = running.session.core
     return [
         (e.seq, e.size, e.app_receipt, e.receipt, e.frame, e.sent, e.confirmed, e.deferred)
-        for e in core.window
+        for e in core.flow.window
     ]
 
 
@@ -201,7 +201,7 @@ def _run(
                     b"".join(to_app),
                     _window_state(running),
                     stats,
-                    (core.window.bytes, core.window.confirmed_total, core.app.frames_in),
+                    (core.flow.window.bytes, core.flow.window.confirmed_total, core.app.frames_in),
                 ]
             )
             nursery.cancel_scope.cancel()

@@ -1,4 +1,5 @@
-"""proxy.metrics: one method per thing to record, gauges read at scrape time, bounded labels,
+"""proxy.telemetry.metrics: one method per thing to record, gauges read at scrape time, bounded
+labels,
 an exposition promtool accepts, and docs/operations.md documenting every metric."""
 
 from __future__ import annotations
@@ -15,17 +16,17 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from config import Broker, Config
 from protocol import Command
-from proxy.admin import AdminServer
+from proxy.admin.server import AdminServer
 from proxy.app import Sidecar
-from proxy.metrics import Metrics
-from proxy.statistics import SessionStatistics, SidecarStatistics
-from proxy.vocabulary import (
+from proxy.telemetry.metrics import Metrics
+from proxy.telemetry.statistics import SessionStatistics, SidecarStatistics
+from proxy.telemetry.vocabulary import (
     ClientErrorReason,
     ConnectOutcome,
-    Direction,
     FailoverReason,
     OutageOutcome,
     ProbeOutcome,
+    RelayDirection,
     TransactionOutcome,
 )
 from tests.proxy.test_admin_health import session_stats
@@ -208,7 +209,7 @@ def test_relayed_frames_are_plain_counters_exported_at_scrape() -> None:
         m.frame_to_broker(Command.SEND, 100)
     m.frame_to_app(Command.MESSAGE, 40)
     m.frame_to_app(Command.RECEIPT, 0)
-    assert m.relayed[Direction.APP_TO_BROKER, Command.SEND] == [3, 300]
+    assert m.relayed[RelayDirection.APP_TO_BROKER, Command.SEND] == [3, 300]
 
     async def scrape() -> str:
         return generate_latest(sidecar.registry).decode()

@@ -1,7 +1,7 @@
 """Frame outcomes (docs/behaviour.md, "Frame outcomes"): every app frame that did not end
 plainly confirmed is named to its app in an OUTCOME event, by receipt id and ``mq-sidecar-id``,
-with one outcome from :class:`proxy.vocabulary.FrameOutcome`, the same word in the sidecar's
-ERROR about it (``mq-sidecar-outcome``), in the log and in
+with one outcome from :class:`proxy.telemetry.vocabulary.FrameOutcome`, the same word in the
+sidecar's ERROR about it (``mq-sidecar-outcome``), in the log and in
 ``mq_sidecar_frame_outcomes_total{outcome}``. Scripted brokers and the mock clock."""
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ import pytest
 import trio
 
 from protocol import Command, Frame
-from proxy.events import EventKind, FrameReport, SessionEvent
-from proxy.logs import OUTCOME_NAMES_PER_LINE, log_session_event
-from proxy.metrics import Metrics
 from proxy.session.confirmations import WATCH_RECHECK
+from proxy.telemetry.events import EventKind, FrameReport, SessionEvent
+from proxy.telemetry.logs import OUTCOME_NAMES_PER_LINE, log_session_event
+from proxy.telemetry.metrics import Metrics
+from proxy.telemetry.vocabulary import DrainResult, FrameOutcome, OutcomeCause
 from proxy.tracking import DUPLICATE_ID_HEADER
-from proxy.vocabulary import DrainResult, FrameOutcome, OutcomeCause
 from tests.proxy.scripted_broker import (
     AppClient,
     Network,

@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from config import Config, load_config
-from proxy.policy import ReconnectPolicy
+from proxy.reconnect.policy import ReconnectPolicy
 
 
 def config(**overrides: str) -> Config:

@@ -11,9 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from protocol import Command, Frame
-from proxy.replay import ReplayPlan, plan_replay
 from proxy.tracking import DUPLICATE_ID_HEADER, PASS_THROUGH, SessionState, Transaction
-from proxy.window import ConfirmationWindow, Entry, EntryContext
+from proxy.tracking.replay import ReplayPlan, plan_replay
+from proxy.tracking.window import ConfirmationWindow, Entry, EntryContext
 
 
 class Sim:
@@ -101,13 +101,13 @@ class Sim:
 
     def begin(self, tx: str) -> Entry:
         frame = Frame.build(Command.BEGIN, {"transaction": tx})
-        self.state.begin(frame)
+        self.state.begin_transaction(frame)
         owner = self.state.transactions[tx]
         owner.begin = self._submit(frame, owner)
         return owner.begin
 
     def end(self, tx: str, command: Command = Command.COMMIT) -> Entry:
-        owner = self.state.end(Frame.build(command, {"transaction": tx}), now=0.0)
+        owner = self.state.close_transaction(Frame.build(command, {"transaction": tx}), now=0.0)
         assert not owner.rolled_back
         owner.end = self._submit(Frame.build(command, {"transaction": tx}), owner)
         return owner.end

@@ -12,7 +12,7 @@ import trio
 
 from config import Secret
 from protocol import Command
-from proxy.events import EventKind, SessionEvent
+from proxy.telemetry.events import EventKind, SessionEvent
 from tests.proxy.scripted_broker import (
     EVENTS,
     AppClient,

@@ -239,7 +239,7 @@ async def test_messages_arriving_during_the_drain_are_held_back_and_not_acknowle
     assert app.messages(INBOX) == []
     assert app.receipt_ids() == ["events-sub", "sub", "r1"]
     assert Command.ACK not in broker.link.commands()
-    assert running.session.core.held_back == 1
+    assert running.session.core.drain.messages_not_shown == 1
 
 
 async def test_an_open_transaction_is_rolled_back_and_not_waited_for(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import trio
 
 from protocol import Command
-from proxy.failover import ReconnectBoard
+from proxy.reconnect.board import ReconnectBoard
 from proxy.session.link import FAILBACK_HOLD
 from tests.proxy.scripted_broker import (
     Network,
@@ -30,7 +30,7 @@ INTERVAL = 1.0
 
 async def held(running: Running) -> None:
     """Wait until a failback holds the app."""
-    await wait_until(lambda: running.session.core.app_hold is not None, poll=0.001)
+    await wait_until(lambda: running.session.core.flow.failback_hold is not None, poll=0.001)
 
 
 async def on_backup(

@@ -16,9 +16,9 @@ import pytest
 import trio
 
 from protocol import Command
-from proxy.events import EventKind, SessionEvent
-from proxy.logs import log_session_event
-from proxy.spool import OutboxService, open_outbox
+from proxy.outbox.service import OutboxService, open_outbox
+from proxy.telemetry.events import EventKind, SessionEvent
+from proxy.telemetry.logs import log_session_event
 from tests.proxy.scripted_broker import (
     Network,
     Running,
@@ -73,10 +73,10 @@ async def test_forwarded_frames_are_replayed_after_a_failover_and_removed_once_c
         replayed = await backup.wait_for(Command.SEND, 3)
         assert [f.body for f in replayed] == [b"m0", b"m1", b"m2"]
         assert [f.get("mq-sidecar-id") for f in replayed] == [f.get("mq-sidecar-id") for f in sent]
-        spool = running.session.spool
-        assert spool is not None
+        session_outbox = running.session.outbox
+        assert session_outbox is not None
         # Removed from the store, then counted: wait for the count, set last.
-        await wait_until(lambda: spool.forwarded == 3)
+        await wait_until(lambda: session_outbox.forwarded == 3)
         assert _frames(outbox) == 0
         assert app.receipt_ids() == ["r0", "r1", "r2"]  # once each, never again
         assert app.errors() == []
@@ -103,9 +103,9 @@ async def test_connect_with_no_broker_up_then_the_first_leg_is_restored_onto(
             "/queue/in"
         ]
         await app.wait_receipt("s")  # the broker's, for the restored subscription
-        spool = running.session.spool
-        assert spool is not None
-        await wait_until(lambda: spool.forwarded == 1)
+        session_outbox = running.session.outbox
+        assert session_outbox is not None
+        await wait_until(lambda: session_outbox.forwarded == 1)
         assert _frames(outbox) == 0
         assert running.session.statistics().state == "running"
         assert app.receipt_ids().count("r") == 1
@@ -136,9 +136,9 @@ async def test_a_transaction_of_stored_sends_is_stored_at_commit_and_forwarded_p
         assert [f.body for f in forwarded] == [b"t0", b"t1"]
         assert [f.get("transaction") for f in forwarded] == [None, None]
         assert all(f.get("mq-sidecar-id") for f in forwarded)
-        spool = running.session.spool
-        assert spool is not None
-        await wait_until(lambda: spool.forwarded == 2)
+        session_outbox = running.session.outbox
+        assert session_outbox is not None
+        await wait_until(lambda: session_outbox.forwarded == 2)
         commands = broker.link.commands()
         assert Command.BEGIN not in commands
         assert Command.COMMIT not in commands
@@ -216,9 +216,9 @@ async def test_spooling_with_no_broker_at_connect_then_spool_drained_once_forwar
         # With a broker up, stored frames go straight through: no event.
         await app.send(Command.SEND, {"destination": QUEUE, "receipt": "r9"}, b"m9")
         await app.wait_receipt("r9")
-        spool = running.session.spool
-        assert spool is not None
-        await wait_until(lambda: spool.forwarded == 4)
+        session_outbox = running.session.outbox
+        assert session_outbox is not None
+        await wait_until(lambda: session_outbox.forwarded == 4)
         assert [e["event"] for e in app.events()] == kinds
 
 
@@ -235,9 +235,9 @@ async def test_spooling_after_a_broker_loss_and_back_once_per_switch(
         await app.wait_receipt("e")
         await app.send(Command.SEND, {"destination": QUEUE, "receipt": "up"}, b"up")
         await app.wait_receipt("up")
-        spool = running.session.spool
-        assert spool is not None
-        await wait_until(lambda: spool.forwarded == 1)
+        session_outbox = running.session.outbox
+        assert session_outbox is not None
+        await wait_until(lambda: session_outbox.forwarded == 1)
         assert app.events() == []  # a broker up: no switch
 
         for round_ in range(2):  # two outages: two switches each way

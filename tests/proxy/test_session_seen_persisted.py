@@ -15,7 +15,7 @@ from pathlib import Path
 import trio
 
 from protocol import Command, Frame
-from proxy.spool import OutboxService, open_outbox
+from proxy.outbox.service import OutboxService, open_outbox
 from tests.proxy.scripted_broker import (
     AppClient,
     Network,

@@ -1,7 +1,7 @@
 """A session whose app connects during a broker takeover (issue 14, item 4), on scripted
 brokers and the mock clock: its first connection keeps trying for ``initial_connect_period``
 whatever ``initial_connect_attempts`` says, and while other sessions of the sidecar are
-reconnecting it waits for their outcome (:class:`proxy.failover.ReconnectBoard`) instead of
+reconnecting it waits for their outcome (:class:`proxy.reconnect.walk.ReconnectBoard`) instead of
 racing them. Also the pure parts: :meth:`ReconnectPolicy.give_up_at` and the tally.
 
 Configs come from ``make_config``: no jitter, backoff 100 ms doubling to ``max_retry_interval``,
@@ -16,9 +16,9 @@ import trio
 
 from config import Config
 from protocol import Command
-from proxy.failover import ReconnectBoard
-from proxy.policy import ReconnectPolicy
-from proxy.reconnects import ReconnectTally, Seen
+from proxy.reconnect.board import ReconnectBoard
+from proxy.reconnect.policy import ReconnectPolicy
+from proxy.reconnect.tally import ReconnectTally, Seen
 from tests.proxy.scripted_broker import (
     AppClient,
     Network,
@@ -306,19 +306,19 @@ def test_the_tally_reports_the_latest_broker_reached_since_a_generation() -> Non
     tally = ReconnectTally()
     start = tally.generation
     assert tally.since(start) == Seen(None, idle=True)
-    tally.begin()
-    tally.begin()
+    tally.reconnect_began()
+    tally.reconnect_began()
     assert tally.since(start) == Seen(None, idle=False)
     tally.up(1)
-    tally.end()
+    tally.reconnect_ended()
     assert tally.since(start) == Seen(1, idle=False)
     later = tally.generation
     assert tally.since(later) == Seen(None, idle=False)
-    tally.end()
+    tally.reconnect_ended()
     assert tally.since(later) == Seen(None, idle=True)
     assert tally.since(start) == Seen(1, idle=True)
     with pytest.raises(ValueError, match="never began"):
-        tally.end()
+        tally.reconnect_ended()
     with pytest.raises(ValueError, match="start at 0"):
         tally.up(-1)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import trio
 
 from protocol import Command
-from proxy.window import frame_size
+from proxy.tracking.window import frame_size
 from tests.proxy.scripted_broker import (
     Network,
     Running,

@@ -1,4 +1,5 @@
-"""The outbox's daemon side (proxy/spool.py, proxy/session/spool.py) without a broker: which
+"""The outbox's daemon side (proxy/outbox/service.py, proxy/session/outbox.py) without a broker:
+which
 destinations are spooled, the stored form of a frame read back, the outbox opened and locked
 by the Sidecar object, and the phase a session answered by the sidecar itself is in."""
 
@@ -13,9 +14,9 @@ from config import Config
 from protocol import Command, Frame
 from proxy._errors import OutboxUnusable
 from proxy.outbox import OutboxStore, StoredFrame
+from proxy.outbox.service import open_outbox
+from proxy.session.outbox import FETCH_FRAMES, STORED_VERSION, FetchSize, parse
 from proxy.session.phase import Phase, PhaseMachine
-from proxy.session.spool import FETCH_FRAMES, STORED_VERSION, FetchSize, parse
-from proxy.spool import open_outbox
 
 
 def _config(directory: Path, **values: object) -> Config:
@@ -38,7 +39,7 @@ async def test_outbox_destinations_are_fnmatch_patterns(
     tmp_path: Path, patterns: tuple[str, ...] | None, destination: str | None, spooled: bool
 ) -> None:
     async with open_outbox(_config(tmp_path, outbox_destinations=patterns)) as outbox:
-        assert outbox.spools(destination) is spooled
+        assert outbox.takes(destination) is spooled
 
 
 def test_a_stored_frame_reads_back_equal() -> None:

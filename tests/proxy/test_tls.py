@@ -23,9 +23,10 @@ from cryptography.hazmat.primitives import serialization
 import protocol
 from config import Broker, Config, ConfigError, load_config, parse_broker_url
 from protocol import Command, Frame
-from proxy.failover import _outcome
-from proxy.tls import TlsTracker, looks_like_tls
-from proxy.upstream import BrokerStreams, ConnectFailed, TlsConnectFailed, connect_upstream
+from proxy.legs.broker import ConnectFailed, TlsConnectFailed, connect_upstream
+from proxy.legs.opening import BrokerStreams
+from proxy.legs.tls import TlsTracker, looks_like_tls
+from proxy.reconnect.walk import _outcome
 
 CONNECTED = b"CONNECTED\nversion:1.2\nserver:tls-test\n\n\x00"
 NOW = datetime.datetime.now(datetime.UTC)

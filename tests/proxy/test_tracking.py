@@ -308,7 +308,7 @@ def test_the_upstream_ack_speaks_the_brokers_version(
 ) -> None:
     st = new_state()
     subscribe(st)
-    st.begin(frame(Command.BEGIN, transaction="t"))
+    st.begin_transaction(frame(Command.BEGIN, transaction="t"))
     key = ack_id(st.deliver(message("ID:1", ack="broker-ack"), now=0.0))
     settled = st.settle(
         frame(Command.ACK, id=key, transaction="t"), upstream_version=upstream_version, now=0.0
@@ -781,9 +781,9 @@ def test_a_new_status_refreshes_a_seen_identity() -> None:
 
 def test_transactions_open_and_close() -> None:
     st = new_state()
-    st.begin(frame(Command.BEGIN, transaction="t"))
+    st.begin_transaction(frame(Command.BEGIN, transaction="t"))
     with pytest.raises(ForBroker, match="BEGIN of transaction 't'"):
-        st.begin(frame(Command.BEGIN, transaction="t"))
+        st.begin_transaction(frame(Command.BEGIN, transaction="t"))
     tx = st.transactions["t"]
     assert (tx.id, tx.begin, tx.entries, tx.end, tx.rolled_back) == ("t", None, [], None, False)
     assert not tx.dirty
@@ -791,16 +791,16 @@ def test_transactions_open_and_close() -> None:
     assert st.transaction_of(frame(Command.SEND, destination="/q", transaction="t")) is tx
     with pytest.raises(ForBroker, match="in transaction 'other', not open"):
         st.transaction_of(frame(Command.ACK, id="1", transaction="other"))
-    assert st.end(frame(Command.COMMIT, transaction="t"), now=0.0) is tx
+    assert st.close_transaction(frame(Command.COMMIT, transaction="t"), now=0.0) is tx
     assert st.transactions == {}
     with pytest.raises(ForBroker, match="of transaction 't', not open"):
-        st.end(frame(Command.ABORT, transaction="t"), now=0.0)
+        st.close_transaction(frame(Command.ABORT, transaction="t"), now=0.0)
 
 
 def test_acks_in_a_transaction_record_the_deliveries_they_settle() -> None:
     st = new_state()
     subscribe(st, ack="client")
-    st.begin(frame(Command.BEGIN, transaction="t"))
+    st.begin_transaction(frame(Command.BEGIN, transaction="t"))
     shown(st.deliver(message("ID:1", ack="a1", dup="X"), now=0.0))
     shown(st.deliver(message("ID:2", ack="a2"), now=0.0))  # no identity
     key = ack_id(st.deliver(message("ID:3", ack="a3", dup="Z"), now=0.0))
@@ -814,7 +814,7 @@ def test_acks_in_a_transaction_record_the_deliveries_they_settle() -> None:
 def test_roll_back_forgets_what_the_transactions_acks_settled(roll_back: bool) -> None:
     st = new_state()
     subscribe(st)
-    st.begin(frame(Command.BEGIN, transaction="t"))
+    st.begin_transaction(frame(Command.BEGIN, transaction="t"))
     key = ack_id(st.deliver(message("ID:1", ack="a1", dup="X"), now=0.0))
     up = to_broker(settle(st, id=key, transaction="t"))
     assert up == frame(Command.ACK, id="a1", transaction="t")
@@ -834,10 +834,10 @@ def test_roll_back_forgets_what_the_transactions_acks_settled(roll_back: bool) -
 def test_an_aborted_ack_does_not_make_the_sidecar_ack_the_redelivery() -> None:
     st = new_state()
     subscribe(st)
-    st.begin(frame(Command.BEGIN, transaction="t"))
+    st.begin_transaction(frame(Command.BEGIN, transaction="t"))
     key = ack_id(st.deliver(message("ID:1", ack="a1", dup="X"), now=0.0))
     settle(st, id=key, transaction="t")
-    st.end(frame(Command.ABORT, transaction="t"), now=0.0)
+    st.close_transaction(frame(Command.ABORT, transaction="t"), now=0.0)
     st.new_link(stable_message_ids=False)
     decision = st.deliver(message("ID:1", ack="b1", dup="X"), now=1.0)
     assert decision.to_broker is None  # nobody acked it: the sidecar must not either
@@ -857,10 +857,10 @@ def test_an_aborted_ack_is_stamped_with_the_callers_clock(monkeypatch: pytest.Mo
     monkeypatch.setattr(time, "monotonic", lambda: 1e9)
     st = new_state()
     subscribe(st)
-    st.begin(frame(Command.BEGIN, transaction="t"))
+    st.begin_transaction(frame(Command.BEGIN, transaction="t"))
     key = ack_id(st.deliver(message("ID:1", ack="a1", dup="X"), now=0.0))
     settle(st, id=key, transaction="t")
-    st.end(frame(Command.ABORT, transaction="t"), now=1.0)  # the app holds X again
+    st.close_transaction(frame(Command.ABORT, transaction="t"), now=1.0)  # the app holds X again
     sub = st.subscriptions["s"]
     assert sub.seen["d:X"][2] == 1.0
     # Past the age bound by the caller's clock, the next delivery's sweep forgets X.

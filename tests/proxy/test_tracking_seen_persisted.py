@@ -95,15 +95,15 @@ def test_a_transaction_hands_out_its_acks_at_commit_and_none_at_abort() -> None:
     second = st.deliver(message(2, "p-2"), now=0.0).to_app
     assert first is not None
     assert second is not None
-    st.begin(Frame.build(Command.BEGIN, {"transaction": "t1"}))
+    st.begin_transaction(Frame.build(Command.BEGIN, {"transaction": "t1"}))
     ack(st, first, transaction="t1")
     assert st.seen_out == []
-    st.end(Frame.build(Command.COMMIT, {"transaction": "t1"}), now=0.0)
+    st.close_transaction(Frame.build(Command.COMMIT, {"transaction": "t1"}), now=0.0)
     assert st.seen_out == [(QUEUE, "p-1")]
     st.seen_out.clear()
-    st.begin(Frame.build(Command.BEGIN, {"transaction": "t2"}))
+    st.begin_transaction(Frame.build(Command.BEGIN, {"transaction": "t2"}))
     ack(st, second, transaction="t2")
-    st.end(Frame.build(Command.ABORT, {"transaction": "t2"}), now=0.0)
+    st.close_transaction(Frame.build(Command.ABORT, {"transaction": "t2"}), now=0.0)
     assert st.seen_out == []  # the app holds it again
 
 

@@ -9,7 +9,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from protocol import Command, Frame
-from proxy.window import ConfirmationWindow, Entry, EntryContext, WindowStatistics, frame_size
+from proxy.tracking.window import (
+    ConfirmationWindow,
+    Entry,
+    EntryContext,
+    WindowStatistics,
+    frame_size,
+)
 
 _EMPTY_SEND = Frame(Command.SEND, (("destination", "/q"),))
 #: The smallest frame :func:`send` can build.

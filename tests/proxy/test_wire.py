@@ -1,4 +1,5 @@
-"""FrameStream: queued writes, flushes, failure reporting (proxy/wire.py), on memory streams."""
+"""FrameStream: queued writes, flushes, failure reporting (proxy/legs/stream.py), on memory
+streams."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import trio.testing
 
 import protocol
 from protocol import Command, Frame, Role
-from proxy.wire import (
+from proxy.legs.stream import (
     FLUSH_THRESHOLD,
     FrameStream,
     HeartBeatTimeout,
@@ -426,7 +427,8 @@ async def test_what_a_leg_knows_of_its_broker_by_its_server_header(
     """The broker differences the sidecar adapts to, read from the CONNECTED ``server``
     header (measured on ActiveMQ 5.17 and RabbitMQ 3.10; Artemis' from its documentation)."""
     from config import Broker
-    from proxy.upstream import Upstream
+    from proxy.legs.broker import Upstream
+    from proxy.legs.dialect import BrokerDialect
 
     headers = {"version": "1.2"} | ({"server": server} if server else {})
     connected = Frame.build(Command.CONNECTED, headers)
@@ -435,6 +437,7 @@ async def test_what_a_leg_knows_of_its_broker_by_its_server_header(
         connected_client(CountingStream()),
         connected,
     )
-    assert leg.confirms_in_order is cumulative_receipts
-    assert leg.client_ack_per_subscription is client_ack_per_subscription
-    assert leg.artemis_duplicate_ids is artemis_ids
+    assert leg.dialect.cumulative_receipts is cumulative_receipts
+    assert leg.dialect.client_ack_per_subscription is client_ack_per_subscription
+    assert leg.dialect.artemis_duplicate_ids is artemis_ids
+    assert leg.dialect == BrokerDialect.from_server(server)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from proxy.vocabulary import FrameOutcome, OutcomeCause
+from proxy.telemetry.vocabulary import FrameOutcome, OutcomeCause
 
 __all__ = ["EventBus", "EventBusStatistics", "EventKind", "FrameReport", "SessionEvent"]
 
@@ -59,7 +59,7 @@ class FrameReport:
     duplicate-detection id of a SEND (the app's own, else the sidecar's ``<session>-<n>``);
     ``seq``: its number in the session's stream to the broker (0: it never got one);
     ``transaction``: the transaction it belongs to, if any; ``outcome`` and ``cause`` from
-    :mod:`proxy.vocabulary`.
+    :mod:`proxy.telemetry.vocabulary`.
     """
 
     command: str

@@ -1,5 +1,5 @@
 """Prometheus metrics of one sidecar: what the session and failover code record (the gauges
-read from the live objects at scrape time are in :mod:`proxy.gauges`).
+read from the live objects at scrape time are in :mod:`proxy.telemetry.gauges`).
 
 Two kinds of metrics, kept apart on purpose (docs/architecture.md, "Metrics read state at
 scrape time"):
@@ -9,7 +9,7 @@ scrape time"):
   live on an app-owned :class:`prometheus_client.CollectorRegistry` (never the global
   ``REGISTRY``: two sidecars in one test process must not share counters).
 * **Things that are** (sessions open, legs per broker, window occupancy, reconnects in
-  progress) are *not* kept in parallel: :class:`proxy.gauges.SidecarCollector` reads
+  progress) are *not* kept in parallel: :class:`proxy.telemetry.gauges.SidecarCollector` reads
   ``Sidecar.statistics()`` (and the admin plane's prober) when Prometheus scrapes.
 
 Labels are bounded: broker labels come from the configuration (``host:port``), every other
@@ -20,8 +20,9 @@ Hot path. The relay records every frame, and the relay's budget is ≥ 0.95x the
 direct connection. A ``prometheus_client`` child ``inc()`` takes a lock (~0.35 µs); the
 per-frame counters are therefore plain ``int`` cells in a dict pre-built for every
 (direction, command) pair, bumped without a lock — everything runs in the one trio thread, and
-the scrape, also in that thread, reads them through :class:`proxy.gauges.SidecarCollector`.
-The rare events use ordinary pre-bound ``prometheus_client`` children.
+the scrape, also in that thread, reads them through
+:class:`proxy.telemetry.gauges.SidecarCollector`. The rare events use ordinary pre-bound
+``prometheus_client`` children.
 """
 
 from __future__ import annotations
@@ -32,15 +33,15 @@ from collections.abc import Iterable, Iterator, Sequence
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from protocol import Command
-from proxy.vocabulary import (
+from proxy.telemetry.vocabulary import (
     ClientErrorReason,
     ConnectOutcome,
-    Direction,
     DrainResult,
     FailoverReason,
     FrameOutcome,
     OutageOutcome,
     ProbeOutcome,
+    RelayDirection,
     TransactionOutcome,
 )
 
@@ -82,13 +83,13 @@ class Metrics:
         p = PREFIX
         self.brokers = tuple(brokers)
 
-        # -- hot path: plain int cells, exported by proxy.gauges.SidecarCollector ------------
+        # -- hot path: plain int cells, exported by proxy.telemetry.gauges.SidecarCollector ---
         #: ``[frames, body_bytes]`` per (direction, command), read at scrape time.
-        self.relayed: dict[tuple[Direction, Command], list[int]] = {
-            (d, c): [0, 0] for d in Direction for c in Command
+        self.relayed: dict[tuple[RelayDirection, Command], list[int]] = {
+            (d, c): [0, 0] for d in RelayDirection for c in Command
         }
-        self._to_broker = {c: self.relayed[Direction.APP_TO_BROKER, c] for c in Command}
-        self._to_app = {c: self.relayed[Direction.BROKER_TO_APP, c] for c in Command}
+        self._to_broker = {c: self.relayed[RelayDirection.APP_TO_BROKER, c] for c in Command}
+        self._to_app = {c: self.relayed[RelayDirection.BROKER_TO_APP, c] for c in Command}
 
         def counter(name: str, documentation: str, labels: Sequence[str] = ()) -> Counter:
             return Counter(f"{PREFIX}_{name}", documentation, labels, registry=r)
@@ -238,7 +239,7 @@ class Metrics:
 
     def refusal_skip(self, broker: str) -> None:
         """A session skipped ``broker``: it refused the same CONNECT within its cool-down
-        (proxy.failover); its refusal stood as its answer."""
+        (proxy.reconnect.walk); its refusal stood as its answer."""
         child = self._refusal_skip.get(broker)
         if child is None:  # a broker not in the configuration: still bounded by the caller
             child = self._refusal_skip[broker] = self._refusal_skips.labels(broker)

@@ -1,5 +1,5 @@
 """HTTP/1.1 server connections with h11 on trio (h11's ``examples/trio-server.py``), for the
-admin plane (:mod:`proxy.admin`): one :class:`HTTPConnection` per accepted stream, the
+admin plane (:mod:`proxy.admin.server`): one :class:`HTTPConnection` per accepted stream, the
 helpers that read a request's head, and the bearer token check (:class:`BearerToken`). Nothing
 here knows the admin plane's endpoints.
 """

@@ -11,7 +11,7 @@ in list order (or shuffled, ``randomize``), and a backoff delay precedes every r
 first connection go on for a while after its attempts are spent (:meth:`give_up_at`). It is
 an argument, not a field: a policy value built by hand keeps the attempts-only rule.
 
-Nothing here sleeps or reads a clock: :mod:`proxy.failover` owns the waiting, and tests pass a
+Nothing here sleeps or reads a clock: :mod:`proxy.reconnect.walk` owns the waiting, and tests pass a
 seeded :class:`random.Random` to check exact delays.
 """
 
@@ -163,7 +163,7 @@ class ReconnectPolicy:
         at ``max_retry_interval``, the longest the operator lets the policy wait between two
         tries of a broker: a refusing broker is never tried more often than that once its
         refusals persist (one CONNECT per cool-down per broker and credentials for the whole
-        sidecar, :class:`proxy.reconnects.Refusals`), and a credential fixed on the broker
+        sidecar, :class:`proxy.reconnect.tally.Refusals`), and a credential fixed on the broker
         (a user created, a Secret rotated) is noticed within that time, as a broker coming
         back is. No jitter: the sessions' own round delays are jittered already.
 

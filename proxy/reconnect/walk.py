@@ -1,61 +1,54 @@
 """Walking the broker list under the reconnect policy: the only place that waits for backoff.
 
 :func:`connect_by_policy` makes rounds over the brokers in the order the
-:class:`~proxy.policy.ReconnectPolicy` gives (current broker first: reattach; then the others:
-failover), sleeping the policy's jittered delay before each round but the first of a session's
-initial connection, until one broker accepts the session or the policy is exhausted. A first
-connection goes on past its attempts until ``initial_connect_period`` has passed.
+:class:`~proxy.reconnect.policy.ReconnectPolicy` gives (current broker first: reattach; then the
+others: failover), sleeping the policy's jittered delay before each round but the first of a
+session's initial connection, until one broker accepts the session or the policy is exhausted. A
+first connection goes on past its attempts until ``initial_connect_period`` has passed.
 
 A broker that refuses the login (answers CONNECT with an ERROR) fails that attempt and the
 round moves on (another broker may hold other users); it is then skipped for a cool-down by every
-session sending it the same CONNECT (:class:`proxy.reconnects.Refusals`), its refusal standing
+session sending it the same CONNECT (:class:`proxy.reconnect.tally.Refusals`), its refusal standing
 as its answer. A round in which every broker refused, now or within its cool-down, ends the
 connection at once with the broker's reason; a round in which some broker was only unreachable
 goes on by the policy, the refusing ones tried again as each cool-down ends (docs/behaviour.md,
 "Broker list and reconnect policy").
 
-:class:`ReconnectBoard` is what the sessions of one sidecar share: they report their
-reconnects there, a first connection waits there for the outcome of the others' reconnects
-instead of racing them, and the brokers' refusals are kept there.
+What the sessions of one sidecar share while they walk (their reconnects in progress, the
+brokers' refusals) is the :class:`~proxy.reconnect.board.ReconnectBoard`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import hmac
 import logging
 import random
-import secrets
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import trio
 
 from config import Broker
 from protocol import Frame
-from proxy.policy import ReconnectPolicy
-from proxy.reconnects import ReconnectTally, Refusals
-from proxy.upstream import (
+from proxy.legs.broker import (
     ConnectFailed,
     TlsConnectFailed,
     Upstream,
     UpstreamRefused,
     UpstreamUnavailable,
 )
+from proxy.reconnect.board import ReconnectBoard, RefusalKey, lasting_refusal
+from proxy.reconnect.policy import ReconnectPolicy
+from proxy.reconnect.tally import Refusals
 
-__all__ = ["Attempt", "ReconnectBoard", "ReconnectExhausted", "connect_by_policy"]
+__all__ = ["Attempt", "ReconnectExhausted", "connect_by_policy"]
 
 log = logging.getLogger("mq_sidecar.failover")
-
-#: Refusals are kept per (broker index, CONNECT identity: :meth:`ReconnectBoard.identity`).
-RefusalKey = tuple[int, bytes]
 
 
 @dataclass(frozen=True, slots=True)
 class Attempt:
     """One connection attempt: broker label, outcome ("connected", "refused", "timeout",
-    "tls_error", "unreachable": :class:`proxy.vocabulary.ConnectOutcome`) and a one-line
+    "tls_error", "unreachable": :class:`proxy.telemetry.vocabulary.ConnectOutcome`) and a one-line
     detail (never credentials)."""
 
     broker: str
@@ -93,146 +86,6 @@ class ReconnectExhausted(Exception):
         self.elapsed = elapsed
         self.last = last
         self.refused = refused
-
-
-class ReconnectBoard:
-    """Where the sessions of one sidecar report their reconnects, and where a new session's
-    first connection waits for their outcome instead of racing them (docs/behaviour.md,
-    "Broker list and reconnect policy").
-
-    The counts are a :class:`~proxy.reconnects.ReconnectTally` (pure); this adds one trio
-    Event, set and replaced on a change while someone waits. Nothing is queued: a waiter
-    reads the tally when it wakes, so memory does not grow with sessions or outcomes. The
-    brokers' refusals are a :class:`~proxy.reconnects.Refusals` (at most 256 entries) keyed
-    by broker index and :meth:`identity`. The sidecar owns one
-    (``proxy.app.Sidecar.reconnects``); a Session built alone gets its own.
-    """
-
-    def __init__(self) -> None:
-        self.tally = ReconnectTally()
-        self.refusals: Refusals[RefusalKey, UpstreamRefused] = Refusals()
-        self._changed = trio.Event()
-        self._waiters = 0
-        self._identity_key = secrets.token_bytes(32)
-
-    def identity(self, connect: Frame) -> bytes:
-        """What makes two sessions' CONNECTs to a broker the same for its refusals: a keyed
-        digest (HMAC-SHA256 with a key of this board's, never shown) of every header but
-        ``heart-beat``: login and passcode, host (RabbitMQ's vhost), client-id... Only a
-        session that would send the very same CONNECT skips a broker that refused one; the
-        credentials are not kept, nor a digest that could be checked against a guess."""
-        mac = hmac.new(self._identity_key, digestmod=hashlib.sha256)
-        for name, value in sorted(connect.headers):
-            if name == "heart-beat":
-                continue
-            for part in (name, value):
-                data = part.encode("utf-8", "surrogateescape")
-                mac.update(len(data).to_bytes(4, "big"))
-                mac.update(data)
-        return mac.digest()
-
-    async def attempt_alone(
-        self,
-        key: RefusalKey,
-        connect: Callable[[], Awaitable[Upstream]],
-        policy: ReconnectPolicy,
-    ) -> Upstream:
-        """One attempt outside a reconnect round (the ``priority_backup`` failback watch)
-        under the same refusal rules: skipped, by raising the standing refusal, while the
-        broker's cool-down for ``key`` runs; a lasting refusal starts or extends it, an
-        accepted CONNECT ends it.
-
-        Raises:
-            UpstreamUnavailable: the attempt failed, or the standing refusal.
-        """
-        standing = self.refusals.claim(key, trio.current_time())
-        if standing is not None:
-            raise standing
-        try:
-            upstream = await connect()
-        except UpstreamUnavailable as exc:
-            if isinstance(exc, UpstreamRefused) and _lasting(exc):
-                self.refusals.refused(key, exc, trio.current_time(), policy)
-            else:
-                self.refusals.settled(key)
-            raise
-        except BaseException:
-            self.refusals.settled(key)
-            raise
-        self.refusals.accepted(key)
-        return upstream
-
-    @property
-    def reconnecting(self) -> int:
-        """Sessions whose reconnect is in progress."""
-        return self.tally.reconnecting
-
-    def _wake(self) -> None:
-        if self._waiters:
-            self._changed.set()
-            self._changed = trio.Event()
-
-    def up(self, broker: int) -> None:
-        """A session reached broker index ``broker`` (any connection): wake the waiters.
-
-        Raises:
-            ValueError: ``broker`` is negative.
-        """
-        self.tally.up(broker)
-        self._wake()
-
-    @contextlib.contextmanager
-    def reconnect(self) -> Iterator[None]:
-        """Count a reconnect in progress for as long as the block runs, however it ends
-        (success, ReconnectExhausted, cancellation); report success with :meth:`up`."""
-        self.tally.begin()
-        try:
-            yield
-        finally:
-            self.tally.end()
-            self._wake()
-
-    async def wait_up(self, seconds: float, *, until_idle: bool) -> int | None:
-        """Wait up to ``seconds`` for a session to reach a broker; returns its index.
-
-        Returns None when ``seconds`` pass first or, with ``until_idle``, as soon as no
-        reconnect is in progress any more (they all ended without reaching one: nobody is
-        left to wait for). Cancellation propagates.
-        """
-        start = self.tally.generation
-        self._waiters += 1
-        try:
-            with trio.move_on_after(max(0.0, seconds)):
-                while True:  # each pass follows a change; bounded in time by ``seconds``
-                    seen = self.tally.since(start)
-                    if seen.broker is not None:
-                        return seen.broker
-                    if until_idle and seen.idle:
-                        return None
-                    await self._changed.wait()
-        finally:
-            self._waiters -= 1
-        return None
-
-
-#: First words of the body of ActiveMQ's ERROR to a CONNECT whose ``client-id`` it still holds
-#: for another connection (``Broker: B - Client: X already connected from tcp://...``): javax
-#: in 5.x, jakarta in 6.x.
-_CLIENT_ID_IN_USE = ("javax.jms.InvalidClientIDException", "jakarta.jms.InvalidClientIDException")
-
-
-def _lasting(exc: UpstreamUnavailable) -> bool:
-    """Whether ``exc`` is a refusal that waiting does not change (credentials, vhost...).
-
-    Not ActiveMQ's refusal of a ``client-id`` still held by another connection: ActiveMQ
-    drops a closed connection asynchronously, so a CONNECT right after the sidecar closed its
-    old leg to that broker (a reattach) meets it about one time in three (measured with 5.17:
-    6 of 20 immediate reconnects); it goes away within milliseconds, like a broker restarting.
-    Such a refusal fails the attempt like an unreachable broker: no cool-down, and not a
-    refusal of the round."""
-    if not isinstance(exc, UpstreamRefused):
-        return False
-    return not exc.error.body.lstrip().startswith(tuple(p.encode() for p in _CLIENT_ID_IN_USE))
 
 
 def _more_words(error: Frame) -> str:
@@ -434,7 +287,7 @@ class _Walk:
                 try:
                     upstream = await self.connect_one(broker)
                 except UpstreamUnavailable as exc:
-                    refused = refused and _lasting(exc)
+                    refused = refused and lasting_refusal(exc)
                     self._failed(key, broker, exc)
                     continue
                 except BaseException:  # cancelled (or a bug): the others may try it again
@@ -453,7 +306,7 @@ class _Walk:
         cool-down."""
         self._record(Attempt(broker.label, _outcome(exc), exc.reason))
         self.last_failure = exc
-        if not isinstance(exc, UpstreamRefused) or not _lasting(exc):
+        if not isinstance(exc, UpstreamRefused) or not lasting_refusal(exc):
             self.refusals.settled(key)
             return
         self.last_refusal = exc

@@ -14,7 +14,7 @@ configured broker that, every ``broker_probe_interval``, either
 
 * sees a live session leg to that broker (state ``running``: its heart-beats prove the broker
   answers, so no extra connection is opened), or
-* opens one with :func:`proxy.upstream.open_upstream`, says DISCONNECT and leaves
+* opens one with :func:`proxy.legs.broker.open_upstream`, says DISCONNECT and leaves
   (:func:`probe_broker`), bounded by ``connect_timeout``.
 
 Requests read the last results (:meth:`BrokerProber.statistics`) and the session statistics, and
@@ -32,18 +32,13 @@ import trio
 import protocol
 from config import Broker, Config
 from protocol import Command, ConnectionClosed, Frame
-from proxy.metrics import Metrics
-from proxy.statistics import OutboxStatistics, SessionStatistics
-from proxy.upstream import (
-    BrokerStreams,
-    ConnectFailed,
-    StreamOpener,
-    UpstreamRefused,
-    connect_frame,
-    open_upstream,
-)
-from proxy.vocabulary import ProbeOutcome
-from proxy.wire import TransportLost
+from proxy.legs.broker import ConnectFailed, UpstreamRefused, open_upstream
+from proxy.legs.connect_frame import connect_frame
+from proxy.legs.opening import BrokerStreams, StreamOpener
+from proxy.legs.stream import TransportLost
+from proxy.telemetry.metrics import Metrics
+from proxy.telemetry.statistics import OutboxStatistics, SessionStatistics
+from proxy.telemetry.vocabulary import ProbeOutcome
 
 __all__ = [
     "BrokerHealth",
@@ -256,7 +251,7 @@ class BrokerProber:
         metrics: where to count checks (``mq_sidecar_broker_probes_total``), optional.
         probe: the CONNECT probe; default :func:`probe_broker` through ``streams`` (tests
             pass their own).
-        streams: the sidecar's :class:`~proxy.upstream.BrokerStreams` (TLS as the sessions
+        streams: the sidecar's :class:`~proxy.legs.broker.BrokerStreams` (TLS as the sessions
             have it, and one tracker of the brokers' certificates); a private one when None.
 
     A broker is ``up`` while its last check was answered less than ``stale_after`` ago

@@ -16,8 +16,8 @@ import sys
 import time
 from collections import Counter
 
-from proxy.events import EventKind, SessionEvent
-from proxy.vocabulary import FrameOutcome
+from proxy.telemetry.events import EventKind, SessionEvent
+from proxy.telemetry.vocabulary import FrameOutcome
 
 __all__ = ["STRUCTURED_FIELDS", "JsonFormatter", "configure_logging", "log_session_event"]
 

@@ -21,13 +21,13 @@ from protocol import Command, Frame
 from proxy.outbox import OutboxClosed, OutboxError
 from proxy.session.core import SessionCore, log
 from proxy.session.ending import Ending, error_frame
-from proxy.session.spool import Spool
+from proxy.session.outbox import SessionOutbox
 from proxy.session.to_app import AppOutput
+from proxy.telemetry.vocabulary import FrameOutcome
 from proxy.tracking import TRANSACTION_OVERHEAD, FrameRejected
-from proxy.vocabulary import FrameOutcome
-from proxy.window import frame_size
+from proxy.tracking.window import frame_size
 
-__all__ = ["ABORTED_REMEMBERED", "HeldTransaction", "HeldTransactions"]
+__all__ = ["ABORTED_REMEMBERED", "OutboxTransaction", "OutboxTransactions"]
 
 #: Held transactions forgotten for ``max_transaction_size`` that a session remembers.
 ABORTED_REMEMBERED = 64
@@ -37,7 +37,7 @@ Handler = Callable[[Frame, bool], Awaitable[bool]]
 
 
 @dataclass
-class HeldTransaction:
+class OutboxTransaction:
     """One transaction held by the sidecar: its BEGIN and SENDs as the app sent them (receipts
     removed: answered already), and the bytes they count against ``max_transaction_size``."""
 
@@ -46,13 +46,13 @@ class HeldTransaction:
     size: int = 0
 
 
-class HeldTransactions:
+class OutboxTransactions:
     """The held transactions of one session (see the module docstring).
 
     Args:
         core: the session's shared state.
         out: writes to the app (RECEIPTs, ERRORs).
-        spool: the session's outbox part (what it takes, where COMMIT stores).
+        outbox: the session's outbox part (what it takes, where COMMIT stores).
         upstream_send: the app side's SEND as it goes upstream (``mq-sidecar-id`` set).
         handlers: the app side's handlers by command, through which a promoted transaction
             and the frame that promoted it go.
@@ -62,16 +62,16 @@ class HeldTransactions:
         self,
         core: SessionCore,
         out: AppOutput,
-        spool: Spool,
+        outbox: SessionOutbox,
         upstream_send: Callable[[Frame], tuple[Frame, str | None]],
         handlers: dict[Command, Handler],
     ) -> None:
         self.core = core
         self.out = out
-        self.spool = spool
+        self.outbox = outbox
         self.upstream_send = upstream_send
         self.handlers = handlers
-        self.held: dict[str, HeldTransaction] = {}
+        self.open: dict[str, OutboxTransaction] = {}
         #: Bytes the held transactions count against ``max_transaction_size``: their SENDs
         #: and ``TRANSACTION_OVERHEAD`` each (as the session's own open transactions).
         self.used = 0
@@ -85,7 +85,7 @@ class HeldTransactions:
         tx = frame.get("transaction")
         if tx is None:
             return False
-        if tx in self.held or tx in self.aborted:
+        if tx in self.open or tx in self.aborted:
             return True
         state = self.core.state
         return frame.command is Command.BEGIN and state is not None and tx not in state.transactions
@@ -107,18 +107,18 @@ class HeldTransactions:
                 await self.out.answer_locally(receipt)
                 return False
             raise FrameRejected(f"{command} in transaction '{tx}': {self.aborted[tx]}")
-        if command is Command.BEGIN and tx not in self.held:
+        if command is Command.BEGIN and tx not in self.open:
             if self.used + TRANSACTION_OVERHEAD > limit:
                 raise FrameRejected(
                     f"BEGIN of transaction {tx!r} refused: the session's open transactions "
                     f"hold {self.used} bytes, max_transaction_size is {limit}"
                 )
-            self.held[tx] = HeldTransaction(frame.without("receipt"), size=TRANSACTION_OVERHEAD)
+            self.open[tx] = OutboxTransaction(frame.without("receipt"), size=TRANSACTION_OVERHEAD)
             self.used += TRANSACTION_OVERHEAD
             await self.out.answer_locally(receipt)
             return False
-        held = self.held[tx]
-        if command is Command.SEND and self.spool.spools(frame):
+        held = self.open[tx]
+        if command is Command.SEND and self.outbox.takes(frame):
             size = frame_size(frame)
             if self.used + size > limit:
                 why = (
@@ -150,17 +150,17 @@ class HeldTransactions:
         return await self.handlers[command](frame, idle)
 
     def _forget(self, tx: str) -> None:
-        held = self.held.pop(tx)
+        held = self.open.pop(tx)
         self.used -= held.size
 
-    async def _commit(self, commit: Frame, held: HeldTransaction) -> None:
+    async def _commit(self, commit: Frame, held: OutboxTransaction) -> None:
         """Store the transaction's SENDs in one append; answer the COMMIT once durable, or
         with an ERROR (outcome ``rolled_back``: nothing of it was stored)."""
         core = self.core
         frames = [self.upstream_send(send)[0].without("transaction") for send in held.sends]
         receipt = commit.get("receipt")
         try:
-            await self.spool.store(frames)
+            await self.outbox.store(frames)
         except OutboxClosed as exc:
             core.end(Ending(f"outbox closed: {exc}", app_error=error_frame(str(exc))))
             return

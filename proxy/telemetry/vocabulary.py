@@ -13,18 +13,18 @@ import enum
 __all__ = [
     "ClientErrorReason",
     "ConnectOutcome",
-    "Direction",
     "DrainResult",
     "FailoverReason",
     "FrameOutcome",
     "OutageOutcome",
     "OutcomeCause",
     "ProbeOutcome",
+    "RelayDirection",
     "TransactionOutcome",
 ]
 
 
-class Direction(enum.StrEnum):
+class RelayDirection(enum.StrEnum):
     """Which way a relayed frame went (label ``direction``)."""
 
     APP_TO_BROKER = "app_to_broker"
@@ -33,7 +33,7 @@ class Direction(enum.StrEnum):
 
 class ConnectOutcome(enum.StrEnum):
     """Result of one attempt to open an upstream leg (label ``outcome``); the values are those
-    of ``proxy.failover.Attempt.outcome``, so ``ConnectOutcome(attempt.outcome)`` works."""
+    of ``proxy.reconnect.walk.Attempt.outcome``, so ``ConnectOutcome(attempt.outcome)`` works."""
 
     #: CONNECTED received: the leg is up.
     CONNECTED = "connected"
@@ -42,7 +42,7 @@ class ConnectOutcome(enum.StrEnum):
     #: No CONNECTED within ``connect_timeout`` (a hung broker accepts TCP and says nothing).
     TIMEOUT = "timeout"
     #: TLS failed: certificate refused, handshake alert, unusable file, TLS on one side only
-    #: (``proxy.upstream.TlsConnectFailed``).
+    #: (``proxy.legs.broker.TlsConnectFailed``).
     TLS_ERROR = "tls_error"
     #: No STOMP session: TCP refused or reset, name not resolved, garbage.
     UNREACHABLE = "unreachable"

@@ -9,8 +9,8 @@ a depth watch in nurseries of its own for as long as the sidecar runs. A directo
 be used raises :class:`~proxy._errors.OutboxUnusable` with one line saying why (``mq-sidecar
 run`` exits 1 with it).
 
-Each session's part (spooling its app's SENDs, forwarding them) is
-:class:`proxy.session.spool.Spool`; this module holds what they share: the destination
+Each session's part (storing its app's SENDs, forwarding them) is
+:class:`proxy.session.outbox.SessionOutbox`; this module holds what they share: the destination
 patterns, the committer, a wake-up per session key, the forwarded counter, the cached depth
 for ``/status`` and the gauges.
 """
@@ -38,7 +38,7 @@ from proxy.outbox import (
     RecoveryReport,
     open_group_committer,
 )
-from proxy.statistics import OutboxStatistics
+from proxy.telemetry.statistics import OutboxStatistics
 from proxy.tracking import SessionState
 
 __all__ = ["DEPTH_REFRESH", "SEEN_PENDING_MAX", "OutboxService", "SeenRecorder", "open_outbox"]
@@ -175,13 +175,13 @@ class OutboxService:
         self._patterns = config.outbox_destinations
         self._wakeups: dict[str, trio.Event] = {}
         #: Session keys whose frames no live session forwards (a previous process's, or of a
-        #: session that ended), oldest first: the recovery forwarder's (proxy.orphans).
-        self.orphans: deque[str] = deque()
-        self._orphaned = trio.Event()
+        #: session that ended), oldest first: the outbox forwarder's (proxy.outbox.forwarder).
+        self.unowned: deque[str] = deque()
+        self._unowned = trio.Event()
         #: The consumer side's persisted duplicate-suppression ids (:class:`SeenRecorder`).
         self.seen = SeenRecorder(committer)
 
-    def spools(self, destination: str | None) -> bool:
+    def takes(self, destination: str | None) -> bool:
         """Whether a SEND to ``destination`` goes through the outbox: it matches one of
         ``outbox_destinations`` (:func:`fnmatch.fnmatchcase`), or the option is unset (every
         destination). A SEND without a destination never does (the broker judges it)."""
@@ -210,17 +210,17 @@ class OutboxService:
         """The session ``key`` ended: drop its wake-up (its frames stay in the outbox)."""
         self._wakeups.pop(key, None)
 
-    def orphan(self, key: str) -> None:
-        """Leave ``key``'s frames to the recovery forwarder (no session forwards them)."""
-        if key not in self.orphans:
-            self.orphans.append(key)
-            self._orphaned.set()
+    def leave_unowned(self, key: str) -> None:
+        """Leave ``key``'s frames to the outbox forwarder (no session forwards them)."""
+        if key not in self.unowned:
+            self.unowned.append(key)
+            self._unowned.set()
 
-    async def wait_orphans(self) -> None:
-        """Wait until some key is left to the recovery forwarder (at once when one is)."""
-        while not self.orphans:
-            await self._orphaned.wait()
-            self._orphaned = trio.Event()
+    async def wait_unowned(self) -> None:
+        """Wait until some key is left to the outbox forwarder (at once when one is)."""
+        while not self.unowned:
+            await self._unowned.wait()
+            self._unowned = trio.Event()
 
     def statistics(self) -> OutboxStatistics:
         """Frames and bytes held now, the last depth read (oldest age, sessions), the
@@ -238,7 +238,7 @@ class OutboxService:
             commits=stats.commits,
             recovered_frames=recovery.frames,
             recovery_problems=tuple(recovery.problems()),
-            orphan_sessions=len(self.orphans),
+            unowned_sessions=len(self.unowned),
             seen_recorded=self.seen.recorded,
             seen_failed=self.seen.failed,
             room_waiters=stats.room_waiters,

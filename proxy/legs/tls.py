@@ -105,7 +105,7 @@ class TlsFailed(OSError):
     """A TLS connect failed before any STOMP frame: ``str()`` is the one-line reason.
 
     Raised by :func:`client_context` for files that cannot be used, and by
-    :class:`proxy.upstream.BrokerStreams` for a failed handshake (:func:`tls_failure` gives
+    :class:`proxy.legs.broker.BrokerStreams` for a failed handshake (:func:`tls_failure` gives
     the reason). An ``OSError``, as ``ssl.SSLError`` is, so every handler of a connection
     failure handles it.
     """

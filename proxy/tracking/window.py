@@ -53,9 +53,9 @@ class Entry:
 
     Attributes:
         seq: position in the session's upstream stream (1-based, never reused).
-        held: the frame as sent upstream (sidecar receipt id, duplicate-detection id), as a
+        outgoing: the frame as sent upstream (sidecar receipt id, duplicate-detection id), as a
             :class:`protocol.RawFrame` (its bytes) when it came by the fast lane.
-        frame: ``held`` as a :class:`Frame` (a RawFrame is parsed once, when first asked:
+        frame: ``outgoing`` as a :class:`Frame` (a RawFrame is parsed once, when first asked:
             replays and reports; the bytes it writes are the same).
         size: bytes counted against the window.
         app_receipt: the receipt id the app asked for, if any (answered when confirmed).
@@ -75,7 +75,7 @@ class Entry:
     """
 
     seq: int
-    held: Frame | RawFrame
+    outgoing: Frame | RawFrame
     size: int
     app_receipt: str | None
     receipt: str | None
@@ -91,20 +91,20 @@ class Entry:
 
     @property
     def frame(self) -> Frame:
-        """``held`` as a :class:`Frame`; a RawFrame is parsed now, and kept parsed."""
-        held = self.held
-        if isinstance(held, RawFrame):
-            held = self.held = held.to_frame()
-        return held
+        """``outgoing`` as a :class:`Frame`; a RawFrame is parsed now, and kept parsed."""
+        outgoing = self.outgoing
+        if isinstance(outgoing, RawFrame):
+            outgoing = self.outgoing = outgoing.to_frame()
+        return outgoing
 
     @frame.setter
     def frame(self, frame: Frame) -> None:
-        self.held = frame
+        self.outgoing = frame
 
     @property
     def command(self) -> Command:
         """The frame's command (without parsing a RawFrame)."""
-        return self.held.command
+        return self.outgoing.command
 
     @property
     def label(self) -> str:
@@ -281,7 +281,7 @@ class ConfirmationWindow:
             return
         receipt = f"{self.receipt_prefix}{entry.seq}"
         entry.receipt = receipt
-        entry.held = entry.held.with_header("receipt", receipt)
+        entry.outgoing = entry.outgoing.with_header("receipt", receipt)
         self._register(receipt, entry)
 
     def drop(self, entry: Entry) -> None:

@@ -1,23 +1,24 @@
 """One session's part of the outbox (issue 17, docs/outbox.md): its app's SENDs stored on
 local disk and answered once durable, then forwarded to the broker in order.
 
-- **Spooling** (:meth:`Spool.add`, :meth:`Spool.write`, called by the app side): an app SEND
-  outside a transaction whose destination matches ``outbox_destinations`` joins the session's
-  batch, as it would go upstream (its ``mq-sidecar-id`` set), serialized as STOMP 1.2. The
-  batch is appended in one transaction at the end of the app's burst, or when it reaches
+- **Storing** (:meth:`SessionOutbox.add`, :meth:`SessionOutbox.write`, called by the app
+  side): an app SEND outside a transaction whose destination matches ``outbox_destinations``
+  joins the session's batch, as it would go upstream (its ``mq-sidecar-id`` set), serialized as
+  STOMP 1.2. The batch is appended in one transaction at the end of the app's burst, or when it
+  reaches
   :data:`BATCH_FRAMES` / :data:`BATCH_BYTES`, or before any other frame of the app is handled;
   once it is durable (fsync) the app's receipts of its frames are answered, by the sidecar,
   with the app's receipt ids. The app is not read meanwhile, so a full outbox holds it
   (back-pressure); past ``call_timeout`` each frame of the batch gets an ERROR naming
   ``outbox_max_bytes`` (outcome ``refused``), and nothing of it was stored.
-- **Forwarding** (:meth:`Spool.forward`, a task of the session's nursery): while the session
-  has a broker, the session's frames are read from the outbox in order and put in the
-  confirmation window (:class:`~proxy.tracking.Spooled` context, no app receipt: the app had
-  its RECEIPT), as room allows; they go upstream with the sidecar's receipts as any SEND, and
+- **Forwarding** (:meth:`SessionOutbox.forward`, a task of the session's nursery): while the
+  session has a broker, the session's frames are read from the outbox in order and put in the
+  confirmation window (:class:`~proxy.tracking.StoredInOutbox` context, no app receipt: the app
+  had its RECEIPT), as room allows; they go upstream with the sidecar's receipts as any SEND, and
   are replayed after a failover as any SEND.
-- **Removal** (:meth:`Spool.remove_confirmed`, a task beside it): a frame the broker confirmed
-  (or refused with an ERROR, which reached the app) leaves the outbox, in the order it was
-  forwarded.
+- **Removal** (:meth:`SessionOutbox.remove_confirmed`, a task beside it): a frame the broker
+  confirmed (or refused with an ERROR, which reached the app) leaves the outbox, in the order
+  it was forwarded.
 - **Events** (the control channel): SPOOLING when the session stores a frame while no broker
   is up (the first such frame since the last switch back), SPOOL_DRAINED once everything it
   stored has been forwarded, confirmed and removed after that: one event per switch, never
@@ -36,18 +37,18 @@ import trio
 
 import protocol
 from protocol import Frame
-from proxy.events import EventKind, FrameReport, SessionEvent
 from proxy.outbox import OutboxClosed, OutboxError, OutboxFrame, StoredFrame
+from proxy.outbox.service import OutboxService
 from proxy.session.confirmations import Confirmations
 from proxy.session.control import ControlChannel
 from proxy.session.core import SessionCore, log
 from proxy.session.ending import Ending, error_frame
 from proxy.session.outcomes import report_of_frame
 from proxy.session.to_app import AppOutput
-from proxy.spool import OutboxService
-from proxy.tracking import DUPLICATE_ID_HEADER, Spooled
-from proxy.vocabulary import FrameOutcome, OutcomeCause
-from proxy.window import frame_size
+from proxy.telemetry.events import EventKind, FrameReport, SessionEvent
+from proxy.telemetry.vocabulary import FrameOutcome, OutcomeCause
+from proxy.tracking import DUPLICATE_ID_HEADER, StoredInOutbox
+from proxy.tracking.window import frame_size
 
 __all__ = [
     "BATCH_BYTES",
@@ -55,7 +56,7 @@ __all__ = [
     "FETCH_FRAMES",
     "STORED_VERSION",
     "FetchSize",
-    "Spool",
+    "SessionOutbox",
     "parse",
 ]
 
@@ -106,15 +107,15 @@ class FetchSize:
             self.frames = min(FETCH_FRAMES, self.frames * 2)
 
 
-class Spool:
-    """Spooling, forwarding and removal for one session (see the module docstring).
+class SessionOutbox:
+    """Storing, forwarding and removal for one session (see the module docstring).
 
     Args:
         core: the session's shared state; its id is the session key.
         out: writes to the app (RECEIPTs, ERRORs).
         control: the OUTCOME events of refused frames.
         confirmations: the window the forwarder feeds.
-        outbox: the sidecar's :class:`~proxy.spool.OutboxService`.
+        outbox: the sidecar's :class:`~proxy.outbox.service.OutboxService`.
     """
 
     def __init__(
@@ -147,14 +148,14 @@ class Spool:
         self.forwarded = 0
         #: Since a SPOOLING event (trio seconds) and :attr:`forwarded` then; None: the
         #: session is not spooling (no SPOOLING, or its SPOOL_DRAINED was published).
-        self.spooling_since: float | None = None
-        self._forwarded_at_spooling = 0
+        self.storing_since: float | None = None
+        self._forwarded_when_storing_began = 0
 
-    # -- spooling (the app side) --------------------------------------------------------------
+    # -- storing (the app side) ---------------------------------------------------------------
 
-    def spools(self, frame: Frame) -> bool:
+    def takes(self, frame: Frame) -> bool:
         """Whether this SEND (outside a transaction) goes through the outbox."""
-        return self.outbox.spools(frame.get("destination"))
+        return self.outbox.takes(frame.get("destination"))
 
     @property
     def pending(self) -> bool:
@@ -232,11 +233,11 @@ class Spool:
         self.stored += count
         self.outbox.notify(self.key)
         core = self.core
-        if self.spooling_since is not None or core.upstream is not None:
+        if self.storing_since is not None or core.leg.upstream is not None:
             return
-        self.spooling_since = trio.current_time()
-        self._forwarded_at_spooling = self.forwarded
-        loss = core.loss
+        self.storing_since = trio.current_time()
+        self._forwarded_when_storing_began = self.forwarded
+        loss = core.leg.loss
         await self.control.publish(
             self._event(
                 EventKind.SPOOLING,
@@ -325,10 +326,10 @@ class Spool:
         in the window are not fed again: a failover replays them from there."""
         core = self.core
         committer = self.outbox.committer
-        window = core.window
+        window = core.flow.window
         fetch = FetchSize(window.max_bytes)
         while not self._stopped:
-            await core.wait_link_ready()
+            await core.leg.wait_ready()
             wakeup = self.outbox.wakeup(self.key)  # before the read: no append is missed
             stored = await committer.pending(self.key, after_seq=self._fed, limit=fetch.frames)
             fetch.update(stored)
@@ -337,14 +338,14 @@ class Spool:
                 continue
             last = len(stored) - 1
             for n, item in enumerate(stored):
-                if not core.link_ready or self._stopped:
+                if not core.leg.ready or self._stopped:
                     break  # the rest waits in the outbox for the next leg
                 frame = parse(item.frame)
                 size = frame_size(frame)
                 while not window.has_room(size) and window.receipts_pending:
-                    await core.window_change()
+                    await core.flow.window_change()
                 await self.confirmations.submit(
-                    frame, app_receipt=None, idle=n == last, context=Spooled(item.seq)
+                    frame, app_receipt=None, idle=n == last, context=StoredInOutbox(item.seq)
                 )
                 self._fed = item.seq
                 self._in_window.append(item.seq)
@@ -353,20 +354,20 @@ class Spool:
     async def _drained_event(self) -> None:
         """SPOOL_DRAINED: the switch back from a SPOOLING."""
         core = self.core
-        assert self.spooling_since is not None
-        since, self.spooling_since = self.spooling_since, None
-        upstream = core.upstream
+        assert self.storing_since is not None
+        since, self.storing_since = self.storing_since, None
+        upstream = core.leg.upstream
         await self.control.publish(
             self._event(
                 EventKind.SPOOL_DRAINED,
                 "every frame the session stored reached a broker",
                 to_broker=upstream.broker.label if upstream is not None else None,
-                forwarded_frames=self.forwarded - self._forwarded_at_spooling,
+                forwarded_frames=self.forwarded - self._forwarded_when_storing_began,
                 spooled_ms=round((trio.current_time() - since) * 1000),
             )
         )
 
-    def confirmed(self, context: Spooled) -> None:
+    def confirmed(self, context: StoredInOutbox) -> None:
         """A RECEIPT (or the broker's ERROR) settled the window entry of outbox frame
         ``context.seq``: it may leave the outbox (:meth:`remove_confirmed`). Never blocks."""
         self._confirmed.add(context.seq)
@@ -385,7 +386,7 @@ class Spool:
         frame confirmed ahead of an earlier one waits for it: the outbox removes by range).
         A removal that fails leaves them in the outbox: forwarded again after a restart (the
         consumer side suppresses the copy by its ``mq-sidecar-id``). With ``report`` (not
-        when the session is closing), a session spooling whose stored frames have all been
+        when the session is closing), a session storing whose stored frames have all been
         removed publishes SPOOL_DRAINED, before a DISCONNECT waiting for it goes on."""
         first = last = count = 0
         while self._in_window and self._in_window[0] in self._confirmed:
@@ -403,7 +404,7 @@ class Spool:
         self.forwarded += count
         self.outbox.forwarded_total += count
         self.core.metrics.outbox_forwarded(count)
-        if report and self.spooling_since is not None and self.forwarded >= self.stored:
+        if report and self.storing_since is not None and self.forwarded >= self.stored:
             await self._drained_event()
         self._removed.set()
         self._removed = trio.Event()

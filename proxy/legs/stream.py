@@ -75,26 +75,26 @@ class _WriteTurn:
     bookkeeping, which cost about 1.5 us a write (two writes per synchronous round trip).
     Only :class:`FrameStream` takes it, always releasing in a ``finally``."""
 
-    __slots__ = ("_held", "_lot")
+    __slots__ = ("_busy", "_lot")
 
     def __init__(self) -> None:
-        self._held = False
+        self._busy = False
         self._lot = trio.lowlevel.ParkingLot()
 
     def locked(self) -> bool:
         """Whether a writer has the turn."""
-        return self._held
+        return self._busy
 
     def acquire_nowait(self) -> None:
         """Take the turn, which nobody has (:meth:`locked` is False): no checkpoint."""
-        assert not self._held
-        self._held = True
+        assert not self._busy
+        self._busy = True
 
     async def acquire(self) -> None:
         """Take the turn, waiting for it (cancellable) when another writer has it."""
-        if not self._held:
+        if not self._busy:
             await trio.lowlevel.checkpoint_if_cancelled()
-            self._held = True
+            self._busy = True
             return
         await self._lot.park()  # woken by release(), which handed the turn over
 
@@ -103,7 +103,7 @@ class _WriteTurn:
         if self._lot:
             self._lot.unpark()
         else:
-            self._held = False
+            self._busy = False
 
 
 class FrameStream:

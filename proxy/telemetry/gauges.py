@@ -1,6 +1,6 @@
 """The gauges of ``/metrics``: things that *are* (sessions open, legs per broker, window
 occupancy, reconnects in progress, broker reachability), read from the live objects when
-Prometheus scrapes, plus the lock-free relay counters of :class:`proxy.metrics.Metrics`.
+Prometheus scrapes, plus the lock-free relay counters of :class:`proxy.telemetry.metrics.Metrics`.
 
 Nothing here is kept in parallel with the session state: :class:`SidecarCollector` calls
 ``statistics()`` once per scrape. It sees the daemon and the admin plane only through the
@@ -19,10 +19,10 @@ from prometheus_client.metrics_core import (
     Metric,
 )
 
-from proxy._health import BrokerHealth, Readiness
 from proxy._version import VERSION
-from proxy.metrics import PREFIX
-from proxy.statistics import SidecarView
+from proxy.admin.health import BrokerHealth, Readiness
+from proxy.telemetry.metrics import PREFIX
+from proxy.telemetry.statistics import SidecarView
 
 __all__ = ["AdminView", "SidecarCollector"]
 
@@ -39,7 +39,7 @@ class _AdminCounts(Protocol):
 
 
 class AdminView(Protocol):
-    """What the collector reads of the admin plane (:class:`proxy.admin.AdminServer`)."""
+    """What the collector reads of the admin plane (:class:`proxy.admin.server.AdminServer`)."""
 
     @property
     def prober(self) -> _ProberView: ...
@@ -142,7 +142,8 @@ class SidecarCollector:
         sidecar: the running daemon; its ``statistics()`` is called once per scrape.
         admin: the admin plane, for broker reachability, readiness and SSE readers.
 
-    Window occupancy is ``SessionStatistics.window`` (a :class:`~proxy.window.WindowStatistics`).
+    Window occupancy is ``SessionStatistics.window`` (a
+    :class:`~proxy.tracking.window.WindowStatistics`).
     """
 
     def __init__(self, sidecar: SidecarView, admin: AdminView | None = None) -> None:

@@ -1,14 +1,14 @@
-"""The recovery forwarder (issue 17 part 2, docs/outbox.md): what the outbox holds for no live
+"""The outbox forwarder (issue 17 part 2, docs/outbox.md): what the outbox holds for no live
 session (left by a previous process, found at start, or by a session of this one that ended
 before its frames were forwarded) is forwarded over an upstream connection of its own, per
 session key in the order of the key's first frame, each key's frames in their order, and
 removed when the broker confirms them.
 
 The connection is the sidecar's own: the broker's or the sidecar's ``login``/``passcode``
-(:func:`proxy.upstream.connect_frame` without an app's CONNECT), made by the reconnect policy
+(:func:`proxy.legs.broker.connect_frame` without an app's CONNECT), made by the reconnect policy
 without end over the configured brokers. Every SEND carries a receipt of its own
 (``<prefix>-o<seq>``: a RabbitMQ leg confirms out of order, so none confirms another); one
-read of them is outstanding at once (:class:`~proxy.session.spool.FetchSize`: about
+read of them is outstanding at once (:class:`~proxy.session.outbox.FetchSize`: about
 ``confirmation_window_size`` bytes, at most :data:`IN_FLIGHT` frames). What was sent and not
 confirmed when the connection is lost is sent again on the next one (the consumer side
 recognises the copy by its ``mq-sidecar-id``). A broker ERROR answering one of them (a
@@ -28,16 +28,18 @@ import trio
 import protocol
 from config import Broker, Config
 from protocol import Command, ConnectionClosed, Frame
-from proxy.failover import ReconnectExhausted, connect_by_policy
-from proxy.metrics import Metrics
+from proxy.legs.broker import Upstream, connect_upstream
+from proxy.legs.connect_frame import connect_frame
+from proxy.legs.opening import StreamOpener
+from proxy.legs.stream import TransportLost
 from proxy.outbox import OutboxError, StoredFrame
-from proxy.policy import ReconnectPolicy
-from proxy.session.spool import FETCH_FRAMES, FetchSize, parse
-from proxy.spool import OutboxService
-from proxy.upstream import StreamOpener, Upstream, connect_frame, connect_upstream
-from proxy.wire import TransportLost
+from proxy.outbox.service import OutboxService
+from proxy.reconnect.policy import ReconnectPolicy
+from proxy.reconnect.walk import ReconnectExhausted, connect_by_policy
+from proxy.session.outbox import FETCH_FRAMES, FetchSize, parse
+from proxy.telemetry.metrics import Metrics
 
-__all__ = ["IN_FLIGHT", "RecoveryForwarder"]
+__all__ = ["IN_FLIGHT", "OutboxForwarder"]
 
 log = logging.getLogger("mq_sidecar.outbox")
 
@@ -51,7 +53,7 @@ class _LegLost(Exception):
     """The forwarder's connection ended (closed, an ERROR not about one frame, silence)."""
 
 
-class RecoveryForwarder:
+class OutboxForwarder:
     """Forwards the outbox's frames of no live session (see the module docstring); run
     :meth:`run` in a nursery of the sidecar's.
 
@@ -90,16 +92,16 @@ class RecoveryForwarder:
         yet), report started, then forward whatever is left to it, until cancelled."""
         outbox = self.outbox
         for backlog in await outbox.committer.backlog():
-            outbox.orphan(backlog.session_key)
-        if outbox.orphans:
+            outbox.leave_unowned(backlog.session_key)
+        if outbox.unowned:
             log.info(
                 "outbox: forwarding %d frame(s) of %d earlier session(s)",
                 outbox.committer.statistics().frames,
-                len(outbox.orphans),
+                len(outbox.unowned),
             )
         task_status.started()
         while True:
-            await outbox.wait_orphans()
+            await outbox.wait_unowned()
             upstream = await self._connect()
             try:
                 async with trio.open_nursery() as leg:
@@ -108,10 +110,10 @@ class RecoveryForwarder:
                     leg.cancel_scope.cancel()
                 await self._goodbye(upstream)
             except (_LegLost, TransportLost, protocol.ProtocolError) as exc:
-                log.warning("outbox: recovery forwarder lost %s: %s", upstream.broker.label, exc)
+                log.warning("outbox: outbox forwarder lost %s: %s", upstream.broker.label, exc)
             except (OutboxError, sqlite3.Error) as exc:
                 # The store failed a read or a removal: not this process's end; try later.
-                log.error("outbox: recovery forwarder stopped by the store: %s", exc)
+                log.error("outbox: outbox forwarder stopped by the store: %s", exc)
                 await trio.sleep(self.policy.max_retry_interval)
             finally:
                 await upstream.aclose()
@@ -137,23 +139,23 @@ class RecoveryForwarder:
                     config.brokers, self.policy, self.rng, connect_one, current=None, initial=False
                 )
             except ReconnectExhausted as exc:  # every broker refused the sidecar's login
-                log.warning("outbox: recovery forwarder cannot connect: %s", exc)
+                log.warning("outbox: outbox forwarder cannot connect: %s", exc)
                 await trio.sleep(self.policy.max_retry_interval)
                 continue
-            log.info("outbox: recovery forwarder connected to %s", upstream.broker.label)
+            log.info("outbox: outbox forwarder connected to %s", upstream.broker.label)
             return upstream
 
     async def _forward_all(self, upstream: Upstream) -> None:
         """Forward every key left to the forwarder, oldest first, until none is left."""
         outbox = self.outbox
-        while outbox.orphans:
-            key = outbox.orphans[0]
+        while outbox.unowned:
+            key = outbox.unowned[0]
             while await self._forward_some(upstream, key):
                 pass
-            outbox.orphans.popleft()
+            outbox.unowned.popleft()
 
     async def _forward_some(self, upstream: Upstream, key: str) -> bool:
-        """Send a read of ``key``'s frames (:class:`~proxy.session.spool.FetchSize`), wait for
+        """Send a read of ``key``'s frames (:class:`~proxy.session.outbox.FetchSize`), wait for
         their receipts, remove them; False when ``key`` has none left."""
         committer = self.outbox.committer
         stored = await committer.pending(key, limit=self._fetch.frames)

@@ -16,7 +16,7 @@ try a broker that already said no.
 
 This module keeps the counts only: integers and the latest refusals, no queue, no clock, no
 trio (times are the caller's, in seconds). The waiting (a trio Event woken on every change) is
-:class:`proxy.failover.ReconnectBoard`, which owns one tally and one :class:`Refusals`; the
+:class:`proxy.reconnect.walk.ReconnectBoard`, which owns one tally and one :class:`Refusals`; the
 sidecar owns one board (``proxy.app.Sidecar.reconnects``).
 """
 
@@ -26,7 +26,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from proxy.policy import ReconnectPolicy
+from proxy.reconnect.policy import ReconnectPolicy
 
 __all__ = ["ReconnectTally", "Refusal", "Refusals", "Seen"]
 
@@ -65,16 +65,16 @@ class ReconnectTally:
         self.generation = 0
         self._latest_up: tuple[int, int] | None = None  # (generation, broker index)
 
-    def begin(self) -> None:
+    def reconnect_began(self) -> None:
         """A session lost its broker and starts reconnecting."""
         self.reconnecting += 1
         self.generation += 1
 
-    def end(self) -> None:
+    def reconnect_ended(self) -> None:
         """A reconnect is over: succeeded (after :meth:`up`), given up, or the session ended.
 
         Raises:
-            ValueError: no reconnect was in progress (a :meth:`begin` is missing).
+            ValueError: no reconnect was in progress (a :meth:`reconnect_began` is missing).
         """
         if self.reconnecting < 1:
             raise ValueError("a reconnect ended that never began")

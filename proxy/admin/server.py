@@ -18,7 +18,7 @@ Endpoints (all ``GET``; ``HEAD`` too, except ``/events``):
 With ``admin_token_file``, ``/status`` and ``/events`` (and ``/metrics`` with
 ``admin_token_metrics``) need ``Authorization: Bearer <token>``: 401 with a
 ``WWW-Authenticate`` challenge otherwise, 503 while the token file cannot be read
-(:class:`~proxy.admin_http.BearerToken`); ``/healthz``, ``/readyz`` and ``/`` never do
+(:class:`~proxy.admin.http.BearerToken`); ``/healthz``, ``/readyz`` and ``/`` never do
 (docs/operations.md, "Admin authentication").
 
 Shape (h11's ``examples/trio-server.py``): :class:`HTTPConnection` glues one
@@ -29,8 +29,8 @@ server's nursery, which ``proxy.app.serve`` owns.
 The admin plane must never disturb STOMP traffic, so everything is bounded: connections
 (:attr:`AdminLimits.max_connections`), SSE readers, header bytes (431), the time to receive a
 request (slowloris: 408 and close), the time to write (a stuck reader is cut off), the events
-buffered per SSE reader (the :class:`~proxy.events.EventBus` drops it). A bug while answering
-one request ends that connection only (500, logged), never the sidecar.
+buffered per SSE reader (the :class:`~proxy.telemetry.events.EventBus` drops it). A bug while
+answering one request ends that connection only (500, logged), never the sidecar.
 """
 
 from __future__ import annotations
@@ -38,11 +38,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
-import hashlib
 import json
 import logging
 import math
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -54,13 +52,11 @@ from prometheus_client.exposition import choose_encoder
 
 from config import Config
 from proxy._errors import ListenError
-from proxy._health import BrokerProber, Readiness, evaluate_readiness, stuck_for
 from proxy._version import VERSION
-from proxy.admin_http import (
+from proxy.admin.health import BrokerProber, Readiness, evaluate_readiness
+from proxy.admin.http import (
     AUTHENTICATE,
     GONE,
-    RECEIVE_SIZE,
-    SERVER_HEADER,
     BearerToken,
     HTTPConnection,
     TokenCheck,
@@ -69,9 +65,10 @@ from proxy.admin_http import (
     head_size,
     header_value,
 )
-from proxy.events import SessionEvent
-from proxy.gauges import SidecarCollector
-from proxy.statistics import SidecarView
+from proxy.admin.sse import EventStream
+from proxy.admin.status import status_document
+from proxy.telemetry.gauges import SidecarCollector
+from proxy.telemetry.statistics import SidecarView
 
 __all__ = ["AdminLimits", "AdminServer", "AdminStatistics"]
 
@@ -79,8 +76,6 @@ log = logging.getLogger("mq_sidecar.admin")
 
 #: accept() errors that mean "out of file descriptors/memory for now" (as trio.serve_listeners).
 _ACCEPT_CAPACITY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
-#: ``/status`` lists at most this many sessions (a sidecar serves one app: a handful).
-MAX_STATUS_SESSIONS = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,10 +139,11 @@ class AdminServer:
     Args:
         sidecar: the daemon to report on; its ``registry``, ``events`` and ``config`` are used.
         limits: bounds (see :class:`AdminLimits`).
-        prober: the broker prober; default: a :class:`~proxy._health.BrokerProber` over the
+        prober: the broker prober; default: a :class:`~proxy.admin.health.BrokerProber` over the
             sidecar's brokers and sessions, run by :meth:`serve`.
 
-    Registers a :class:`~proxy.gauges.SidecarCollector` (the gauges) on the sidecar's registry.
+    Registers a :class:`~proxy.telemetry.gauges.SidecarCollector` (the gauges) on the sidecar's
+    registry.
     """
 
     def __init__(
@@ -169,8 +165,7 @@ class AdminServer:
         self.address: tuple[str, int] | None = None
         self.connections = 0
         self.requests = 0
-        self.sse_clients = 0
-        self.sse_dropped = 0
+        self.sse = EventStream(sidecar, self.limits)
         self.rejected_connections = 0
         self._started_at: float | None = None
         token_file = sidecar.config.admin_token_file
@@ -182,7 +177,7 @@ class AdminServer:
             "/healthz": _Route(self._healthz, head=True),
             "/readyz": _Route(self._readyz, head=True),
             "/status": _Route(self._status, head=True, guarded=True),
-            "/events": _Route(self._events, head=False, guarded=True),
+            "/events": _Route(self.sse.serve, head=False, guarded=True),
             "/": _Route(self._index, head=True),
         }
         sidecar.registry.register(SidecarCollector(sidecar, self))
@@ -195,8 +190,8 @@ class AdminServer:
             address=self.address,
             connections=self.connections,
             requests=self.requests,
-            sse_clients=self.sse_clients,
-            sse_dropped=self.sse_dropped,
+            sse_clients=self.sse.clients,
+            sse_dropped=self.sse.dropped,
             rejected_connections=self.rejected_connections,
         )
 
@@ -389,7 +384,7 @@ class AdminServer:
 
     async def _refuse(self, http: HTTPConnection, check: TokenCheck, endpoint: str) -> int:
         """401 without the admin token (RFC 6750 §3: ``invalid_token`` for a wrong one), 503
-        while the token file cannot be read (:class:`~proxy.admin_http.BearerToken` logged
+        while the token file cannot be read (:class:`~proxy.admin.http.BearerToken` logged
         why). Bounded by ``send_timeout`` (``/events`` requests have no other deadline)."""
         if check is TokenCheck.UNAVAILABLE:
             status = 503
@@ -446,149 +441,14 @@ class AdminServer:
         await http.respond(200, body, content_type=b"application/json")
         return 200
 
-    def _tls_status(self, label: str, now: float) -> dict[str, object] | None:
-        """A TLS broker's certificate and last failure (None for a plain broker)."""
-        record = self.sidecar.streams.tracker.get(label)
-        return None if record is None else record.as_status(now)
-
     def status(self) -> dict[str, object]:
-        """The ``/status`` document (JSON-able). Never contains a credential."""
-        sidecar = self.sidecar
-        stats = sidecar.statistics()
-        now = trio.current_time()
-        redacted = self.config.redacted()
-        digest = hashlib.sha256(json.dumps(redacted, sort_keys=True).encode()).hexdigest()
-        verdict = self.readiness()
-        legs: dict[str, int] = {}
-        sessions: list[dict[str, object]] = []
-        window_frames = window_bytes = reconnecting = 0
-        for s in stats.sessions:
-            if s.broker is not None and s.state != "reconnecting":
-                legs[s.broker] = legs.get(s.broker, 0) + 1
-            reconnecting += s.state == "reconnecting"
-            if s.window is not None:
-                window_frames += s.window.frames
-                window_bytes += s.window.bytes
-            if len(sessions) < MAX_STATUS_SESSIONS:
-                entry = dataclasses.asdict(s)
-                entry["stuck_for_seconds"] = round(stuck_for(s), 3)
-                sessions.append(entry)
-
-        wall = time.time()
-
-        def age(t: float | None) -> float | None:
-            return None if t is None else round(now - t, 3)
-
-        brokers = [
-            {
-                "broker": b.broker,
-                "state": b.state,
-                "sessions": legs.get(b.broker, 0),
-                "last_check_age_seconds": age(b.last_check),
-                "last_answer_age_seconds": age(b.last_answer),
-                "last_outcome": b.last_outcome,
-                "detail": b.detail,
-                "checks": b.checks,
-                "failures": b.failures,
-                "tls": self._tls_status(b.broker, wall),
-            }
-            for b in self.prober.statistics()
-        ]
-        return {
-            "version": VERSION,
-            "config_digest": f"sha256:{digest}",
-            "config": redacted,
-            "uptime_seconds": age(self._started_at),
-            "ready": verdict.ready,
-            "not_ready_reasons": list(verdict.reasons),
-            "listen": format_address(*stats.listen) if stats.listen else None,
-            "admin_listen": format_address(*self.address) if self.address else None,
-            "brokers": brokers,
-            "sessions_open": len(stats.sessions),
-            "sessions_total": stats.sessions_total,
-            "sessions_truncated": len(stats.sessions) > len(sessions),
-            "windows": {
-                "frames": window_frames,
-                "bytes": window_bytes,
-                "limit_bytes_per_session": self.config.confirmation_window_size,
-            },
-            "reconnects_in_progress": reconnecting,
-            # The outbox (None when off): what it holds, how old its oldest frame is, what
-            # recovery found at start (docs/outbox.md).
-            "outbox": stats.outbox.status() if stats.outbox is not None else None,
-            "sessions": sessions,
-            "events": dataclasses.asdict(sidecar.events.statistics()),
-            "admin": dataclasses.asdict(self.statistics()),
-        }
-
-    async def _events(self, http: HTTPConnection, request: h11.Request) -> int:
-        limits = self.limits
-        if self.sse_clients >= limits.max_sse_clients:
-            with trio.move_on_after(limits.send_timeout):
-                await http.respond(
-                    503, b"too many event stream readers\n", headers=((b"retry-after", b"5"),)
-                )
-            return 503
-        self.sse_clients += 1
-        dropped = False
-        try:
-            with self.sidecar.events.subscribe() as events:
-                with trio.move_on_after(limits.send_timeout) as opening:
-                    await http.send(
-                        h11.Response(
-                            status_code=200,
-                            reason=b"OK",
-                            headers=[
-                                (b"server", SERVER_HEADER),
-                                (b"content-type", b"text/event-stream; charset=utf-8"),
-                                (b"cache-control", b"no-store"),
-                                (b"x-accel-buffering", b"no"),
-                            ],
-                        )
-                    )
-                    await http.send(h11.Data(data=b": mq-sidecar session events\nretry: 5000\n\n"))
-                if opening.cancelled_caught:
-                    return 200
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._watch_reader_gone, http, nursery.cancel_scope)
-                    dropped = await self._pump_events(http, events)
-                    nursery.cancel_scope.cancel()
-            if dropped:
-                self.sse_dropped += 1
-                self.sidecar.metrics.sse_dropped()
-                log.warning("admin plane: /events reader too slow; disconnected it")
-        finally:
-            self.sse_clients -= 1
-        # The stream has no end we could announce cleanly after a drop or a vanished reader:
-        # the connection closes (our state is not DONE, so no keep-alive).
-        return 200
-
-    async def _pump_events(
-        self, http: HTTPConnection, events: trio.MemoryReceiveChannel[SessionEvent]
-    ) -> bool:
-        """Forward events until the reader is dropped (True) or goes away (cancelled)."""
-        limits = self.limits
-        while True:
-            with trio.move_on_after(limits.sse_keepalive) as idle:
-                try:
-                    event = await events.receive()
-                except trio.EndOfChannel:
-                    return True  # the bus dropped us: our buffer was full
-            if idle.cancelled_caught:
-                data = b": keep-alive\n\n"
-            else:
-                data = f"event: {event.kind}\ndata: {event.to_json()}\n\n".encode()
-            with trio.move_on_after(limits.send_timeout) as write:
-                await http.send(h11.Data(data=data))
-            if write.cancelled_caught:
-                return True  # a reader that stopped reading
-
-    @staticmethod
-    async def _watch_reader_gone(http: HTTPConnection, scope: trio.CancelScope) -> None:
-        """End the event stream when the reader closes its side (bytes after are ignored)."""
-        try:
-            while await http.stream.receive_some(RECEIVE_SIZE):
-                pass
-        except GONE:
-            pass
-        scope.cancel()
+        """The ``/status`` document (JSON-able, :func:`proxy.admin.status.status_document`).
+        Never contains a credential."""
+        return status_document(
+            self.sidecar,
+            readiness=self.readiness(),
+            probes=self.prober.statistics(),
+            admin=dataclasses.asdict(self.statistics()),
+            admin_address=self.address,
+            started_at=self._started_at,
+        )

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from protocol import Command, Frame
 from proxy.tracking import DurableRemoval, PassThrough, SessionState, Transaction
-from proxy.window import ConfirmationWindow, Entry
+from proxy.tracking.window import ConfirmationWindow, Entry
 
 __all__ = ["ReplayPlan", "plan_replay"]
 

@@ -14,10 +14,10 @@ import trio
 from prometheus_client import CollectorRegistry
 
 from config import Config
-from proxy.events import EventBus
-from proxy.metrics import Metrics
-from proxy.upstream import BrokerStreams
-from proxy.window import WindowStatistics
+from proxy.legs.opening import BrokerStreams
+from proxy.telemetry.events import EventBus
+from proxy.telemetry.metrics import Metrics
+from proxy.tracking.window import WindowStatistics
 
 __all__ = ["OutboxStatistics", "SessionStatistics", "SidecarStatistics", "SidecarView"]
 
@@ -63,7 +63,7 @@ class OutboxStatistics:
         commits: transactions committed since start (one fsync each).
         recovered_frames: frames it held when it was opened at start.
         recovery_problems: what recovery at start reported, one line each (empty: clean).
-        orphan_sessions: session keys left to the recovery forwarder (no live session
+        unowned_sessions: session keys left to the outbox forwarder (no live session
             forwards them: a previous process's, an ended session's), not done yet.
         seen_recorded: consumer-side duplicate-suppression ids persisted since start
             (docs/behaviour.md, "Duplicate detection"); seen_failed: ids a write error lost.
@@ -79,7 +79,7 @@ class OutboxStatistics:
     commits: int
     recovered_frames: int
     recovery_problems: tuple[str, ...]
-    orphan_sessions: int = 0
+    unowned_sessions: int = 0
     seen_recorded: int = 0
     seen_failed: int = 0
     room_waiters: int = 0
@@ -95,7 +95,7 @@ class OutboxStatistics:
             "sessions": self.sessions,
             "forwarded_total": self.forwarded_total,
             "commits": self.commits,
-            "orphan_sessions": self.orphan_sessions,
+            "unowned_sessions": self.unowned_sessions,
             "seen_recorded": self.seen_recorded,
             "seen_failed": self.seen_failed,
             "room_waiters": self.room_waiters,

@@ -1,0 +1,115 @@
+"""The ``/status`` document: the brokers, the sessions, their windows, the outbox and the admin
+plane, as JSON for people and scripts (docs/operations.md, "/status"). Never a credential: the
+configuration is the redacted one, and its digest lets two pods be compared."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import time
+from collections.abc import Sequence
+
+import trio
+
+from proxy._version import VERSION
+from proxy.admin.health import BrokerHealth, Readiness, stuck_for
+from proxy.admin.http import format_address
+from proxy.telemetry.statistics import SidecarView
+
+__all__ = ["MAX_STATUS_SESSIONS", "status_document"]
+
+#: ``/status`` lists at most this many sessions (a sidecar serves one app: a handful).
+MAX_STATUS_SESSIONS = 1000
+
+
+def status_document(
+    sidecar: SidecarView,
+    *,
+    readiness: Readiness,
+    probes: Sequence[BrokerHealth],
+    admin: dict[str, object],
+    admin_address: tuple[str, int] | None,
+    started_at: float | None,
+) -> dict[str, object]:
+    """The ``/status`` document of ``sidecar`` now (JSON-able: ``json.dumps(..., default=str)``).
+
+    Args:
+        sidecar: the daemon reported on (statistics, configuration, TLS tracker, event bus).
+        readiness: the ``/readyz`` verdict now.
+        probes: the broker prober's view of each broker, in broker-list order.
+        admin: the admin plane's statistics (``dataclasses.asdict`` of them).
+        admin_address: where the admin plane listens, once bound.
+        started_at: when the admin plane started serving (trio seconds), for the uptime.
+    """
+    stats = sidecar.statistics()
+    now = trio.current_time()
+    config = sidecar.config
+    redacted = config.redacted()
+    digest = hashlib.sha256(json.dumps(redacted, sort_keys=True).encode()).hexdigest()
+    legs: dict[str, int] = {}
+    sessions: list[dict[str, object]] = []
+    window_frames = window_bytes = reconnecting = 0
+    for s in stats.sessions:
+        if s.broker is not None and s.state != "reconnecting":
+            legs[s.broker] = legs.get(s.broker, 0) + 1
+        reconnecting += s.state == "reconnecting"
+        if s.window is not None:
+            window_frames += s.window.frames
+            window_bytes += s.window.bytes
+        if len(sessions) < MAX_STATUS_SESSIONS:
+            entry = dataclasses.asdict(s)
+            entry["stuck_for_seconds"] = round(stuck_for(s), 3)
+            sessions.append(entry)
+
+    wall = time.time()
+
+    def age(t: float | None) -> float | None:
+        return None if t is None else round(now - t, 3)
+
+    def tls(label: str) -> dict[str, object] | None:
+        """A TLS broker's certificate and last failure (None for a plain broker)."""
+        record = sidecar.streams.tracker.get(label)
+        return None if record is None else record.as_status(wall)
+
+    brokers = [
+        {
+            "broker": b.broker,
+            "state": b.state,
+            "sessions": legs.get(b.broker, 0),
+            "last_check_age_seconds": age(b.last_check),
+            "last_answer_age_seconds": age(b.last_answer),
+            "last_outcome": b.last_outcome,
+            "detail": b.detail,
+            "checks": b.checks,
+            "failures": b.failures,
+            "tls": tls(b.broker),
+        }
+        for b in probes
+    ]
+    return {
+        "version": VERSION,
+        "config_digest": f"sha256:{digest}",
+        "config": redacted,
+        "uptime_seconds": age(started_at),
+        "ready": readiness.ready,
+        "not_ready_reasons": list(readiness.reasons),
+        "listen": format_address(*stats.listen) if stats.listen else None,
+        "admin_listen": format_address(*admin_address) if admin_address else None,
+        "brokers": brokers,
+        "sessions_open": len(stats.sessions),
+        "sessions_total": stats.sessions_total,
+        "sessions_truncated": len(stats.sessions) > len(sessions),
+        "windows": {
+            "frames": window_frames,
+            "bytes": window_bytes,
+            "limit_bytes_per_session": config.confirmation_window_size,
+        },
+        "reconnects_in_progress": reconnecting,
+        # The outbox (None when off): what it holds, how old its oldest frame is, what the
+        # store's recovery found at start (docs/outbox.md).
+        "outbox": stats.outbox.status() if stats.outbox is not None else None,
+        "sessions": sessions,
+        "events": dataclasses.asdict(sidecar.events.statistics()),
+        "admin": admin,
+    }

@@ -1,0 +1,12 @@
+"""Reconnecting: when to try which broker again, and what the sessions share while they do.
+
+- ``policy``: the reconnect policy, an immutable value with pure arithmetic: backoff delays,
+  jitter, attempts, rounds, broker order (pure: :class:`~proxy.reconnect.policy.ReconnectPolicy`).
+- ``walk``: the walk over the broker list by that policy, the only place that sleeps between
+  attempts (:func:`~proxy.reconnect.walk.connect_by_policy`).
+- ``board``: what the sessions of one sidecar share during an outage: reconnects in progress,
+  the brokers' refusals (:class:`~proxy.reconnect.board.ReconnectBoard`).
+- ``tally``: the board's pure counting (reconnects in progress, refusals' cool-downs).
+
+This file imports nothing: the pure modules here may be imported by pure code.
+"""

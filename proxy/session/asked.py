@@ -1,0 +1,42 @@
+"""What the app asked for: its CONNECT and DISCONNECT, and how the sidecar answered them."""
+
+from __future__ import annotations
+
+import trio
+
+from protocol import Frame
+from proxy.tracking.window import Entry
+
+__all__ = ["AppRequests"]
+
+
+class AppRequests:
+    """The app's handshake frames, kept for a restore and for the goodbye.
+
+    Attributes:
+        connect: the app's CONNECT once accepted (its credentials and headers re-CONNECT a
+            new leg), else None.
+        authenticated: the app presented the sidecar's own ``client_login`` /
+            ``client_passcode`` (False when none is configured): it may see every session's
+            events on the control channel.
+        connected_locally: the sidecar answered the app's CONNECT itself, no broker being up
+            (outbox mode, docs/outbox.md); the first leg is then restored onto as after a
+            reconnect.
+        disconnect_entry: the app's DISCONNECT in the confirmation window, once submitted.
+        disconnected: set when the broker's RECEIPT for that DISCONNECT arrived.
+    """
+
+    __slots__ = (
+        "authenticated",
+        "connect",
+        "connected_locally",
+        "disconnect_entry",
+        "disconnected",
+    )
+
+    def __init__(self) -> None:
+        self.connect: Frame | None = None
+        self.authenticated = False
+        self.connected_locally = False
+        self.disconnect_entry: Entry | None = None
+        self.disconnected = trio.Event()
