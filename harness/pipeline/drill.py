@@ -24,7 +24,8 @@ What runs (all on 127.0.0.1, every process a child of the drill, stopped at the 
 
 With ``baseline`` (``--baseline``), steps 3-5 first run once without a sidecar and without a
 fault, straight to the serving broker (:mod:`pipeline.baseline`), and the report gives the
-drill's publish and consume rates as a share of the baseline's (:class:`pipeline.report.Overhead`).
+drill's publish and consume rates as a share of the baseline's
+(:class:`pipeline.report.overhead.Overhead`).
 
 With ``outbox`` (``--outbox``, issue 17) the producer's sidecar stores and forwards
 (``outbox = true``, ``outbox_dir`` = ``WORKDIR/outbox``); the sampler then follows the writer's
@@ -74,21 +75,13 @@ from pipeline.faults import (
     tqdm_class,
 )
 from pipeline.monitor import EventMonitor
-from pipeline.report import (
-    BaselineReport,
-    Delivery,
-    DrillReport,
-    FailoverIncident,
-    FaultRecord,
-    Overhead,
-    Timeline,
-    fault_notes,
-    outbox_errors,
-    outbox_summary,
-    overhead,
-    throughput,
-    write_png,
-)
+from pipeline.report.document import DrillReport
+from pipeline.report.notes import fault_notes
+from pipeline.report.outbox import outbox_errors, outbox_summary
+from pipeline.report.overhead import BaselineReport, Overhead, overhead
+from pipeline.report.png import write_png
+from pipeline.report.records import Delivery, FailoverIncident, FaultRecord
+from pipeline.report.timeline import Timeline, throughput
 from pipeline.verify import Reader, Received, Reconciliation, expected, reconcile
 from testbed import ActiveMQ, BrokerError, activemq_installed, start_activemq_pair
 from testbed.sidecar import Metrics, SidecarError, SidecarProcess, metric_total
@@ -930,7 +923,7 @@ class Drill:
 
 
 def _delivery(rows: int, sent: int, result: Reconciliation, residual: Received) -> dict[str, Any]:
-    """The :class:`pipeline.report.Delivery` fields of a run, as keyword arguments."""
+    """The :class:`pipeline.report.records.Delivery` fields of a run, as keyword arguments."""
     return asdict(
         Delivery(
             rows=rows,
