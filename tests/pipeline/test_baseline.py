@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.baseline import ProgressListener, broker_address
-from pipeline.drill import DrillOptions, DrillUsageError
+from pipeline.drill.options import DrillOptions, DrillUsageError
 from pipeline.report.document import DrillReport
 from pipeline.report.overhead import BaselineReport, overhead
 from pipeline.report.timeline import Throughput, Timeline, reached_at

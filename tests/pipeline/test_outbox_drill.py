@@ -15,7 +15,7 @@ import pytest
 
 from pipeline.baseline import ProgressListener
 from pipeline.cli import FaultsParam
-from pipeline.drill import MASTER, MASTER_WITH_RETRIES, DrillOptions, DrillUsageError
+from pipeline.drill.options import MASTER, MASTER_WITH_RETRIES, DrillOptions, DrillUsageError
 from pipeline.faults import BrokerPair, FaultInjector, Sampler, sidecar_outbox
 from pipeline.report.document import DrillReport
 from pipeline.report.notes import fault_notes

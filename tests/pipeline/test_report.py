@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.drill import DrillOptions, DrillUsageError
+from pipeline.drill.options import DrillOptions, DrillUsageError
 from pipeline.faults import Fault, group_incidents
 from pipeline.monitor import ObservedEvent
 from pipeline.report.document import DrillReport
