@@ -451,6 +451,7 @@ class Sampler(threading.Thread):
             ]
 
     def run(self) -> None:
+        """The thread: :meth:`sample` every ``interval`` seconds until :meth:`stop`."""
         while not self._halt.wait(self.interval):
             self.sample()
 
