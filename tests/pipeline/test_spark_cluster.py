@@ -14,8 +14,12 @@ tests/pipeline/conftest.py left by an earlier module in the same pytest run.
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import subprocess
 import sys
+import textwrap
 import threading
 import time
 from collections.abc import Iterator
@@ -95,6 +99,55 @@ def ancestors(pid: int) -> list[int]:
 def hidden_by_live_sessions(sidecar: SidecarThread) -> int:
     """Duplicates the sidecar hid from its live sessions (the reader's, here)."""
     return sum(s.duplicates_hidden for s in sidecar.statistics().sessions)
+
+
+_OWNER_SCRIPT = textwrap.dedent(
+    """
+    import json, sys, time
+    from pathlib import Path
+    from pipeline.spark import start_spark
+    from testbed.spark_cluster import SparkCluster
+    work = Path(sys.argv[1])
+    cluster = SparkCluster(work_dir=work, workers=1, memory_per_worker="512m")
+    cluster.start()
+    conf = cluster.spark_conf()
+    spark = start_spark("owner", master=conf["spark.master"], conf=conf, log_file=work / "d.log")
+    assert spark.sparkContext.parallelize(range(4), 1).sum() == 6
+    print(json.dumps([[p.pid, p.starttime, p.role] for p in cluster.processes()]), flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_no_cluster_process_outlives_its_owner(tmp_path: Path) -> None:
+    """SIGKILL of the process that started a cluster (with an application on it, so an
+    executor and its Python workers run): the master, the worker, the executor and the
+    Python processes under it all die (the guardian, the parent-death signal, and PySpark's
+    daemon exiting when its executor's pipe closes)."""
+    with subprocess.Popen(
+        [sys.executable, "-c", _OWNER_SCRIPT, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).parent.parent.parent,
+    ) as owner:
+        try:
+            assert owner.stdout is not None
+            line = owner.stdout.readline()  # bounded by pytest's timeout (the cluster's 120 s)
+            assert line, f"the owner exited with {owner.wait(timeout=30)} before its report"
+            seen = [(pid, starttime, role) for pid, starttime, role in json.loads(line)]
+            roles = sorted({role for _, _, role in seen})
+            assert roles == ["executor", "master", "python", "worker"], seen
+            os.kill(owner.pid, signal.SIGKILL)
+            owner.wait(timeout=30)
+
+            def all_gone() -> bool:
+                return not any(process_alive(pid, starttime) for pid, starttime, _ in seen)
+
+            wait_until(all_gone, timeout=30.0)
+        finally:
+            if owner.poll() is None:
+                owner.kill()
+                owner.wait(timeout=30)
 
 
 def test_two_alive_workers_run_tasks_in_executor_processes(
@@ -292,7 +345,8 @@ def test_stop_leaves_no_process_of_the_cluster(
     assert roles.count("worker") == 2
     assert roles.count("executor") == 2
     assert roles.count("python") >= 2, "PySpark daemons and workers under the executors"
-    for p in seen:
+    print(f"the cluster started in {cluster.start_seconds:.1f} s")
+    for p in sorted(seen, key=lambda p: p.pid):
         print(f"{p.role:9} pid {p.pid:7} rss {p.rss_kib / 1024:7.1f} MiB")
     started = time.monotonic()
     cluster.stop()
