@@ -443,6 +443,9 @@ class SparkCluster:
             raise OSError(f"master /json/ is not a JSON object: {body[:200]!r}")
         return state
 
+    def _master_alive(self, state: Mapping[str, Any]) -> bool:
+        return state.get("status") == "ALIVE" and state.get("url") == self.master_url
+
     def _registered(self, state: Mapping[str, Any]) -> bool:
         alive = {
             (w.get("host"), w.get("port"))
@@ -476,7 +479,10 @@ class SparkCluster:
             else:
                 if ready(state):
                     return
-                last = f"status {state.get('status')}, {state.get('aliveworkers')} alive workers"
+                last = (
+                    f"{state.get('url')} {state.get('status')}, "
+                    f"{state.get('aliveworkers')} alive workers"
+                )
             time.sleep(max(0.0, min(_POLL_INTERVAL, deadline - time.monotonic())))
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -511,7 +517,7 @@ class SparkCluster:
                 ),
                 self._daemon_env(None),
             )
-            self._await("ALIVE master", lambda s: s.get("status") == "ALIVE", deadline, timeout)
+            self._await("ALIVE master", self._master_alive, deadline, timeout)
             for index, (port, webui) in enumerate(self._worker_ports, start=1):
                 for path in (self.worker_dir(index), self._local_dir(f"worker-{index}")):
                     path.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -34,7 +35,7 @@ from pipeline.verify import Reader, expected, reconcile
 from pipeline.writer import WriterSettings, publish
 from testbed import ActiveMQ
 from testbed.broker import proc_stat, process_alive
-from testbed.spark_cluster import SparkCluster
+from testbed.spark_cluster import SparkCluster, SparkClusterError
 from tests.integration.support import SidecarThread, sidecar_config, unique, wait_until
 
 if TYPE_CHECKING:
@@ -101,12 +102,53 @@ def hidden_by_live_sessions(sidecar: SidecarThread) -> int:
     return sum(s.duplicates_hidden for s in sidecar.statistics().sessions)
 
 
+def test_arguments_and_state_before_start(tmp_path: Path) -> None:
+    """Bad sizes are refused at once; a cluster never started has no master URL or
+    configuration, and stopping it is a no-op."""
+    for bad in ({"workers": 0}, {"cores_per_worker": 0}, {"memory_per_worker": "1.5g"}):
+        with pytest.raises(ValueError, match="must"):
+            SparkCluster(work_dir=tmp_path, **bad)
+    with pytest.raises(ValueError, match="at least 512m"):
+        SparkCluster(work_dir=tmp_path, memory_per_worker="256m")
+    idle = SparkCluster(work_dir=tmp_path)
+    with pytest.raises(SparkClusterError, match="never started"):
+        idle.spark_conf()
+    idle.stop()
+    assert (idle.running(), idle.worker_pids(), idle.executor_pids()) == (False, [], [])
+
+
+def test_a_taken_port_fails_the_start_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The master's port is taken by another socket: the master JVM exits (no silent move to
+    another port, spark.port.maxRetries=0), start() raises with the master's log, and no
+    process of the cluster is left."""
+    import testbed.spark_cluster
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        real = testbed.spark_cluster._distinct_free_ports
+        monkeypatch.setattr(
+            testbed.spark_cluster, "_distinct_free_ports", lambda n: [port, *real(n - 1)]
+        )
+        cluster = SparkCluster(work_dir=tmp_path, workers=1)
+        with pytest.raises(SparkClusterError, match="master exited") as failure:
+            cluster.start(timeout=60.0)
+    assert "Address already in use: Service 'sparkMaster' failed after 0 retries" in str(
+        failure.value
+    ), "the log's tail says why"
+    assert cluster.processes() == []
+    assert not cluster.running()
+
+
 _OWNER_SCRIPT = textwrap.dedent(
     """
     import json, sys, time
     from pathlib import Path
     from pipeline.spark import start_spark
-    from testbed.spark_cluster import SparkCluster
+    from testbed.spark_cluster import SparkCluster, SparkClusterError
     work = Path(sys.argv[1])
     cluster = SparkCluster(work_dir=work, workers=1, memory_per_worker="512m")
     cluster.start()
