@@ -38,11 +38,11 @@ Processes: every process of the cluster, down to the Python workers, carries
 the executors, the executors to PySpark's daemon), and :meth:`SparkCluster.processes` finds
 them by it in ``/proc/PID/environ``. :meth:`SparkCluster.stop` sends SIGTERM to the master,
 then to the workers (Spark's ``Worker`` kills its executors when it shuts down), SIGKILLs a
-process group still alive after the bound, then SIGKILLs any process still carrying the token (the
-PySpark daemons and Python workers live in groups of their own), and returns only when none is
-left. As for the brokers (:mod:`testbed.broker`): the orphan guardian SIGKILLs the master's and
-workers' groups (the executors with them) if the calling process dies, the master and workers
-started from the main thread also get ``PR_SET_PDEATHSIG`` = SIGKILL
+process group still alive after the bound, then SIGKILLs any process still carrying the token
+(the PySpark daemons and Python workers live in groups of their own), and returns only when
+none is left. As for the brokers (:mod:`testbed.broker`): the orphan guardian SIGKILLs the
+master's and workers' groups (the executors with them) if the calling process dies, the master
+and workers started from the main thread also get ``PR_SET_PDEATHSIG`` = SIGKILL
 (``testbed/_parent_death.py``), and a PySpark daemon exits when its executor's pipe closes.
 """
 
