@@ -11,6 +11,11 @@ Brokers run on free 127.0.0.1 ports in ``tmp_path_factory`` directories. A missi
 package FAILS the test (CI installs them): run ``scripts/setup.sh``. Tests that use these
 fixtures get the ``activemq`` / ``rabbitmq`` marker automatically, so ``-m "not rabbitmq"``
 deselects them.
+
+Hypothesis runs without a per-example deadline (profile ``mq-sidecar``): a deadline is a timed
+assertion, which tests here never make (speed is measured by bench/); under coverage and a
+loaded machine an example may take longer than hypothesis' default 200 ms (and the
+``too_slow`` health check, which times the first examples, is off for the same reason).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from testbed import (
     ActiveMQ,
@@ -28,6 +34,9 @@ from testbed import (
     rabbitmq_installed,
     start_activemq_pair,
 )
+
+settings.register_profile("mq-sidecar", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("mq-sidecar")
 
 #: Type of the ``activemq_pair`` fixture: keyword arguments of ``start_activemq_pair``.
 ActiveMQPairFactory = Callable[..., tuple[ActiveMQ, ActiveMQ]]
