@@ -6,7 +6,8 @@
 # Without arguments pytest runs twice (docs/testing.md, "Running the tests"): the whole suite
 # against the compiled core that setup.sh builds, then the fast tests of the pure code
 # (tests/protocol, tests/proxy, tests/config, tests/fuzz: about 1 minute) against the
-# pure-Python sources (MQ_SIDECAR_PURE=1). EXPECT_MQ_SIDECAR_CORE (not MQ_SIDECAR_*: the
+# pure-Python sources (MQ_SIDECAR_PURE=1); both under coverage.py, whose combined report of
+# protocol/, proxy/ and config/ ends the run (it fails below its floor). EXPECT_MQ_SIDECAR_CORE (not MQ_SIDECAR_*: the
 # sidecar warns about unknown variables with its prefix) makes tests/protocol/
 # test_native.py fail when the other build is running. With MQ_SIDECAR_PURE=1 set, setup.sh
 # compiles nothing and the one run is pure.
@@ -23,10 +24,13 @@ if [ "$#" -gt 0 ] || [ "$core" = pure ]; then
     echo "== pytest ($core core)"
     exec env EXPECT_MQ_SIDECAR_CORE="$core" .venv/bin/python -m pytest "$@"
 fi
+# Both runs are measured by coverage.py through pytest-cov (settings: pyproject.toml's
+# [tool.coverage.*]); the second appends to the first's data and prints the product's line and
+# branch coverage of both, against its floor (fail_under: below it the run fails).
 status=0
 echo "== pytest (compiled core: the whole suite)"
-EXPECT_MQ_SIDECAR_CORE=compiled .venv/bin/python -m pytest || status=$?
+EXPECT_MQ_SIDECAR_CORE=compiled .venv/bin/python -m pytest --cov --cov-report= || status=$?
 echo "== pytest (pure-Python core: tests/protocol tests/proxy tests/config tests/fuzz)"
-MQ_SIDECAR_PURE=1 EXPECT_MQ_SIDECAR_CORE=pure .venv/bin/python -m pytest \
-    tests/protocol tests/proxy tests/config tests/fuzz || status=$?
+MQ_SIDECAR_PURE=1 EXPECT_MQ_SIDECAR_CORE=pure .venv/bin/python -m pytest --cov --cov-append \
+    --cov-report=term:skip-covered tests/protocol tests/proxy tests/config tests/fuzz || status=$?
 exit "$status"
