@@ -52,7 +52,6 @@ import contextlib
 import http.client
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -61,25 +60,34 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Self
 
 from testbed.broker import (
     _GUARDIAN,
-    BrokerError,
     _Child,
     _Children,
-    _cleanup,
     _terminate,
     live_processes,
     log_tail,
     proc_stat,
     process_alive,
 )
-from testbed.probe import free_port
 from testbed.spark_home import SparkHome, find_spark_home
+from testbed.spark_procs import (
+    EXECUTOR_CLASS,
+    MARKER,
+    ClusterProcess,
+    SparkClusterError,
+    SparkClusterTimeout,
+    cleanup_cluster,
+    cluster_processes,
+    cmdline,
+    distinct_free_ports,
+    kill_marked,
+    memory_mib,
+)
 
 __all__ = [
     "ClusterProcess",
@@ -88,12 +96,9 @@ __all__ = [
     "SparkClusterTimeout",
 ]
 
-#: The environment variable that marks every process of one cluster (module docstring).
-MARKER = "TESTBED_SPARK_CLUSTER"
 
 _MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 _WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
-_EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
 
 #: Heap of the master and of each worker JVM (``SPARK_DAEMON_MEMORY``; Spark's default is 1g,
 #: far more than a handful of workers and applications need).
@@ -102,8 +107,6 @@ _DAEMON_MEMORY = "256m"
 #: brokers (docs/brokers.md): they idle most of the time on 2 shared cores.
 _DAEMON_JVM_OPTIONS = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
 
-#: ``--memory`` / ``spark.executor.memory`` values accepted here: whole MiB or GiB.
-_MEMORY_RE = re.compile(r"^([1-9][0-9]*)([mg])$")
 #: An executor's heap must be at least 1.5 x Spark's 300 MiB reserved memory (450 MiB;
 #: Spark's UnifiedMemoryManager refuses to start below it): 512m is the smallest round value.
 _MIN_EXECUTOR_MIB = 512
@@ -111,119 +114,8 @@ _MIN_EXECUTOR_MIB = 512
 #: ``python -I -c`` program that execs ``argv[1:]`` (after ``_parent_death.py`` set the signal).
 _EXEC = "import os, sys; os.execv(sys.argv[1], sys.argv[1:])"
 
-#: Seconds the finalizer gives each orderly stop (at interpreter exit or garbage collection).
-_CLEANUP_TIMEOUT = 5.0
 #: Seconds between two polls of the master's JSON status while starting.
 _POLL_INTERVAL = 0.1
-
-
-class SparkClusterError(BrokerError):
-    """The cluster could not start (a JVM exited, a port was taken), is not running, or a
-    process of it survived :meth:`SparkCluster.stop`. The message ends with the tails of the
-    logs where they help."""
-
-
-class SparkClusterTimeout(SparkClusterError, TimeoutError):
-    """The master or a worker is alive but did not reach the awaited state in time."""
-
-
-@dataclass(frozen=True)
-class ClusterProcess:
-    """One live process of a cluster (``/proc``).
-
-    Attributes:
-        pid, ppid, pgrp: its PID, its parent's PID and its process group.
-        starttime: in clock ticks since boot (tells a PID's incarnations apart).
-        role: ``"master"``, ``"worker"``, ``"executor"`` (a CoarseGrainedExecutorBackend JVM),
-            ``"python"`` (PySpark's daemon or a Python worker), ``"launcher"`` (the short-lived
-            JVM of ``spark-class`` that builds the command line) or ``"other"`` (the
-            ``spark-class`` shell before it execs, the ``_parent_death.py`` wrapper).
-        rss_kib: resident set size in KiB (``VmRSS``; 0 if unreadable).
-        command: the command line (``/proc/PID/cmdline``).
-    """
-
-    pid: int
-    ppid: int
-    pgrp: int
-    starttime: int
-    role: Literal["master", "worker", "executor", "python", "launcher", "other"]
-    rss_kib: int
-    command: tuple[str, ...]
-
-
-def _memory_mib(value: str) -> int:
-    match = _MEMORY_RE.match(value)
-    if match is None:
-        raise ValueError(f"memory must be whole MiB or GiB such as '512m' or '1g': {value!r}")
-    amount = int(match.group(1))
-    return amount * 1024 if match.group(2) == "g" else amount
-
-
-def _read_proc(pid: int, name: str) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/{name}").read_bytes()
-    except OSError:  # gone, or another user's (EACCES)
-        return b""
-
-
-def _cmdline(pid: int) -> tuple[str, ...]:
-    raw = _read_proc(pid, "cmdline")
-    return tuple(part.decode(errors="replace") for part in raw.split(b"\0") if part)
-
-
-def _rss_kib(pid: int) -> int:
-    for line in _read_proc(pid, "status").splitlines():
-        if line.startswith(b"VmRSS:"):
-            return int(line.split()[1])
-    return 0
-
-
-def _marked_pids(token: str) -> list[tuple[int, int]]:
-    """``(pid, starttime)`` of every live process whose environment has the cluster's token."""
-    needle = f"{MARKER}={token}".encode()
-    found = []
-    for st in live_processes():
-        environ = _read_proc(st.pid, "environ").split(b"\0")
-        if needle in environ:
-            found.append((st.pid, st.starttime))
-    return found
-
-
-def _kill_marked(token: str, timeout: float) -> list[int]:
-    """Wait up to ``timeout`` seconds for the processes carrying ``token`` to exit (PySpark's
-    daemon exits when its executor's pipe closes), SIGKILL those left, wait for them once more
-    (at most 5 s); return the PIDs still alive after that (none, normally)."""
-    deadline = time.monotonic() + timeout
-    while (left := _marked_pids(token)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    for pid, starttime in left:
-        if process_alive(pid, starttime):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 5.0
-    while (left := _marked_pids(token)) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return [pid for pid, _ in left]
-
-
-def _cleanup_cluster(children: _Children, token: str) -> None:
-    """Finalizer: stop the master and workers still registered, then whatever carries the
-    token. Must not hold the :class:`SparkCluster` itself."""
-    _cleanup(children)
-    with contextlib.suppress(Exception):
-        _kill_marked(token, _CLEANUP_TIMEOUT)
-
-
-def _distinct_free_ports(count: int) -> list[int]:
-    """``count`` different ports that were free on 127.0.0.1 a moment ago (bounded tries)."""
-    ports: list[int] = []
-    for _ in range(count * 20):
-        port = free_port()
-        if port not in ports:
-            ports.append(port)
-        if len(ports) == count:
-            return ports
-    raise SparkClusterError(f"could not find {count} distinct free ports on 127.0.0.1")
 
 
 class SparkCluster:
@@ -263,7 +155,7 @@ class SparkCluster:
     ) -> None:
         if workers < 1 or cores_per_worker < 1:
             raise ValueError("workers and cores_per_worker must be at least 1")
-        if _memory_mib(memory_per_worker) < _MIN_EXECUTOR_MIB:
+        if memory_mib(memory_per_worker) < _MIN_EXECUTOR_MIB:
             raise ValueError(
                 f"memory_per_worker must be at least {_MIN_EXECUTOR_MIB}m (an executor's heap "
                 f"needs 1.5 x Spark's 300 MiB reserved memory): {memory_per_worker!r}"
@@ -284,7 +176,7 @@ class SparkCluster:
         self._children = _Children()
         self._master: _Child | None = None
         self._workers: list[_Child] = []
-        self._finalizer = weakref.finalize(self, _cleanup_cluster, self._children, self.token)
+        self._finalizer = weakref.finalize(self, cleanup_cluster, self._children, self.token)
 
     def __repr__(self) -> str:
         state = f"running at {self.master_url}" if self.running() else "stopped"
@@ -503,7 +395,7 @@ class SparkCluster:
         deadline = started + timeout
         for path in (self.conf_dir, self.log_dir, self.tmp_dir, self._local_dir("driver")):
             path.mkdir(parents=True, exist_ok=True)
-        ports = _distinct_free_ports(2 + 2 * self.workers)
+        ports = distinct_free_ports(2 + 2 * self.workers)
         self.master_port, self.webui_port = ports[0], ports[1]
         self._worker_ports = [(ports[2 + 2 * i], ports[3 + 2 * i]) for i in range(self.workers)]
         try:
@@ -562,7 +454,7 @@ class SparkCluster:
         for child in self._workers:
             self._stop_child(child, deadline)
         self._workers = []
-        survivors = _kill_marked(self.token, max(0.5, deadline - time.monotonic()))
+        survivors = kill_marked(self.token, max(0.5, deadline - time.monotonic()))
         if survivors:
             raise SparkClusterError(f"processes of the cluster survived SIGKILL: {survivors}")
 
@@ -602,7 +494,7 @@ class SparkCluster:
         return sorted(
             st.pid
             for st in live_processes()
-            if st.ppid in workers and _EXECUTOR_CLASS in _cmdline(st.pid)
+            if st.ppid in workers and EXECUTOR_CLASS in cmdline(st.pid)
         )
 
     def kill_executor(self, *, pid: int | None = None) -> int:
@@ -633,39 +525,7 @@ class SparkCluster:
 
     def processes(self) -> list[ClusterProcess]:
         """Every live process of the cluster (it carries the marker), by PID."""
-        master = self.master_pid()
-        workers = set(self.worker_pids())
-        found = []
-        for pid, _ in _marked_pids(self.token):
-            st = proc_stat(pid)
-            if st is None:
-                continue
-            command = _cmdline(pid)
-            role: Literal["master", "worker", "executor", "python", "launcher", "other"]
-            if pid == master:
-                role = "master"
-            elif pid in workers:
-                role = "worker"
-            elif _EXECUTOR_CLASS in command:
-                role = "executor"
-            elif "org.apache.spark.launcher.Main" in command:
-                role = "launcher"
-            elif st.comm.startswith("python") and "_parent_death.py" not in " ".join(command):
-                role = "python"
-            else:
-                role = "other"
-            found.append(
-                ClusterProcess(
-                    pid=pid,
-                    ppid=st.ppid,
-                    pgrp=st.pgrp,
-                    starttime=st.starttime,
-                    role=role,
-                    rss_kib=_rss_kib(pid),
-                    command=command,
-                )
-            )
-        return found
+        return cluster_processes(self.token, self.master_pid(), set(self.worker_pids()))
 
     # -- applications ----------------------------------------------------------------------
 

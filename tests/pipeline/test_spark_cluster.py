@@ -124,14 +124,15 @@ def test_a_taken_port_fails_the_start_and_leaves_nothing(
     another port, spark.port.maxRetries=0), start() raises with the master's log, and no
     process of the cluster is left."""
     import testbed.spark_cluster
+    import testbed.spark_procs
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        real = testbed.spark_cluster._distinct_free_ports
+        real = testbed.spark_procs.distinct_free_ports
         monkeypatch.setattr(
-            testbed.spark_cluster, "_distinct_free_ports", lambda n: [port, *real(n - 1)]
+            testbed.spark_cluster, "distinct_free_ports", lambda n: [port, *real(n - 1)]
         )
         cluster = SparkCluster(work_dir=tmp_path, workers=1)
         with pytest.raises(SparkClusterError, match="master exited") as failure:
