@@ -10,6 +10,7 @@ import contextlib
 import enum
 import hashlib
 import hmac
+import ipaddress
 import logging
 import os
 from http import HTTPStatus
@@ -29,11 +30,13 @@ __all__ = [
     "HTTPConnection",
     "TokenCheck",
     "TokenUnavailable",
+    "address_is_loopback",
     "bearer_credentials",
     "format_address",
     "has_body",
     "head_size",
     "header_value",
+    "peer_is_loopback",
     "read_token",
 ]
 
@@ -56,6 +59,33 @@ AUTHENTICATE = b'Bearer realm="mq-sidecar"'
 _TOKEN_FILE_BYTES = 16384
 
 log = logging.getLogger("mq_sidecar.admin")
+
+
+def peer_is_loopback(stream: trio.abc.Stream) -> bool:
+    """Whether the client at the other end of ``stream`` connected from a loopback address
+    (``127.0.0.0/8``, ``::1``, or IPv4-mapped ``::ffff:127.x``). A stream with no socket (a
+    memory stream inside the process, as in tests) counts as local; one whose peer cannot be
+    read (already reset) does not."""
+    sock = getattr(stream, "socket", None)
+    if sock is None:
+        return True
+    try:
+        host = str(sock.getpeername()[0])
+    except OSError:
+        return False
+    return address_is_loopback(host)
+
+
+def address_is_loopback(host: str) -> bool:
+    """Whether ``host`` (an IP address as ``getpeername`` gives it, maybe with an IPv6 scope)
+    is a loopback address; a name or anything unparseable is not."""
+    try:
+        address = ipaddress.ip_address(host.partition("%")[0])
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback
+    return address.is_loopback
 
 
 class HTTPConnection:

@@ -64,6 +64,7 @@ from proxy.admin.http import (
     has_body,
     head_size,
     header_value,
+    peer_is_loopback,
 )
 from proxy.admin.sse import EventStream
 from proxy.admin.status import status_document
@@ -375,12 +376,31 @@ class AdminServer:
                 headers=((b"allow", allowed),),
             )
             return
-        check = self.token.check(request) if route.guarded and self.token else TokenCheck.OK
-        if check is TokenCheck.OK:
-            status = await route.handler(http, request)
+        if route.guarded and self.token is None and not peer_is_loopback(http.stream):
+            # Safe by default (docs/operations.md, "Admin authentication"): without a token
+            # file, what a token would guard is for this machine's own clients only.
+            status = await self._forbid(http, endpoint)
         else:
-            status = await self._refuse(http, check, endpoint)
+            check = self.token.check(request) if route.guarded and self.token else TokenCheck.OK
+            if check is TokenCheck.OK:
+                status = await route.handler(http, request)
+            else:
+                status = await self._refuse(http, check, endpoint)
         self._count(endpoint, status)
+
+    async def _forbid(self, http: HTTPConnection, endpoint: str) -> int:
+        """403 for a guarded endpoint asked from a non-loopback address while no
+        ``admin_token_file`` is set; counted like a 401
+        (``mq_sidecar_admin_unauthorized_total``)."""
+        self.sidecar.metrics.admin_unauthorized()
+        log.debug("admin plane: /%s refused to a non-loopback client without a token", endpoint)
+        body = (
+            f"/{endpoint} is answered only to loopback clients while no admin_token_file is "
+            "set; set admin_token_file to reach it from elsewhere (docs/operations.md)\n"
+        ).encode()
+        with trio.move_on_after(self.limits.send_timeout):
+            await http.respond(403, body)
+        return 403
 
     async def _refuse(self, http: HTTPConnection, check: TokenCheck, endpoint: str) -> int:
         """401 without the admin token (RFC 6750 §3: ``invalid_token`` for a wrong one), 503

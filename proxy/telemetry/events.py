@@ -11,6 +11,11 @@ Fan-out is bounded (docs/architecture.md, "Bounded buffers and backpressure by n
 one bounded memory channel per subscriber, filled with ``send_nowait``; a subscriber too slow
 to keep up is dropped (its channel closed, counted), never allowed to block the session that
 publishes.
+
+Every event the bus publishes has a number, and the bus keeps the last :data:`EVENT_HISTORY` of
+them, so that an SSE reader that reconnects with ``Last-Event-ID`` gets what it missed
+(:meth:`EventBus.resume`); an id is ``<epoch>-<n>``, the epoch a token of this process, so an id
+of a previous process is told apart.
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import secrets
 import time
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -27,7 +34,20 @@ import trio
 
 from proxy.telemetry.vocabulary import FrameOutcome, OutcomeCause
 
-__all__ = ["EventBus", "EventBusStatistics", "EventKind", "FrameReport", "SessionEvent"]
+__all__ = [
+    "EVENT_HISTORY",
+    "EventBus",
+    "EventBusStatistics",
+    "EventKind",
+    "FrameReport",
+    "Resumption",
+    "SessionEvent",
+]
+
+#: Events the bus keeps for readers that resume (``GET /events`` with ``Last-Event-ID``): at a
+#: few hundred bytes each, about half a MiB at most; a failover of 1,000 sessions publishes
+#: about 3,000 events, so a reader away for longer than such a storm is told it missed some.
+EVENT_HISTORY = 2048
 
 
 class EventKind(enum.StrEnum):
@@ -162,6 +182,29 @@ class SessionEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class Resumption:
+    """What a reader that reconnects with ``Last-Event-ID`` gets (:meth:`EventBus.resume`).
+
+    Attributes:
+        missed: the events published after the one it names that the history still holds,
+            oldest first, with their ids.
+        gap: None when ``missed`` is everything it missed; else why it is not (the history
+            no longer reaches back that far, the id is of a previous process, or no id the
+            bus could read), for an explicit marker before ``missed``.
+        oldest: the id of the oldest event the history holds (None: none yet).
+        next_seq: the number of the first event ``events`` will give (ids of live events are
+            counted from it: the channel gets every event published after it, in order).
+        events: the live events, as :meth:`EventBus.subscribe` gives them.
+    """
+
+    missed: tuple[tuple[str, SessionEvent], ...]
+    gap: str | None
+    oldest: str | None
+    next_seq: int
+    events: trio.MemoryReceiveChannel[SessionEvent]
+
+
+@dataclass(frozen=True, slots=True)
 class EventBusStatistics:
     """Counters of an :class:`EventBus`."""
 
@@ -177,15 +220,24 @@ class EventBus:
         subscriber_buffer: events a subscriber may have pending before it is dropped.
     """
 
-    def __init__(self, *, subscriber_buffer: int = 256) -> None:
+    def __init__(self, *, subscriber_buffer: int = 256, history: int = EVENT_HISTORY) -> None:
         self.subscriber_buffer = subscriber_buffer
         self._subscribers: set[trio.MemorySendChannel[SessionEvent]] = set()
         self.published = 0
         self.dropped_subscribers = 0
+        #: This process's token in every event id.
+        self.epoch = secrets.token_hex(4)
+        self._history: deque[tuple[int, SessionEvent]] = deque(maxlen=history)
+
+    def event_id(self, seq: int) -> str:
+        """The id of the ``seq``-th event published (``<epoch>-<seq>``)."""
+        return f"{self.epoch}-{seq}"
 
     def publish(self, event: SessionEvent) -> None:
-        """Hand ``event`` to every subscriber; drop (and count) those whose buffer is full."""
+        """Hand ``event`` to every subscriber; drop (and count) those whose buffer is full.
+        The event is numbered and kept in the history."""
         self.published += 1
+        self._history.append((self.published, event))
         for send in list(self._subscribers):
             try:
                 send.send_nowait(event)
@@ -210,6 +262,42 @@ class EventBus:
         finally:
             self._subscribers.discard(send)
             send.close()
+
+    @contextmanager
+    def resume(self, last_event_id: str | None) -> Iterator[Resumption]:
+        """Subscribe as :meth:`subscribe` does, and take from the history what a reader whose
+        last event was ``last_event_id`` missed (None: a new reader, nothing missed). The
+        subscription and the history are taken in one step, so nothing falls between them."""
+        missed: list[tuple[int, SessionEvent]] = []
+        gap: str | None = None
+        oldest = self._history[0][0] if self._history else None
+        if last_event_id is not None:
+            epoch, _, number = last_event_id.strip().rpartition("-")
+            last = int(number) if number.isdigit() else None
+            if epoch != self.epoch or last is None:
+                gap = (
+                    f"Last-Event-ID {last_event_id!r} is not of this sidecar process (it "
+                    "restarted, or the id is not one of its): events in between are unknown"
+                )
+                missed = list(self._history)
+            else:
+                if oldest is not None and last + 1 < oldest:
+                    gap = (
+                        f"the event history no longer reaches back to {last_event_id}: "
+                        f"{oldest - last - 1} event(s) are not shown"
+                    )
+                elif oldest is None and last < self.published:
+                    gap = f"the event history holds none of the events after {last_event_id}"
+                missed = [(seq, e) for seq, e in self._history if seq > last]
+        next_seq = self.published + 1
+        with self.subscribe() as events:
+            yield Resumption(
+                missed=tuple((self.event_id(seq), e) for seq, e in missed),
+                gap=gap,
+                oldest=self.event_id(oldest) if oldest is not None else None,
+                next_seq=next_seq,
+                events=events,
+            )
 
     def statistics(self) -> EventBusStatistics:
         """Subscribers now, events published, subscribers dropped for being slow."""

@@ -416,7 +416,10 @@ async def test_events_stream_every_published_event(
     while data.count(b"\n\n") < len(sent):
         data += await client.read_until(b"\n\n")
     blocks = [b for b in data.decode().split("\n\n") if b]
-    assert blocks == [f"event: {e.kind}\ndata: {e.to_json()}" for e in sent]
+    ids = [sidecar.events.event_id(n) for n in (1, 2)]
+    assert blocks == [
+        f"id: {i}\nevent: {e.kind}\ndata: {e.to_json()}" for i, e in zip(ids, sent, strict=True)
+    ]
     assert json.loads(blocks[1].split("data: ", 1)[1])["session_id"] == "s-2"
 
 
