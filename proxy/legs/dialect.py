@@ -13,7 +13,57 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["BrokerDialect"]
+from protocol import Frame
+
+__all__ = ["RETRYABLE_ERRORS", "BrokerDialect", "RetryableError"]
+
+
+@dataclass(frozen=True, slots=True)
+class RetryableError:
+    """A broker ERROR that says the frame's queue is unavailable for now, not that the frame
+    is wrong: the sidecar keeps it from the app and retries the session as a reconnect, its
+    window kept (docs/brokers.md, "Errors retried as a reconnect").
+
+    Attributes:
+        broker: the ``server`` header's prefix of the brokers that send it.
+        message: the ERROR's ``message`` header, exactly.
+        body_contains: text its body contains.
+        meaning: what it means, measured (for logs and docs).
+    """
+
+    broker: str
+    message: str
+    body_contains: str
+    meaning: str
+
+    def matches(self, server: str, error: Frame) -> bool:
+        """Whether ``error`` from a broker that says ``server:<server>`` is this one."""
+        return (
+            server.startswith(self.broker)
+            and error.get("message") == self.message
+            and self.body_contains.encode() in error.body
+        )
+
+
+#: The broker ERRORs retried as a reconnect, each measured on the real broker
+#: (tests/integration/test_rabbitmq_cluster.py).
+RETRYABLE_ERRORS: tuple[RetryableError, ...] = (
+    RetryableError(
+        broker="RabbitMQ",
+        message="not_found",
+        body_contains="is down or inaccessible",
+        meaning="a classic queue whose home node is down; RabbitMQ 3.10 sends it to a SEND "
+        "or a SUBSCRIBE and closes the connection",
+    ),
+    RetryableError(
+        broker="RabbitMQ",
+        message="Server cancelled subscription",
+        body_contains="The server has canceled a subscription",
+        meaning="the broker cancelled a live subscription (its queue's home node went down, "
+        "or the queue was deleted; rabbitmq-server#2410): the connection stays open and no "
+        "message comes again, so the subscription is restored by a reconnect",
+    ),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +130,11 @@ class BrokerDialect:
             receipt_breaks_wildcard_subscribe=server.startswith("ActiveMQ/"),
             stable_message_ids=activemq,
         )
+
+    def retryable_error(self, error: Frame) -> RetryableError | None:
+        """The :data:`RETRYABLE_ERRORS` entry ``error`` is, when this broker sent it; None
+        for every other ERROR (which answers the app's frame and reaches the app)."""
+        return next((r for r in RETRYABLE_ERRORS if r.matches(self.server, error)), None)
 
     def subscribe_receipt_breaks(self, destination: str) -> bool:
         """Whether a ``receipt`` on a SUBSCRIBE to ``destination`` may make this broker

@@ -12,6 +12,7 @@ import trio
 import protocol
 from protocol import Command, ConnectionClosed, Frame, HeartBeat
 from proxy.legs.broker import Upstream
+from proxy.legs.dialect import RetryableError
 from proxy.legs.stream import HeartBeatTimeout, TransportLost
 from proxy.session.acks import SidecarAcks
 from proxy.session.confirmations import Confirmations
@@ -56,6 +57,16 @@ class BrokerSide:
                 if isinstance(event, ConnectionClosed):
                     reason = "broker closed the connection"
                     break
+                if event.command is Command.ERROR:
+                    retry = upstream.dialect.retryable_error(event)
+                    if retry is not None:
+                        # Not the app's error to see: the queue is unavailable for now. The
+                        # leg is given up (the broker closes it anyway) and the session
+                        # reconnects with its window, the refused frame in it.
+                        reason = _retry_reason(event, retry)
+                        kind = FailoverReason.QUEUE_UNAVAILABLE
+                        log.warning("session %s: %s; reconnecting", core.id, reason)
+                        break
                 await self._on_frame(upstream, event)
         except HeartBeatTimeout as exc:
             reason, kind = f"broker silent: {exc}", FailoverReason.HEARTBEAT_TIMEOUT
@@ -182,3 +193,10 @@ class BrokerSide:
         # The broker's ERROR reaches the app unchanged (transparency); the event names the
         # frame it refused by its mq-sidecar-id too.
         await self.confirmations.control.report(refused, f"the broker refused it: {message}")
+
+
+def _retry_reason(error: Frame, retry: RetryableError) -> str:
+    """One line for a retryable ERROR: the broker's message and the first line of its body."""
+    body = error.body.decode("utf-8", "replace").strip().splitlines()
+    detail = f": {body[0][:200]}" if body else ""
+    return f"broker ERROR {error.get('message')}{detail} ({retry.meaning})"

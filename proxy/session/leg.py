@@ -11,7 +11,11 @@ from proxy.legs.dialect import BrokerDialect
 from proxy.reconnect.walk import Attempt
 from proxy.session.ending import Loss
 
-__all__ = ["LegState"]
+__all__ = ["STABLE_LEG_SECONDS", "LegState"]
+
+#: Seconds a leg must live for a loss after it to start a new count of unstable legs: RabbitMQ
+#: ends a leg that replays into a queue it cannot take within milliseconds (measured, issue 25).
+STABLE_LEG_SECONDS = 5.0
 
 
 class LegState:
@@ -30,6 +34,9 @@ class LegState:
         loss: the current outage, while reconnecting.
         send_lock: appending to the window and sending happen under this lock, which a
             restore also holds while it replays, so frames reach the broker in window order.
+        unstable: legs lost in a row before what was replayed on them was confirmed, or to
+            an ERROR retried as a reconnect (:meth:`note_loss`); 0 after a stable one.
+        unstable_since: when the first of those legs was lost (trio seconds), else None.
     """
 
     __slots__ = (
@@ -42,6 +49,8 @@ class LegState:
         "reconnect_attempts",
         "scope",
         "send_lock",
+        "unstable",
+        "unstable_since",
         "upstream",
     )
 
@@ -56,6 +65,36 @@ class LegState:
         self.send_lock = trio.Lock()
         self._ready = False
         self._up = trio.Event()
+        self.unstable = 0
+        self.unstable_since: float | None = None
+
+    def note_loss(
+        self, now: float, *, lived: float, retryable: bool, replay_unconfirmed: bool
+    ) -> None:
+        """A leg was lost at ``now`` after ``lived`` seconds (trio time). It was in trouble
+        when the broker ended it with an ERROR retried as a reconnect (``retryable``), or when
+        frames replayed on it were still unconfirmed (``replay_unconfirmed``: RabbitMQ crashes
+        a connection that publishes into a quorum queue electing its leader, measured, issue
+        25). Troubled legs that lived less than :data:`STABLE_LEG_SECONDS` count up, and the
+        next reconnect waits a backoff that grows with the count; one that lived longer starts
+        a new count at 1; a loss without trouble resets it."""
+        if not (retryable or replay_unconfirmed):
+            self.unstable = 0
+            self.unstable_since = None
+        elif self.unstable and lived < STABLE_LEG_SECONDS:
+            self.unstable += 1
+        else:
+            self.unstable = 1
+            self.unstable_since = now
+
+    def outage_since(self, now: float, leg_lived: float | None) -> float | None:
+        """When the outage in progress began (trio seconds), for ``/status`` and readiness:
+        the first of the unstable legs in a row while the current one (alive for
+        ``leg_lived`` seconds; None: no leg) has not yet lived :data:`STABLE_LEG_SECONDS`,
+        else the loss being reconnected from, else None."""
+        if self.unstable and (leg_lived is None or leg_lived < STABLE_LEG_SECONDS):
+            return self.unstable_since
+        return self.loss.at if self.loss is not None else None
 
     @property
     def ready(self) -> bool:

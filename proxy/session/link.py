@@ -164,6 +164,8 @@ class Link:
         while True:
             core.leg.reconnect_attempts = []
             attempts: list[Attempt] = []
+            if core.leg.unstable and failback is None and not await self._pace(loss):
+                return
             if failback is not None:  # priority_backup found the first broker again
                 upstream, index = failback, 0
                 failback = None
@@ -238,6 +240,13 @@ class Link:
                 if failback is not None:
                     await failback.aclose()
                 return
+            core.leg.note_loss(
+                trio.current_time(),
+                lived=trio.current_time() - upstream.connected_at,
+                retryable=loss_kind is FailoverReason.QUEUE_UNAVAILABLE,
+                replay_unconfirmed=not first
+                and any(e.sent_before and not e.confirmed for e in core.flow.window),
+            )
             first = False
             lost_from = upstream.broker.label
             loss = Loss(trio.current_time(), lost_from, loss_reason, loss_kind)
@@ -255,6 +264,39 @@ class Link:
                     outage_start=time.time(),
                 )
             )
+
+    async def _pace(self, loss: Loss) -> bool:
+        """Before reconnecting after an unstable leg (:meth:`LegState.note_loss
+        <proxy.session.leg.LegState.note_loss>`): wait the policy's jittered backoff for the
+        number of unstable legs in a row, so a session does not replay into a queue that
+        cannot take it (a quorum queue electing its leader, a classic queue whose home node is
+        down) ten times a second. False when ``reconnect_period`` has passed since the first
+        of them: the session then gives up as an exhausted reconnect does (DISCONNECT, every
+        frame named)."""
+        core = self.core
+        since = core.leg.unstable_since
+        assert since is not None
+        period = core.policy.reconnect_period
+        now = trio.current_time()
+        if period is not None and now - since >= period:
+            index = core.leg.broker_index
+            broker = core.config.brokers[index if index is not None else 0]
+            exc = ReconnectExhausted(
+                [], core.leg.unstable, now - since, UpstreamUnavailable(broker, loss.reason)
+            )
+            await self.restorer.exhausted(exc, loss)
+            return False
+        pause = core.policy.delay(core.leg.unstable, core.rng)
+        log.info(
+            "session %s: leg %d in a row lost before its replay was confirmed (%s); "
+            "reconnecting in %.3f s",
+            core.id,
+            core.leg.unstable,
+            loss.reason,
+            pause,
+        )
+        await trio.sleep(pause)
+        return True
 
     async def _restore(
         self, upstream: Upstream, attempts: list[Attempt], loss: Loss, end: LinkEnd

@@ -277,7 +277,7 @@ class Session:
         now = trio.current_time()
         window = core.flow.window
         oldest = next(iter(window), None)
-        loss = core.leg.loss
+        since = core.leg.outage_since(now, now - up.connected_at if up is not None else None)
         phase = core.phase
         window_stats = window.statistics()
         return SessionStatistics(
@@ -299,7 +299,7 @@ class Session:
             failovers=core.leg.failovers,
             duplicates_hidden=st.duplicates_hidden if st else 0,
             redeliveries_hidden=st.redeliveries_hidden if st else 0,
-            reconnecting_for=now - loss.at if loss is not None else None,
+            reconnecting_for=now - since if since is not None else None,
             oldest_unconfirmed_age=now - oldest.enqueued_at if oldest is not None else None,
         )
 

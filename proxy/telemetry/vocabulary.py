@@ -74,6 +74,10 @@ class FailoverReason(enum.StrEnum):
     BROKER_ERROR = "broker_error"
     #: ``priority_backup``: back to the first broker at a quiet point (not a failure).
     FAILBACK = "failback"
+    #: The broker answered a frame with an ERROR that says the queue is unavailable for now
+    #: (:data:`proxy.legs.dialect.RETRYABLE_ERRORS`, e.g. RabbitMQ's ``not_found`` for a
+    #: classic queue whose home node is down) and closes: retried as a reconnect.
+    QUEUE_UNAVAILABLE = "queue_unavailable"
 
 
 class OutageOutcome(enum.StrEnum):
