@@ -24,11 +24,13 @@ import pytest
 import stomp
 
 from mq_sidecar_spark.reader import READ_SCHEMA
-from testbed.sidecar import SidecarProcess
+from testbed.sidecar import SidecarProcess, metric_total
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
+
+    from tests.conftest import ActiveMQPairFactory
 
 ROW_ID = "row-id"
 FAST = {"retry_interval": 50, "max_retry_interval": 500, "connect_timeout": 2000}
@@ -330,3 +332,45 @@ def test_a_driver_killed_mid_batch_restarts_and_every_message_is_in_the_sink_onc
     finally:
         second.ensure_dead()
     check_exactly_once(rows, range(3500))
+
+
+def test_a_broker_killed_mid_read_fails_over_and_every_message_is_in_the_sink_once(
+    spark: SparkSession, activemq_pair: ActiveMQPairFactory, tmp_path: Path
+) -> None:
+    """An ActiveMQ primary/backup pair behind a sidecar process; the primary is killed with
+    SIGKILL while the query reads (batches of at most 200, some read and not ACKed); the backup
+    takes over, the sidecar fails over and restores the subscription, and every one of 2,000
+    messages sent before the kill and 1,000 after it is in the Parquet sink once."""
+    primary, backup = activemq_pair()
+    sidecar = SidecarProcess(
+        "failover",
+        tmp_path / "sidecar",
+        brokers=f"failover:({primary.stomp_url},{backup.stomp_url})",
+        options=FAST,
+    )
+    destination = unique("failover")
+    checkpoint, out = tmp_path / "checkpoint", tmp_path / "out"
+    with sidecar:
+        publish(sidecar.address, destination, range(2000))
+        query = start_query(
+            spark,
+            port=sidecar.port,
+            destination=destination,
+            checkpoint=checkpoint,
+            out=out,
+            max_messages_per_batch="200",
+            prefetch="400",
+        )
+        try:
+            at_kill = len(wait_rows(spark, out, 600, query, timeout=120))
+            primary.kill()
+            publish(sidecar.address, destination, range(2000, 3000))
+            wait_rows(spark, out, 3000, query, timeout=180)
+            time.sleep(1.5)  # a few more triggers: nothing more may come
+            rows = sink_rows(spark, out)
+        finally:
+            query.stop()
+        failovers = metric_total(sidecar.metrics(), "mq_sidecar_failovers_total")
+    check_exactly_once(rows, range(3000))
+    assert at_kill < 2000, "everything was read before the kill: no failover mid-read"
+    assert failovers >= 1
