@@ -252,14 +252,16 @@ class Link:
                     )
                 self._cond.wait(remaining)
 
-    def close(self) -> None:
-        """DISCONNECT and wait for its receipt (at most ``_DISCONNECT_WAIT`` s), then close the
-        socket and stop the watchdog; never raises (the task's outcome is decided before)."""
+    def close(self, *, graceful: bool = True) -> None:
+        """With ``graceful``, DISCONNECT and wait for its receipt (at most
+        ``_DISCONNECT_WAIT`` s); then close the socket and stop the watchdog. Never raises
+        (the task's outcome is decided before). A failed task closes without DISCONNECT: its
+        frames may be stuck, and a DISCONNECT's receipt would wait behind them."""
         conn = self._conn
         if conn is None:
             self._stop.set()
             return
-        if not self._closed and self._error is None and self._connected:
+        if graceful and not self._closed and self._error is None and self._connected:
             with contextlib.suppress(Exception):
                 self._write(
                     lambda: conn.send_frame("DISCONNECT", {"receipt": _BYE}), "the DISCONNECT"

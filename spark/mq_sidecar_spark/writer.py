@@ -150,6 +150,7 @@ def write_partition(
     factory = MessageFactory(schema, options, partition, batch_id)
     link = Link(options.host, options.port, options.login, options.passcode, options.timeout)
     sent = 0
+    confirmed = False
     try:
         link.open()
         for ordinal in itertools.count():
@@ -166,6 +167,7 @@ def write_partition(
             if last:
                 break
         link.wait_below(1, f"for the last of {sent} SENDs")
+        confirmed = True
     except StompWriteError as exc:
         batch = f", micro-batch {batch_id}" if batch_id is not None else ""
         exc.args = (
@@ -174,7 +176,7 @@ def write_partition(
         )
         raise
     finally:
-        link.close()
+        link.close(graceful=confirmed)
     return StompCommitMessage(
         partition, attempt, sent, link.receipts, time.monotonic() - started, batch_id
     )
