@@ -108,6 +108,24 @@ def test_batch_write_json_confirmed_and_read_back(
         }
 
 
+def test_batch_write_through_rabbitmq(spark: SparkSession, rmq_sidecar: SidecarProcess) -> None:
+    """The same write through a sidecar in front of RabbitMQ, whose SEND receipts (publisher
+    confirms) may overtake each other (docs/brokers.md, "Receipts"): every row once, by id."""
+    destination = unique()
+    with Drain(rmq_sidecar.port, destination) as drain:
+        write(
+            sample(spark),
+            rmq_sidecar,
+            destination,
+            id_columns="id",
+            receipt_every="5",
+            max_in_flight="4",
+        )
+        drain.wait_for(200)
+        drain.settle(0.5)
+    assert drain.row_ids() == {str(i): 1 for i in range(200)}
+
+
 def test_string_and_binary_bodies(spark: SparkSession, amq_sidecar: SidecarProcess) -> None:
     """``body_format=string`` sends the column's text as UTF-8 (``text/plain``), ``binary`` its
     bytes as they are, non-UTF-8 bytes included (``application/octet-stream``)."""
