@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -374,3 +375,117 @@ def test_a_broker_killed_mid_read_fails_over_and_every_message_is_in_the_sink_on
     check_exactly_once(rows, range(3000))
     assert at_kill < 2000, "everything was read before the kill: no failover mid-read"
     assert failovers >= 1
+
+
+def query_failure(spark: SparkSession, tmp_path: Path, options: dict[str, str]) -> str:
+    """Start a query with ``options`` and return the text of its failure (raised by ``load``
+    or ``start``, or ending the query); fails the test if it runs on for 60 s."""
+    checkpoint = tmp_path / "checkpoint"
+    settings = {"checkpoint_location": str(checkpoint), **options}
+    started = time.monotonic()
+    try:
+        reader = spark.readStream.format("stomp")
+        for key, value in settings.items():
+            reader = reader.option(key, value)
+        query = (
+            reader.load()
+            .writeStream.format("parquet")
+            .option("path", str(tmp_path / "out"))
+            .option("checkpointLocation", str(checkpoint))
+            .start()
+        )
+    except Exception as exc:
+        return str(exc)
+    try:
+        ended = query.awaitTermination(60)
+    except Exception as exc:
+        return str(exc)
+    finally:
+        query.stop()
+    pytest.fail(f"the query did not fail (ended: {ended}) in {time.monotonic() - started:.0f} s")
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({"destination": "/queue/x", "prefetchh": "10"}, "unknown option(s) for the stomp"),
+        ({"port": "1"}, "option destination is required"),
+        ({"destination": "/queue/x", "max_messages_per_batch": "0"}, "must be at least 1"),
+        (
+            {"destination": "/queue/x", "max_messages_per_batch": "500", "prefetch": "500"},
+            "must be larger than max_messages_per_batch",
+        ),
+        ({"destination": "/queue/x", "timeout": "soon"}, "option timeout='soon'"),
+    ],
+)
+def test_bad_options_fail_the_query_with_the_option_named(
+    spark: SparkSession, tmp_path: Path, options: dict[str, str], expected: str
+) -> None:
+    """A bad option fails the query at its start, the option named."""
+    assert expected in query_failure(spark, tmp_path, options)
+
+
+def test_no_checkpoint_location_is_refused_with_the_reason(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Without ``checkpoint_location`` the reader cannot keep its read log (Spark does not tell
+    a Python data source where the query's checkpoint is): refused, the option named."""
+    text = query_failure(spark, tmp_path, {"destination": "/queue/x", "checkpoint_location": ""})
+    assert "option checkpoint_location is required" in text
+
+
+def test_no_sidecar_fails_the_query_naming_host_and_port(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Nothing listens at host:port: the query fails at once, naming them."""
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    text = query_failure(spark, tmp_path, {"destination": "/queue/x", "port": str(port)})
+    assert f"cannot connect to the sidecar at 127.0.0.1:{port}" in text
+
+
+def test_a_silent_peer_fails_the_query_within_timeout(spark: SparkSession, tmp_path: Path) -> None:
+    """A peer that takes the connection and never answers CONNECT: the query fails after
+    ``timeout`` seconds (2 here), never hangs."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(4)
+        port = silent.getsockname()[1]
+        started = time.monotonic()
+        text = query_failure(
+            spark, tmp_path, {"destination": "/queue/x", "port": str(port), "timeout": "2"}
+        )
+    assert f"no answer to CONNECT from the sidecar at 127.0.0.1:{port} within 2 s" in text
+    assert time.monotonic() - started < 45
+
+
+def test_a_destination_the_broker_refuses_fails_the_query_with_its_error(
+    spark: SparkSession, rmq_sidecar: SidecarProcess, tmp_path: Path
+) -> None:
+    """RabbitMQ refuses a SUBSCRIBE to an exchange that does not exist; its ERROR, passed on by
+    the sidecar, is in the query's failure."""
+    destination = f"/exchange/missing-{uuid.uuid4().hex[:8]}"
+    text = query_failure(
+        spark, tmp_path, {"destination": destination, "port": str(rmq_sidecar.port)}
+    )
+    assert f"SUBSCRIBE to {destination} failed" in text
+    assert "sent ERROR" in text
+    assert "not_found" in text
+
+
+def test_a_read_log_of_another_version_refuses_to_start(
+    spark: SparkSession, amq_sidecar: SidecarProcess, tmp_path: Path
+) -> None:
+    """A read log written by another format version: the query refuses to start, naming both
+    versions, rather than misreading it."""
+    destination = unique("version")
+    log = tmp_path / "checkpoint" / "sources" / "mq-sidecar-stomp" / destination.replace("/", "%2F")
+    log.mkdir(parents=True)
+    header = {"format": "mq-sidecar-stomp-read-log", "version": 99, "destination": destination}
+    (log / "committed.log").write_text(json.dumps(header) + "\n")
+    text = query_failure(
+        spark, tmp_path, {"destination": destination, "port": str(amq_sidecar.port)}
+    )
+    assert "written by read-log format version 99" in text
+    assert "reads version 1 only" in text
