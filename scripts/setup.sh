@@ -22,8 +22,10 @@
 #  3. Creates .venv in the repository root (python3 -m venv) if missing and installs, editable,
 #     the runtime with its test extras (pip install -e '.[test]') and the test harness
 #     (pip install -e harness: testbed, pipeline, the drill's PySpark stack, and the `demo` and
-#     `drill` commands); skipped while pyproject.toml and harness/pyproject.toml are unchanged
-#     since the last successful install (their hash in .venv/.mq-sidecar-setup).
+#     `drill` commands) and the PySpark data source (pip install -e spark: mq-sidecar-spark,
+#     with pyarrow, which Spark's Python data sources need on the executors); skipped while
+#     pyproject.toml, harness/pyproject.toml and spark/pyproject.toml are unchanged since the
+#     last successful install (their hash in .venv/.mq-sidecar-setup).
 #  3b. Compiles the pure core with mypyc, in place (setup.py with MQ_SIDECAR_COMPILE=1: an
 #     extension module beside each compiled source, and protocol/_native.sha256); about 25 s
 #     with gcc and the Python headers, done again when protocol/_native.py finds the build
@@ -116,12 +118,13 @@ if [ ! -x "$VENV/bin/python" ]; then
     quiet python3 -m venv "$VENV"
 fi
 
-want="$(cat "$REPO/pyproject.toml" "$REPO/harness/pyproject.toml" | sha256sum | cut -d' ' -f1)"
+want="$(cat "$REPO/pyproject.toml" "$REPO/harness/pyproject.toml" "$REPO/spark/pyproject.toml" |
+    sha256sum | cut -d' ' -f1)"
 have="$(cat "$STAMP" 2>/dev/null || true)"
 if [ "$want" != "$have" ]; then
-    say "installing mq-sidecar[test] and mq-sidecar-harness into $VENV"
+    say "installing mq-sidecar[test], mq-sidecar-harness and mq-sidecar-spark into $VENV"
     quiet "$VENV/bin/python" -m pip install --disable-pip-version-check --quiet \
-        -e "$REPO[test]" -e "$REPO/harness"
+        -e "$REPO[test]" -e "$REPO/harness" -e "$REPO/spark"
     printf '%s\n' "$want" >"$STAMP"
 fi
 
