@@ -34,7 +34,7 @@ What this reader does with that:
 
 from __future__ import annotations
 
-import datetime
+import importlib
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -320,22 +320,29 @@ class StompStreamReader(DataSourceStreamReader):
 
     # -- executor side --------------------------------------------------------------------------
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
-        """The rows of one partition, in ``READ_SCHEMA``'s column order."""
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        """The rows of one partition as one pyarrow ``RecordBatch`` of ``READ_SCHEMA`` (Spark
+        takes record batches from ``read`` and checks their schema against the one it expects,
+        ``to_arrow_schema(schema, timezone="UTC")``). Measured: 67 us per row through Spark's
+        tuple conversion, 7 us per row this way (docs/spark.md, "Streaming read")."""
+        # pyarrow: on the executors only (Spark's Python data sources need it there anyway);
+        # imported by name, as it ships no type information.
+        pa: Any = importlib.import_module("pyarrow")
+        from pyspark.sql.pandas.types import to_arrow_schema  # noqa: PLC0415
+
         assert isinstance(partition, StompReadPartition)
-        utc = datetime.UTC
-        for r in partition.records:
-            ts = (
-                None
-                if r.timestamp_ms is None
-                else datetime.datetime.fromtimestamp(r.timestamp_ms / 1000, tz=utc)
-            )
-            yield (
-                r.destination,
-                r.message_id,
-                r.duplicate_id,
-                dict(r.headers),
-                r.body,
-                ts,
-                r.redelivered,
-            )
+        records = partition.records
+        schema = to_arrow_schema(self.schema, timezone="UTC")
+        columns = [
+            [r.destination for r in records],
+            [r.message_id for r in records],
+            [r.duplicate_id for r in records],
+            [list(r.headers.items()) for r in records],
+            [r.body for r in records],
+            [None if r.timestamp_ms is None else r.timestamp_ms * 1000 for r in records],
+            [r.redelivered for r in records],
+        ]
+        arrays = [
+            pa.array(values, type=field.type) for values, field in zip(columns, schema, strict=True)
+        ]
+        yield pa.RecordBatch.from_arrays(arrays, schema=schema)

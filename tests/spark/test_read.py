@@ -294,9 +294,9 @@ def test_a_driver_killed_mid_batch_restarts_and_every_message_is_in_the_sink_onc
     """A driver process (own SparkSession) is killed with SIGKILL (its JVM and Python workers
     with it) while a batch is running, Spark's offset log ahead of its commit log and the read
     log holding batches not ACKed; a new driver with the same checkpoint re-runs that batch
-    from the read log and goes on: 3,000 + 500 messages, each once in the Parquet sink."""
+    from the read log and goes on: 1,500 + 300 messages, each once in the Parquet sink."""
     destination = unique("restart")
-    publish(amq_sidecar.address, destination, range(3000))
+    publish(amq_sidecar.address, destination, range(1500))
     checkpoint, out = tmp_path / "checkpoint", tmp_path / "out"
     options = {
         "port": str(amq_sidecar.port),
@@ -320,19 +320,19 @@ def test_a_driver_killed_mid_batch_restarts_and_every_message_is_in_the_sink_onc
     before = len(sink_rows(spark, out))
     logged = list((checkpoint / "sources" / "mq-sidecar-stomp").glob("*/batch-*.log"))
     assert logged, "the read log held no batch at the kill: the restart path was not exercised"
-    assert before < 3000
+    assert before < 1500
 
     second = Driver(tmp_path, options, out, checkpoint)
     second.start()
     try:
-        publish(amq_sidecar.address, destination, range(3000, 3500))
-        rows = wait_rows(spark, out, 3500, None, timeout=180)
+        publish(amq_sidecar.address, destination, range(1500, 1800))
+        rows = wait_rows(spark, out, 1800, None, timeout=180)
         time.sleep(1.5)  # a few more triggers: nothing more may come
         rows = sink_rows(spark, out)
         assert second.stop() == 0, second.log.read_text()[-3000:]
     finally:
         second.ensure_dead()
-    check_exactly_once(rows, range(3500))
+    check_exactly_once(rows, range(1800))
 
 
 def test_a_broker_killed_mid_read_fails_over_and_every_message_is_in_the_sink_once(
