@@ -172,6 +172,29 @@ def wait_rows(
     pytest.fail(f"{len(rows)} of {count} rows in the sink after {timeout} s")
 
 
+def read_until(
+    spark: SparkSession,
+    *,
+    port: int,
+    destination: str,
+    checkpoint: Path,
+    out: Path,
+    count: int,
+    options: dict[str, str],
+) -> tuple[list[Any], list[Any]]:
+    """Run a query until the sink holds ``count`` rows and a few triggers more, then stop it;
+    return the sink's rows and the query's progress reports."""
+    query = start_query(
+        spark, port=port, destination=destination, checkpoint=checkpoint, out=out, **options
+    )
+    try:
+        wait_rows(spark, out, count, query, timeout=120)
+        time.sleep(1.5)  # a few more triggers: nothing more may come
+        return sink_rows(spark, out), query.recentProgress
+    finally:
+        query.stop()
+
+
 def check_exactly_once(rows: list[Any], ids: range, prefix: str = "m") -> None:
     counts = Counter(row["headers"][ROW_ID] for row in rows)
     missing = [n for n in ids if counts[str(n)] == 0]
@@ -199,20 +222,15 @@ def test_messages_reach_a_parquet_sink_exactly_once(
     options = {"max_messages_per_batch": "400", "prefetch": "800"}
 
     def run(count: int) -> tuple[list[Any], list[Any]]:
-        query = start_query(
+        return read_until(
             spark,
             port=amq_sidecar.port,
             destination=destination,
             checkpoint=checkpoint,
             out=out,
-            **options,
+            count=count,
+            options=options,
         )
-        try:
-            wait_rows(spark, out, count, query, timeout=120)
-            time.sleep(1.5)  # a few more triggers: nothing more may come
-            return sink_rows(spark, out), query.recentProgress
-        finally:
-            query.stop()
 
     rows, progress = run(3000)
     check_exactly_once(rows, range(3000))
@@ -489,3 +507,43 @@ def test_a_read_log_of_another_version_refuses_to_start(
     )
     assert "written by read-log format version 99" in text
     assert "reads version 1 only" in text
+
+
+@pytest.mark.parametrize("id_header", ["row-id", None])
+def test_rabbitmq_redeliveries_after_a_restart_need_id_header(
+    spark: SparkSession, rmq_sidecar: SidecarProcess, tmp_path: Path, id_header: str | None
+) -> None:
+    """RabbitMQ gives a redelivery a new ``message-id`` (docs/brokers.md, "Message ids"). The
+    query is stopped with its last batch committed by Spark but not yet ACKed (Spark commits a
+    batch to the source when it plans the next one), then started again with 100 more: the
+    last batch comes back. With ``id_header`` naming the producer's ``row-id`` it is recognised
+    and every message is in the sink once; without it, its messages are there twice (the
+    documented bound)."""
+    destination = unique("rabbit")
+    publish(rmq_sidecar.address, destination, range(600))
+    checkpoint, out = tmp_path / "checkpoint", tmp_path / "out"
+    options = {"max_messages_per_batch": "200", "prefetch": "400"}
+    if id_header is not None:
+        options["id_header"] = id_header
+
+    def run(count: int) -> list[Any]:
+        rows, _ = read_until(
+            spark,
+            port=rmq_sidecar.port,
+            destination=destination,
+            checkpoint=checkpoint,
+            out=out,
+            count=count,
+            options=options,
+        )
+        return rows
+
+    check_exactly_once(run(600), range(600))
+    publish(rmq_sidecar.address, destination, range(600, 700))
+    rows = run(700)
+    if id_header is not None:
+        check_exactly_once(rows, range(700))
+        return
+    twice = [k for k, v in Counter(row["headers"][ROW_ID] for row in rows).items() if v > 1]
+    assert twice, "a RabbitMQ redelivery was recognised without id_header"
+    assert any(row["redelivered"] for row in rows if row["headers"][ROW_ID] == twice[0])
