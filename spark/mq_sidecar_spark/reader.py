@@ -35,11 +35,18 @@ What this reader does with that:
 from __future__ import annotations
 
 import importlib
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxBytes, ReadMaxRows
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 from pyspark.sql.types import (
     BinaryType,
     BooleanType,
@@ -79,6 +86,10 @@ READ_SCHEMA = StructType(
         StructField("redelivered", BooleanType(), False),
     ]
 )
+
+#: With ``Trigger.AvailableNow``, the query ends once nothing has arrived for this long (s): a
+#: queue has no "now" to read up to, deliveries arrive as the broker sends them.
+AVAILABLE_NOW_QUIET = 1.0
 
 #: A partition holds at most this many records or bytes of bodies (more partitions, more tasks).
 PARTITION_RECORDS = 5000
@@ -124,7 +135,7 @@ class _Pending:
         self.acks: list[str] = []
 
 
-class StompStreamReader(DataSourceStreamReader):
+class StompStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """The streaming reader of ``StompDataSource`` (see module docstring).
 
     ``schema``: the query's schema (``READ_SCHEMA``, which ``StompDataSource.schema`` returns);
@@ -144,6 +155,7 @@ class StompStreamReader(DataSourceStreamReader):
         self._pending: list[_Pending] = []
         self._pending_by_id: dict[str, _Pending] = {}
         self._acks: dict[int, list[str]] = {}  # logged seq -> live ack ids
+        self._available_now = False
         self.dropped = 0  # redeliveries recognised and not emitted again
 
     # The instance is pickled to the executors for read(): only the options travel.
@@ -156,6 +168,7 @@ class StompStreamReader(DataSourceStreamReader):
         self._log = None
         self._session = None
         self._pending, self._pending_by_id, self._acks = [], {}, {}
+        self._available_now = False
         self.dropped = 0
 
     # -- driver side ----------------------------------------------------------------------------
@@ -216,6 +229,14 @@ class StompStreamReader(DataSourceStreamReader):
         log = self._start()
         return {"seq": log.committed_seq}
 
+    def prepareForTriggerAvailableNow(self) -> None:
+        """``Trigger.AvailableNow`` (Spark's ``SupportsTriggerAvailableNow``): batches go on
+        while messages keep arriving, and the query ends once none has arrived for
+        ``AVAILABLE_NOW_QUIET`` seconds (``latestOffset`` waits that long before it reports no
+        new data). Without this, the first ``latestOffset``, right after the SUBSCRIBE, would find
+        nothing yet and the query would end at once (measured)."""
+        self._available_now = True
+
     def getDefaultReadLimit(self) -> ReadLimit:
         """``ReadMaxRows(max_messages_per_batch)`` (Spark ``ReadLimit``, PySpark 4.2+)."""
         return ReadMaxRows(self.options.max_messages_per_batch)
@@ -233,6 +254,11 @@ class StompStreamReader(DataSourceStreamReader):
         logged = log.batch_end_after(begin)
         if logged is not None:
             return {"seq": logged}
+        if self._available_now and not self._pending:
+            deadline = time.monotonic() + AVAILABLE_NOW_QUIET
+            while not self._pending and time.monotonic() < deadline:
+                time.sleep(0.05)
+                self._receive(log, session)
         if begin != log.end_seq:
             raise ReadLogError(
                 f"the query's offset {begin} does not match the read log in "

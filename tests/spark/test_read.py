@@ -547,3 +547,40 @@ def test_rabbitmq_redeliveries_after_a_restart_need_id_header(
     twice = [k for k, v in Counter(row["headers"][ROW_ID] for row in rows).items() if v > 1]
     assert twice, "a RabbitMQ redelivery was recognised without id_header"
     assert any(row["redelivered"] for row in rows if row["headers"][ROW_ID] == twice[0])
+
+
+def test_trigger_available_now_reads_until_quiet_and_ends(
+    spark: SparkSession, amq_sidecar: SidecarProcess, tmp_path: Path
+) -> None:
+    """``Trigger.AvailableNow``: the query reads 300 messages in batches of 100 and ends by
+    itself; run again after 100 more, it reads those and ends, each message once in the sink
+    (the first run's last batch, never ACKed, comes back and is recognised)."""
+    destination = unique("now")
+    checkpoint, out = tmp_path / "checkpoint", tmp_path / "out"
+    sizes: list[list[int]] = []
+    for ids in (range(300), range(300, 400)):
+        publish(amq_sidecar.address, destination, ids)
+        reader = (
+            spark.readStream.format("stomp")
+            .option("port", str(amq_sidecar.port))
+            .option("destination", destination)
+            .option("checkpoint_location", str(checkpoint))
+            .option("max_messages_per_batch", "100")
+        )
+        query = (
+            reader.load()
+            .writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        try:
+            assert query.awaitTermination(120), "the AvailableNow query did not end in 120 s"
+            assert query.exception() is None
+            sizes.append([p["numInputRows"] for p in query.recentProgress])
+        finally:
+            query.stop()
+    check_exactly_once(sink_rows(spark, out), range(400))
+    assert [sum(run) for run in sizes] == [300, 100], sizes
+    assert max(max(run) for run in sizes) <= 100, sizes
