@@ -34,12 +34,19 @@ What this reader does with that:
 
 from __future__ import annotations
 
-import datetime
+import importlib
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxBytes, ReadMaxRows
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 from pyspark.sql.types import (
     BinaryType,
     BooleanType,
@@ -79,6 +86,10 @@ READ_SCHEMA = StructType(
         StructField("redelivered", BooleanType(), False),
     ]
 )
+
+#: With ``Trigger.AvailableNow``, the query ends once nothing has arrived for this long (s): a
+#: queue has no "now" to read up to, deliveries arrive as the broker sends them.
+AVAILABLE_NOW_QUIET = 1.0
 
 #: A partition holds at most this many records or bytes of bodies (more partitions, more tasks).
 PARTITION_RECORDS = 5000
@@ -124,7 +135,7 @@ class _Pending:
         self.acks: list[str] = []
 
 
-class StompStreamReader(DataSourceStreamReader):
+class StompStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """The streaming reader of ``StompDataSource`` (see module docstring).
 
     ``schema``: the query's schema (``READ_SCHEMA``, which ``StompDataSource.schema`` returns);
@@ -144,6 +155,7 @@ class StompStreamReader(DataSourceStreamReader):
         self._pending: list[_Pending] = []
         self._pending_by_id: dict[str, _Pending] = {}
         self._acks: dict[int, list[str]] = {}  # logged seq -> live ack ids
+        self._available_now = False
         self.dropped = 0  # redeliveries recognised and not emitted again
 
     # The instance is pickled to the executors for read(): only the options travel.
@@ -156,6 +168,7 @@ class StompStreamReader(DataSourceStreamReader):
         self._log = None
         self._session = None
         self._pending, self._pending_by_id, self._acks = [], {}, {}
+        self._available_now = False
         self.dropped = 0
 
     # -- driver side ----------------------------------------------------------------------------
@@ -216,6 +229,14 @@ class StompStreamReader(DataSourceStreamReader):
         log = self._start()
         return {"seq": log.committed_seq}
 
+    def prepareForTriggerAvailableNow(self) -> None:
+        """``Trigger.AvailableNow`` (Spark's ``SupportsTriggerAvailableNow``): batches go on
+        while messages keep arriving, and the query ends once none has arrived for
+        ``AVAILABLE_NOW_QUIET`` seconds (``latestOffset`` waits that long before it reports no
+        new data). Without this, the first ``latestOffset``, right after the SUBSCRIBE, would find
+        nothing yet and the query would end at once (measured)."""
+        self._available_now = True
+
     def getDefaultReadLimit(self) -> ReadLimit:
         """``ReadMaxRows(max_messages_per_batch)`` (Spark ``ReadLimit``, PySpark 4.2+)."""
         return ReadMaxRows(self.options.max_messages_per_batch)
@@ -233,6 +254,11 @@ class StompStreamReader(DataSourceStreamReader):
         logged = log.batch_end_after(begin)
         if logged is not None:
             return {"seq": logged}
+        if self._available_now and not self._pending:
+            deadline = time.monotonic() + AVAILABLE_NOW_QUIET
+            while not self._pending and time.monotonic() < deadline:
+                time.sleep(0.05)
+                self._receive(log, session)
         if begin != log.end_seq:
             raise ReadLogError(
                 f"the query's offset {begin} does not match the read log in "
@@ -320,22 +346,29 @@ class StompStreamReader(DataSourceStreamReader):
 
     # -- executor side --------------------------------------------------------------------------
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
-        """The rows of one partition, in ``READ_SCHEMA``'s column order."""
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        """The rows of one partition as one pyarrow ``RecordBatch`` of ``READ_SCHEMA`` (Spark
+        takes record batches from ``read`` and checks their schema against the one it expects,
+        ``to_arrow_schema(schema, timezone="UTC")``). Measured: 67 us per row through Spark's
+        tuple conversion, 7 us per row this way (docs/spark.md, "Streaming read")."""
+        # pyarrow: on the executors only (Spark's Python data sources need it there anyway);
+        # imported by name, as it ships no type information.
+        pa: Any = importlib.import_module("pyarrow")
+        from pyspark.sql.pandas.types import to_arrow_schema  # noqa: PLC0415
+
         assert isinstance(partition, StompReadPartition)
-        utc = datetime.UTC
-        for r in partition.records:
-            ts = (
-                None
-                if r.timestamp_ms is None
-                else datetime.datetime.fromtimestamp(r.timestamp_ms / 1000, tz=utc)
-            )
-            yield (
-                r.destination,
-                r.message_id,
-                r.duplicate_id,
-                dict(r.headers),
-                r.body,
-                ts,
-                r.redelivered,
-            )
+        records = partition.records
+        schema = to_arrow_schema(self.schema, timezone="UTC")
+        columns = [
+            [r.destination for r in records],
+            [r.message_id for r in records],
+            [r.duplicate_id for r in records],
+            [list(r.headers.items()) for r in records],
+            [r.body for r in records],
+            [None if r.timestamp_ms is None else r.timestamp_ms * 1000 for r in records],
+            [r.redelivered for r in records],
+        ]
+        arrays = [
+            pa.array(values, type=field.type) for values, field in zip(columns, schema, strict=True)
+        ]
+        yield pa.RecordBatch.from_arrays(arrays, schema=schema)
