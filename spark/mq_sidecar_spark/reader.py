@@ -22,7 +22,9 @@ What this reader does with that:
   ``start`` (a driver that died after logging it) is offered again instead.
 - **partitions** reads ``(start, end]`` back from the log; the records travel in the
   ``InputPartition`` (the log is on the driver's disk, executors need not see it).
-- **commit(end)** stores the committed messages' identities durably, then ACKs them.
+- **commit(end)** stores the committed messages' identities durably, then ACKs them; so does
+  ``latestOffset(start)`` for everything up to ``start`` (Spark plans a batch only once the
+  previous one is in its commit log, and calls ``commit`` only after planning the next).
 - **Redeliveries** (after a driver restart, or of a message whose ACK was lost) are recognised by
   identity (``id_header``'s value, else ``mq-sidecar-id``, else ``message-id``): one of a logged,
   uncommitted batch only lends its new ack id to the coming commit; one already committed is
@@ -245,12 +247,22 @@ class StompStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """The end of the next batch: ``start`` if nothing arrived; else the records taken
         (at most ``limit``'s rows or bytes, and ``max_bytes_per_batch`` unless ``limit`` is
         ``ReadAllAvailable``; at least one) are logged durably first. A logged, uncommitted batch
-        starting at ``start`` is returned again instead."""
+        starting at ``start`` is returned again instead. Everything up to ``start`` is settled
+        first, as by ``commit``: Spark calls this only once the batch ending at ``start`` is in
+        its commit log."""
         log = self._start()
         session = self._session
         assert session is not None
         self._receive(log, session)
         begin = int(start["seq"])
+        if log.committed_seq < begin <= log.end_seq:
+            # Spark plans a batch only after the previous one is in its commit log
+            # (MicroBatchExecution runs one batch at a time: runBatch, commit log, then the next
+            # constructNextBatch), so everything up to ``start`` is committed. Its own commit()
+            # comes only after the next batch is planned, and never if no data comes: without
+            # this, the window of a restarted query could stay full of redeliveries of committed
+            # batches, and no batch would ever free it (measured: a restarted driver stalled).
+            self._settle(log, session, begin)
         logged = log.batch_end_after(begin)
         if logged is not None:
             return {"seq": logged}
@@ -333,7 +345,12 @@ class StompStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         session = self._session
         assert session is not None
         self._receive(log, session)
-        for seq in log.commit(int(end["seq"])):
+        self._settle(log, session, int(end["seq"]))
+
+    def _settle(self, log: ReadLog, session: StompSession, end: int) -> None:
+        """Everything up to ``end`` is committed by Spark: store the identities (fsync), then
+        ACK every live delivery of them."""
+        for seq in log.commit(end):
             for ack in self._acks.pop(seq, ()):
                 session.ack(ack)
 

@@ -8,6 +8,7 @@ are counted by it, so a message lost or emitted twice fails the test.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -209,34 +210,55 @@ def check_exactly_once(rows: list[Any], ids: range, prefix: str = "m") -> None:
 # -- tests --------------------------------------------------------------------------------------
 
 
+def stopped_mid_batch_then_read(
+    spark: SparkSession,
+    sidecar: SidecarProcess,
+    destination: str,
+    tmp_path: Path,
+    *,
+    counts: tuple[int, int],
+    options: dict[str, str],
+) -> tuple[list[Any], list[Any]]:
+    """Publish ``counts[0]`` messages, run a query and stop it while a batch runs (read,
+    logged, not ACKed), publish ``counts[1]`` more, and run it again until the sink holds all;
+    return the sink's rows and the second run's progress reports."""
+    before, after = counts
+    checkpoint, out = tmp_path / "checkpoint", tmp_path / "out"
+    port = sidecar.port
+    publish(sidecar.address, destination, range(before))
+    query = start_query(
+        spark, port=port, destination=destination, checkpoint=checkpoint, out=out, **options
+    )
+    stop_mid_batch(query, checkpoint)
+    publish(sidecar.address, destination, range(before, before + after))
+    return read_until(
+        spark,
+        port=port,
+        destination=destination,
+        checkpoint=checkpoint,
+        out=out,
+        count=before + after,
+        options=options,
+    )
+
+
 def test_messages_reach_a_parquet_sink_exactly_once(
     spark: SparkSession, amq_sidecar: SidecarProcess, tmp_path: Path
 ) -> None:
-    """3,000 messages in batches of at most 400: every one once in the sink, with its
-    destination, message-id, broker timestamp and headers; after a restart of the query and
-    500 more, still every one once (the last batch, not yet ACKed at the stop, is redelivered
-    and recognised)."""
+    """3,000 messages in batches of at most 400; the query is stopped while a batch runs (read,
+    logged, not ACKed) and started again, with 500 more: Spark re-runs the batch from the read
+    log, ActiveMQ redelivers its messages and they are recognised. Every message is once in the
+    sink, with its destination, message-id, broker timestamp and headers, and none is left on
+    the queue (the idle query ACKed the last batch)."""
     destination = unique("read")
-    publish(amq_sidecar.address, destination, range(3000))
-    checkpoint, out = tmp_path / "checkpoint", tmp_path / "out"
     options = {"max_messages_per_batch": "400", "prefetch": "800"}
-
-    def run(count: int) -> tuple[list[Any], list[Any]]:
-        return read_until(
-            spark,
-            port=amq_sidecar.port,
-            destination=destination,
-            checkpoint=checkpoint,
-            out=out,
-            count=count,
-            options=options,
-        )
-
-    rows, progress = run(3000)
-    check_exactly_once(rows, range(3000))
+    rows, progress = stopped_mid_batch_then_read(
+        spark, amq_sidecar, destination, tmp_path, counts=(3000, 500), options=options
+    )
+    check_exactly_once(rows, range(3500))
     sizes = [p["numInputRows"] for p in progress if p["numInputRows"]]
     assert max(sizes) <= 400, sizes
-    row = rows[0]
+    row = next(row for row in rows if row["headers"][ROW_ID] == "0")
     assert row["destination"] == destination
     assert row["message_id"].startswith("ID:")  # ActiveMQ's
     assert row["duplicate_id"] is None  # the sidecar never shows mq-sidecar-id
@@ -244,10 +266,7 @@ def test_messages_reach_a_parquet_sink_exactly_once(
     assert abs(row["timestamp"].timestamp() - time.time()) < 600
     assert row["redelivered"] is False
     assert "ack" not in row["headers"]
-
-    publish(amq_sidecar.address, destination, range(3000, 3500))
-    rows, _ = run(3500)
-    check_exactly_once(rows, range(3500))
+    assert drain(amq_sidecar.address, destination) == 0
 
 
 class Driver:
@@ -299,11 +318,34 @@ class Driver:
             self.kill()
 
 
-def uncommitted_batch(checkpoint: Path) -> bool:
-    """Whether Spark has logged a batch's offsets and not yet its commit (it is running)."""
+def uncommitted_batch(checkpoint: Path, committed: int = 2) -> bool:
+    """Whether Spark has logged the offsets of a batch that holds messages and not yet its
+    commit (the batch is running), after at least ``committed`` batches."""
     offsets = {p.name for p in (checkpoint / "offsets").glob("[0-9]*")}
     commits = {p.name for p in (checkpoint / "commits").glob("[0-9]*")}
-    return bool(offsets - commits) and len(commits) >= 2
+    if len(commits) < committed:
+        return False
+    for name in offsets - commits:
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            last = (checkpoint / "offsets" / name).read_text().splitlines()[-1]
+            if json.loads(last)["seq"] > 0:  # batch 0 is Spark's empty first one
+                return True
+    return False
+
+
+def stop_mid_batch(query: StreamingQuery, checkpoint: Path, timeout: float = 120) -> None:
+    """Stop the query (bounded wait) while a batch with messages runs: that batch is in the
+    read log and not ACKed; Spark re-runs it after a restart."""
+    deadline = time.monotonic() + timeout
+    try:
+        while not uncommitted_batch(checkpoint, committed=1):
+            if query.exception() is not None:
+                pytest.fail(f"the query failed: {query.exception()}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"no batch was seen running within {timeout} s")
+            time.sleep(0.02)
+    finally:
+        query.stop()
 
 
 def test_a_driver_killed_mid_batch_restarts_and_every_message_is_in_the_sink_once(
@@ -514,35 +556,21 @@ def test_rabbitmq_redeliveries_after_a_restart_need_id_header(
     spark: SparkSession, rmq_sidecar: SidecarProcess, tmp_path: Path, id_header: str | None
 ) -> None:
     """RabbitMQ gives a redelivery a new ``message-id`` (docs/brokers.md, "Message ids"). The
-    query is stopped with its last batch committed by Spark but not yet ACKed (Spark commits a
-    batch to the source when it plans the next one), then started again with 100 more: the
-    last batch comes back. With ``id_header`` naming the producer's ``row-id`` it is recognised
-    and every message is in the sink once; without it, its messages are there twice (the
+    query is stopped while a batch runs (read, logged, not ACKed), then started again with 100
+    more: Spark re-runs that batch from the read log, and RabbitMQ redelivers its messages. With
+    ``id_header`` naming the producer's ``row-id`` they are recognised and every message is in
+    the sink once, and none is left on the queue; without it, they are in the sink twice (the
     documented bound)."""
     destination = unique("rabbit")
-    publish(rmq_sidecar.address, destination, range(600))
-    checkpoint, out = tmp_path / "checkpoint", tmp_path / "out"
-    options = {"max_messages_per_batch": "200", "prefetch": "400"}
+    options = {"max_messages_per_batch": "100", "prefetch": "200"}
     if id_header is not None:
         options["id_header"] = id_header
-
-    def run(count: int) -> list[Any]:
-        rows, _ = read_until(
-            spark,
-            port=rmq_sidecar.port,
-            destination=destination,
-            checkpoint=checkpoint,
-            out=out,
-            count=count,
-            options=options,
-        )
-        return rows
-
-    check_exactly_once(run(600), range(600))
-    publish(rmq_sidecar.address, destination, range(600, 700))
-    rows = run(700)
+    rows, _ = stopped_mid_batch_then_read(
+        spark, rmq_sidecar, destination, tmp_path, counts=(600, 100), options=options
+    )
     if id_header is not None:
         check_exactly_once(rows, range(700))
+        assert drain(rmq_sidecar.address, destination) == 0  # every message ACKed
         return
     twice = [k for k, v in Counter(row["headers"][ROW_ID] for row in rows).items() if v > 1]
     assert twice, "a RabbitMQ redelivery was recognised without id_header"
