@@ -92,18 +92,11 @@ def one_run(
             control.connect()
             subscribe_events(control)
             dest = unique()
-            consumer = Consumer(sidecar.address, dest)
-            producer = Producer(sidecar.address, dest, n, persistent="true")
-            producer.start()
             deadline = time.monotonic() + timeout
-            while consumer.count() < n * 0.4 and time.monotonic() < deadline:
-                time.sleep(0.02)
-            broker_offset = broker.log_path.stat().st_size
-            killed_at = time.monotonic()
-            broker.kill()
-            broker.start()
-            broker.wait_ready(90)
-            record["restart_s"] = round(time.monotonic() - killed_at, 1)
+            consumer, producer, broker_offset, _, restart_s = _transfer_and_kill(
+                broker, sidecar.address, dest, n, timeout
+            )
+            record["restart_s"] = round(restart_s, 1)
             last_count, last_change = -1, time.monotonic()
             while time.monotonic() < deadline:
                 distinct = len(set(consumer.bodies))
@@ -177,6 +170,93 @@ def one_run(
     return record
 
 
+def _transfer_and_kill(
+    broker: RabbitMQ, address: tuple[str, int], dest: str, n: int, timeout: float
+) -> tuple[Consumer, Producer, int, int, float]:
+    """The test's transfer: a consumer and a producer of ``n`` persistent SENDs with receipts
+    through ``address``; once the consumer has 40 % (or after ``timeout`` seconds) the node
+    is killed with SIGKILL and restarted. Returns the two apps, the broker log's size at the
+    kill (bytes), what the consumer had received then, and the seconds from the kill until the
+    node answered STOMP again."""
+    consumer = Consumer(address, dest)
+    producer = Producer(address, dest, n, persistent="true")
+    producer.start()
+    deadline = time.monotonic() + timeout
+    while consumer.count() < n * 0.4 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    offset = broker.log_path.stat().st_size
+    received_at_kill = consumer.count()
+    killed_at = time.monotonic()
+    broker.kill()
+    broker.start()
+    broker.wait_ready(90)
+    return consumer, producer, offset, received_at_kill, time.monotonic() - killed_at
+
+
+def _queue_listed(broker: RabbitMQ, destination: str) -> tuple[bool, int]:
+    """Whether ``rabbitmqctl list_queues`` lists the queue of ``/queue/NAME``, and its
+    message count (0 when not listed)."""
+    name = destination.removeprefix("/queue/")
+    rows = broker.rabbitmqctl("list_queues", "-q", "--no-table-headers", "name", "messages")
+    found = [line.split() for line in rows.splitlines() if line.split()[:1] == [name]]
+    return (True, int(found[0][1])) if found else (False, 0)
+
+
+def direct_run(broker: RabbitMQ, run: int, n: int) -> dict[str, Any]:
+    """The scenario without a sidecar: a stomp.py consumer and producer straight to the node,
+    kill -9 at 40 % received, restart; nothing re-declares the queue afterwards, so whether
+    it is listed again (and with how many messages) is the broker's own recovery."""
+    dest = unique()
+    address = ("127.0.0.1", broker.stomp_port)
+    consumer, _producer, offset, received_at_kill, _ = _transfer_and_kill(
+        broker, address, dest, n, 120.0
+    )
+    back, messages = _queue_listed(broker, dest)
+    record = {
+        "run": run,
+        "received_at_kill": received_at_kill,
+        "received": consumer.count(),
+        "queue_back": back,
+        "messages_back": messages,
+        "queues_recovered": _queues_recovered(broker, offset),
+    }
+    print(f"direct run: {record}", flush=True)
+    return record
+
+
+def declare_probe(broker: RabbitMQ, delays: list[float], repeats: int) -> list[dict[str, Any]]:
+    """The broker alone (no sidecar): declare a durable queue by SUBSCRIBE (then UNSUBSCRIBE),
+    SEND 200 persistent messages each with a receipt, wait for every receipt, wait ``delay``
+    seconds, kill -9 the node, restart it, and see whether the queue and its messages came
+    back (``rabbitmqctl list_queues name messages``). One record per try:
+    ``{"delay_s", "queue_back", "messages"}``."""
+    out = []
+    for delay in delays:
+        for _ in range(repeats):
+            queue = unique("/queue/probe")
+            app = Client(("127.0.0.1", broker.stomp_port))
+            app.connect()
+            app.conn.subscribe(queue, id="p", headers={"receipt": "s"})
+            app.receipt("s")
+            app.conn.unsubscribe(id="p", headers={"receipt": "u"})
+            app.receipt("u")
+            for i in range(200):
+                app.conn.send(queue, f"m{i}", headers={"persistent": "true", "receipt": f"r{i}"})
+            for _ in range(200):
+                app.expect("RECEIPT", 30)
+            time.sleep(delay)
+            broker.kill()
+            with contextlib.suppress(Exception):
+                app.close()
+            broker.start()
+            broker.wait_ready(90)
+            back, messages = _queue_listed(broker, queue)
+            record = {"delay_s": delay, "queue_back": back, "messages": messages}
+            print(f"declare probe: {record}", flush=True)
+            out.append(record)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the scenario ``--runs`` times; print a line per run and a summary; 1 on a stall."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -188,10 +268,39 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--fresh-node", action="store_true", help="a new node for every run (as the test)"
     )
+    parser.add_argument(
+        "--declare-probe",
+        type=float,
+        nargs="*",
+        default=None,
+        metavar="DELAY",
+        help="instead: kill -9 DELAY seconds after a durable queue got 200 confirmed "
+        "persistent messages; does the queue come back? (--runs tries per delay)",
+    )
+    parser.add_argument(
+        "--direct",
+        action="store_true",
+        help="instead: the scenario with stomp.py straight to the node (no sidecar), a new "
+        "node per run; is the queue back after the restart?",
+    )
     args = parser.parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="stall-repro-"))
     workdir.mkdir(parents=True, exist_ok=True)
     print(f"workdir {workdir}", flush=True)
+    if args.direct:
+        direct = []
+        for run in range(1, args.runs + 1):
+            with RabbitMQ(f"rmq-direct{run}", workdir) as direct_broker:
+                direct.append(direct_run(direct_broker, run, args.n))
+        gone = [r for r in direct if not r["queue_back"]]
+        print(f"summary: runs={len(direct)} queue not recovered={len(gone)}")
+        return 1 if gone else 0
+    if args.declare_probe is not None:
+        with RabbitMQ("rmq-probe", workdir) as probe_broker:
+            tries = declare_probe(probe_broker, args.declare_probe or [0.2, 1.0, 3.0], args.runs)
+        gone = [t for t in tries if not t["queue_back"] or t["messages"] != 200]
+        print(f"summary: tries={len(tries)} queue or messages gone={len(gone)}")
+        return 1 if gone else 0
     records: list[dict[str, Any]] = []
     broker: RabbitMQ | None = None
     try:
