@@ -463,7 +463,7 @@ def send_direct(cluster: RabbitMQCluster, i: int, queue: str, bodies: list[str])
 @pytest.mark.xfail(
     strict=True,
     raises=AssertionError,
-    reason="issue 25 part 1: a classic queue's home node down: RabbitMQ cancels the "
+    reason="issue 25 parts 2-4: a classic queue's home node down: RabbitMQ cancels the "
     "subscription (ERROR 'Server cancelled subscription', rabbitmq-server#2410) and the "
     "sidecar neither re-subscribes nor shows it in /readyz",
 )
@@ -471,32 +471,34 @@ def test_classic_home_node_down_consumer_resubscribed(
     all_up: RabbitMQCluster, tmp_path: Path
 ) -> None:
     """(d) The home node of a classic queue dies while the consumer is connected to another
-    node. Right: ``/readyz`` is not 200 while the subscription is down, and once the home
-    node is back the consumer receives again (the sidecar re-subscribes)."""
+    node. Right: the consumer receives again once the home node is back (the sidecar
+    re-subscribes), and ``/readyz`` leaves 200 while the subscription is down (the sidecar
+    runs with ``call_timeout`` 2 s, the time a session may be stuck before ``/readyz`` says
+    so; the home node stays down 8 s). Whether RabbitMQ's ERROR reaches the app is not
+    asserted: it is printed."""
     cluster = all_up
     queue = queue_name()
     declare_on(cluster, 2, queue, CLASSIC)
     assert cluster.queue_home(queue) == 2
-    with sidecar_for(cluster, tmp_path, first=0) as sidecar:
+    with sidecar_for(cluster, tmp_path, first=0, call_timeout=2000) as sidecar:
         consumer = Consumer(sidecar.address, f"/queue/{queue}", CLASSIC)
         send_direct(cluster, 0, queue, ["before"])
         wait_until(lambda: consumer.distinct() == 1)
         cluster.kill_node(2)
-        wait_until(lambda: bool(consumer.errors), 30)
-        codes_down = readyz_codes(sidecar, 3.0)
+        codes_down = readyz_codes(sidecar, 8.0)
         cluster.restart_node(2)
         send_direct(cluster, 2, queue, ["after"])
         with suppress(AssertionError):
             wait_until(lambda: "after" in consumer.bodies, 30)
         print(
-            f"\n[classic home down, consumer] errors="
+            f"\n[classic home down, consumer] errors to the app="
             f"{[(e.headers.get('message'), str(e.body)[:120]) for e in consumer.errors]} "
             f"consumer_connection_open={consumer.conn.is_connected()} "
             f"disconnects={consumer.disconnects} readyz_while_down={Counter(codes_down)} "
             f"received_after_return={'after' in consumer.bodies}"
         )
         consumer.close()
-    assert 200 not in codes_down, "/readyz green while the subscription is cancelled"
+    assert any(code != 200 for code in codes_down), "/readyz 200 all the time it was down"
     assert "after" in consumer.bodies, "the consumer never receives again"
 
 
@@ -533,7 +535,7 @@ def broker_answer_direct(cluster: RabbitMQCluster, i: int, queue: str, command: 
 @pytest.mark.xfail(
     strict=True,
     raises=AssertionError,
-    reason="issue 25 part 2: SEND/SUBSCRIBE to a classic queue whose home node is down: "
+    reason="issue 25 parts 2-4: SEND/SUBSCRIBE to a classic queue whose home node is down: "
     "ERROR not_found and RabbitMQ closes the connection; the sidecar ends the app's session "
     "instead of retrying it as a reconnect",
 )
@@ -589,38 +591,48 @@ def test_classic_home_node_down_frame_is_retried(
     assert reconnects == 0, f"the app had to reconnect {reconnects} time(s)"
 
 
+#: SENDs pipelined before the refused one in the window test.
+GOOD = 500
+
+
 @pytest.mark.xfail(
     strict=True,
     raises=AssertionError,
-    reason="issue 25 part 3: a session ended after a broker ERROR does not name the SENDs "
-    "left in its window unknown/lost (measured: no event at all, or reattached and named "
-    "'replayed' before it ended) nor count them as lost",
+    reason="issue 25 part 5: a session ended by a broker ERROR and close does not name the "
+    "SENDs left in its window unknown/lost (measured: no event at all, or reattached and "
+    "named 'replayed' before it ended) nor count them as lost",
 )
 def test_session_ended_by_broker_error_names_its_window(
     all_up: RabbitMQCluster, tmp_path: Path
 ) -> None:
-    """(f) A SEND to a classic queue whose home node is down (RabbitMQ: ERROR not_found, then
-    it closes the connection), with 200 persistent SENDs to a quorum queue pipelined right
-    behind it. Right: once the session has ended, each of those SENDs that got no RECEIPT has
-    been named to the app as ``unknown`` or ``lost`` (an OUTCOME event or the DISCONNECT
-    event, by receipt id; ``replayed`` promises a RECEIPT that will not come) and counted in
+    """(f) 500 persistent SENDs to a quorum queue pipelined, then right behind them a SEND
+    that RabbitMQ answers with an ERROR and then closes the connection: the confirms of the
+    last SENDs have not come yet, so they are in the session's window when it ends. The
+    ERROR is one no sidecar retries: the SEND declares an existing quorum queue as a classic one
+    (``PRECONDITION_FAILED - inequivalent arg 'x-queue-type'``; a classic queue whose home
+    node is down gave the same close before issue 25 parts 2-4 retried it). Right: once the
+    session has ended, each of those SENDs that got no RECEIPT has been named to the app as
+    ``unknown`` or ``lost`` (an OUTCOME event or the DISCONNECT event, by receipt id;
+    ``replayed`` promises a RECEIPT that will not come) and counted in
     ``mq_sidecar_lost_frames_total`` / ``mq_sidecar_frame_outcomes_total``."""
     cluster = all_up
     bad, good = queue_name(), queue_name()
-    declare_on(cluster, 2, bad, CLASSIC)
+    declare_on(cluster, 1, bad, QUORUM)
     declare_on(cluster, 1, good, QUORUM)
+    answer = broker_answer_direct(cluster, 0, bad, "SEND")
     with sidecar_for(cluster, tmp_path, first=0) as sidecar:
         before = sidecar.metrics()
-        cluster.kill_node(2)
         app = Client(sidecar.address)
         app.connect()
         app.conn.subscribe(EVENTS, id="events", ack="auto", headers={"receipt": "events"})
         app.receipt("events")
-        app.conn.send(f"/queue/{bad}", "bad", headers={**CLASSIC, "receipt": "bad"})
-        for i in range(200):
+        for i in range(GOOD):
             headers = {**QUORUM, "persistent": "true", "receipt": f"g{i}"}
             app.conn.send(f"/queue/{good}", f"g{i}", headers=headers)
-        wait_until(lambda: not app.conn.is_connected(), 30)
+        app.conn.send(f"/queue/{bad}", "bad", headers={**CLASSIC, "receipt": "bad"})
+        with suppress(AssertionError):
+            wait_until(lambda: not app.conn.is_connected(), 30)
+        ended = not app.conn.is_connected()
         time.sleep(0.5)
         receipts, errors = set(), []
         while not app.control_queue.empty():
@@ -640,7 +652,8 @@ def test_session_ended_by_broker_error_names_its_window(
             for x in body.get("frames_lost") or []:
                 final[str(x)] = "lost/disconnect"
         after = sidecar.metrics()
-    unconfirmed = {f"g{i}" for i in range(200)} - receipts
+        app.close()
+    unconfirmed = {f"g{i}" for i in range(GOOD)} - receipts
     lost = metric_total(after, "mq_sidecar_lost_frames_total") - metric_total(
         before, "mq_sidecar_lost_frames_total"
     )
@@ -652,11 +665,13 @@ def test_session_ended_by_broker_error_names_its_window(
     given_up = {r for r in unconfirmed if final.get(r, "").startswith(("unknown", "lost"))}
     last_named = Counter(final[r] for r in unconfirmed if r in final)
     print(
-        f"\n[session ended by broker ERROR] errors={errors} events={kinds} "
+        f"\n[session ended by broker ERROR] straight to node 0: {answer}; through the sidecar: "
+        f"session_ended={ended} errors={errors} events={kinds} "
         f"unconfirmed={len(unconfirmed)} last_named_as={last_named} "
         f"never_named={len(unconfirmed - set(final))} "
         f"lost_frames_total+={lost} outcomes+={outcomes}"
     )
+    assert ended, "RabbitMQ closed the connection: the session ends"
     assert errors, "RabbitMQ's ERROR reached the app"
     assert unconfirmed, "some SENDs were left unconfirmed (the case under test)"
     # "replayed" promises a RECEIPT that never comes once the session has ended.
