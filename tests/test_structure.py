@@ -1,4 +1,5 @@
-"""The runtime's structure, checked statically (AST) over protocol/, proxy/ and config/:
+"""The code's structure, checked statically (AST) over the runtime (protocol/, proxy/,
+config/) and the test harness (harness/: testbed/, pipeline/), each on its own:
 
 * no import cycle between their modules, counting every import (``if TYPE_CHECKING:`` blocks
   and function bodies too): a cycle closed only by a type annotation still ties the modules
@@ -19,11 +20,18 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
-#: The runtime's packages (the wheel's).
+#: The runtime's packages (the wheel's), in the repository's root.
 RUNTIME = ("protocol", "proxy", "config")
-#: The test harness's packages (harness/): the daemon must never import them.
+#: The test harness's packages (harness/, a distribution of its own): the daemon must never
+#: import them.
 HARNESS = ("testbed", "pipeline")
+#: The directory each package is in (its modules are named relative to it).
+ROOTS = {**dict.fromkeys(RUNTIME, REPO), **dict.fromkeys(HARNESS, REPO / "harness")}
+#: The groups checked each on its own for cycles and lengths.
+GROUPS = {"runtime": RUNTIME, "harness": HARNESS}
 #: Where the daemon's imports start: ``mq-sidecar run``.
 DAEMON = ("proxy.__main__", "proxy.app")
 #: Lines a module may have at most.
@@ -42,20 +50,22 @@ class Import:
         return f"{self.path.relative_to(REPO)}:{self.line}"
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(REPO).with_suffix("").parts)
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
 
 
 @cache
-def modules() -> dict[str, Path]:
-    """Every module of the runtime's packages (subpackages included), by name."""
+def modules(packages: tuple[str, ...] = RUNTIME + HARNESS) -> dict[str, Path]:
+    """Every module of ``packages`` (subpackages included), by name; by default the
+    runtime's and the harness's."""
     found: dict[str, Path] = {}
-    for package in RUNTIME:
-        for path in sorted((REPO / package).rglob("*.py")):
-            found[_module_name(path)] = path
+    for package in packages:
+        root = ROOTS[package]
+        for path in sorted((root / package).rglob("*.py")):
+            found[_module_name(path, root)] = path
     return found
 
 
@@ -72,7 +82,7 @@ def _resolve(name: str, importer: str, path: Path, level: int) -> str:
 @cache
 def imports(name: str) -> tuple[Import, ...]:
     """What module ``name`` imports, anywhere in it, as module names: ``from X import Y`` is
-    ``X.Y`` when that is a module of the runtime, else ``X``."""
+    ``X.Y`` when that is a module of the runtime or the harness, else ``X``."""
     path = modules()[name]
     found: list[Import] = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -86,13 +96,14 @@ def imports(name: str) -> tuple[Import, ...]:
     return tuple(found)
 
 
-def graph() -> dict[str, dict[str, Import]]:
-    """Module -> {imported module of the runtime: the first import of it}."""
+def graph(packages: tuple[str, ...]) -> dict[str, dict[str, Import]]:
+    """Module of ``packages`` -> {module of ``packages`` it imports: the first import of it}."""
+    group = modules(packages)
     out: dict[str, dict[str, Import]] = {}
-    for name in modules():
+    for name in group:
         edges: dict[str, Import] = {}
         for imp in imports(name):
-            if imp.target in modules() and imp.target != name:
+            if imp.target in group and imp.target != name:
                 edges.setdefault(imp.target, imp)
         out[name] = edges
     return out
@@ -139,10 +150,11 @@ def _describe(cycle: list[str], edges: dict[str, dict[str, Import]]) -> str:
     return " -> ".join(cycle) + "\n" + "\n".join(steps)
 
 
-def test_no_import_cycle_in_the_runtime() -> None:
-    edges = graph()
+@pytest.mark.parametrize("group", sorted(GROUPS))
+def test_no_import_cycle(group: str) -> None:
+    edges = graph(GROUPS[group])
     cycles = find_cycles(edges)
-    assert not cycles, f"{len(cycles)} import cycle(s):\n" + "\n".join(
+    assert not cycles, f"{len(cycles)} import cycle(s) in the {group}:\n" + "\n".join(
         _describe(cycle, edges) for cycle in cycles
     )
 
@@ -174,7 +186,7 @@ def test_the_daemon_does_not_reach_the_harness_statically() -> None:
             if imp.target.partition(".")[0] in HARNESS:
                 chain = " -> ".join([*seen[name], imp.target])
                 reached[f"{chain}  ({imp.where()})"] = None
-            elif imp.target in modules() and imp.target not in seen:
+            elif imp.target in modules(RUNTIME) and imp.target not in seen:
                 seen[imp.target] = [*seen[name], imp.target]
                 todo.append(imp.target)
     assert len(seen) > 10, f"the walk found too little: {sorted(seen)}"
@@ -198,12 +210,14 @@ def test_the_daemon_does_not_load_the_harness() -> None:
     assert result.returncode == 0, result.stderr
 
 
-def test_no_module_is_too_long() -> None:
+@pytest.mark.parametrize("group", sorted(GROUPS))
+def test_no_module_is_too_long(group: str) -> None:
+    found = modules(GROUPS[group])
+    assert len(found) > 10, f"the walk found too little of the {group}: {sorted(found)}"
     lengths = {
-        str(path.relative_to(REPO)): len(path.read_text().splitlines())
-        for path in modules().values()
+        str(path.relative_to(REPO)): len(path.read_text().splitlines()) for path in found.values()
     }
     too_long = {path: n for path, n in sorted(lengths.items()) if n > MAX_LINES}
-    assert not too_long, f"modules over {MAX_LINES} lines: " + ", ".join(
+    assert not too_long, f"modules of the {group} over {MAX_LINES} lines: " + ", ".join(
         f"{path} ({n})" for path, n in too_long.items()
     )

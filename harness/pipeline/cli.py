@@ -14,7 +14,8 @@ import click
 
 __all__ = ["FaultsParam", "drill"]
 
-#: ``--faults all-down`` (pipeline.drill.ALL_DOWN; not imported here: no pyspark in --help).
+#: ``--faults all-down`` (pipeline.drill.options.ALL_DOWN; not imported here: no pyspark in
+#: --help).
 ALL_DOWN = "all-down"
 
 
@@ -211,7 +212,9 @@ def drill(
     Exit status 0 on success, 1 if anything was lost, duplicated or altered (in the baseline
     too), 2 for bad options, 3 if the drill could not start its brokers, sidecars or Spark.
     """
-    from pipeline.drill import DrillOptions, run_drill  # noqa: PLC0415 (no pyspark in --help)
+    # Imported here, not at the top: no pyspark in --help.
+    from pipeline.drill.main import run_drill  # noqa: PLC0415
+    from pipeline.drill.options import DrillOptions  # noqa: PLC0415
 
     options = DrillOptions(
         rows=rows,

@@ -11,11 +11,11 @@ then measures the takeover (the other broker answers STOMP CONNECT) and, if more
 planned, restarts the killed broker as the new backup before the next kill, so there is
 always something to fail over to. With external brokers it SIGKILLs the PIDs it was given.
 
-Two more kinds (:data:`pipeline.report.FAULT_KINDS`), one fault each: ``all-down`` SIGKILLs
-both brokers of the pair (the waiting one first, so that it cannot take over), waits until
-``down_for`` seconds have passed since the kill, starts the one that served again, waits until
-it answers STOMP CONNECT (the service is back: ``restored_at``) and then the other as the
-backup; ``sidecar`` SIGKILLs the producer's sidecar and starts it again at once on the same
+Two more kinds (:data:`pipeline.report.records.FAULT_KINDS`), one fault each: ``all-down``
+SIGKILLs both brokers of the pair (the waiting one first, so that it cannot take over), waits
+until ``down_for`` seconds have passed since the kill, starts the one that served again, waits
+until it answers STOMP CONNECT (the service is back: ``restored_at``) and then the other as
+the backup; ``sidecar`` SIGKILLs the producer's sidecar and starts it again at once on the same
 ports and configuration (so the same ``outbox_dir``), ready when ``/readyz`` answers.
 
 With the outbox the sampler also reads the outbox's depth from the same sidecar's
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pipeline.monitor import ObservedEvent
-from pipeline.report import FailoverIncident, FaultRecord
+from pipeline.report.records import FailoverIncident, FaultRecord
 from pipeline.verify import Reader
 from testbed import ActiveMQ, BrokerError, wait_stomp
 from testbed.sidecar import SidecarProcess, metric_total
@@ -66,7 +66,7 @@ ATTRIBUTION_WINDOW = 120.0
 #: Seconds a killed broker or sidecar may take to serve again after its restart.
 RESTART_TIMEOUT = 120.0
 
-#: What a fault kills (module docstring; :data:`pipeline.report.FAULT_KINDS`).
+#: What a fault kills (module docstring; :data:`pipeline.report.records.FAULT_KINDS`).
 FaultKind = Literal["broker", "all-down", "sidecar"]
 
 
@@ -451,6 +451,7 @@ class Sampler(threading.Thread):
             ]
 
     def run(self) -> None:
+        """The thread: :meth:`sample` every ``interval`` seconds until :meth:`stop`."""
         while not self._halt.wait(self.interval):
             self.sample()
 

@@ -141,6 +141,8 @@ class Reader:
     # -- stomp.py listener --------------------------------------------------------------------
 
     def on_message(self, frame: Any) -> None:
+        """stomp.py's MESSAGE: record its row id, body digest and arrival (monotonic s), then
+        ACK it unless the subscription is ``auto``."""
         headers = frame.headers
         body = frame.body if isinstance(frame.body, bytes) else str(frame.body).encode()
         now = time.monotonic()
@@ -151,15 +153,19 @@ class Reader:
             self.conn.ack(headers["ack"])
 
     def on_receipt(self, frame: Any) -> None:
+        """stomp.py's RECEIPT: the one for the SUBSCRIBE means subscribed."""
         if frame.headers.get("receipt-id") == f"{self.subscription}-sub":
             self._subscribed.set()
 
     def on_error(self, frame: Any) -> None:
+        """stomp.py's ERROR: its ``message`` goes to ``errors`` (and ends a wait for the
+        SUBSCRIBE's RECEIPT)."""
         message = frame.headers.get("message", "ERROR")
         self.errors.append(str(message))
         self._subscribed.set()
 
     def on_disconnected(self) -> None:
+        """stomp.py's end of the connection: :meth:`close` stops waiting."""
         self._closed.set()
 
     # -- control ------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from testbed.activemq import ActiveMQ, activemq_installed, start_activemq_pair
 from testbed.broker import BrokerError, BrokerProcess, BrokerTimeout
 from testbed.probe import free_port, wait_stomp
 from testbed.rabbitmq import RabbitMQ, rabbitmq_installed
+from testbed.spark_cluster import SparkCluster, SparkClusterError
 from testbed.tls import TlsClientFiles, TlsListener, write_client_files, write_server_files
 
 __all__ = [
@@ -23,6 +24,8 @@ __all__ = [
     "BrokerProcess",
     "BrokerTimeout",
     "RabbitMQ",
+    "SparkCluster",
+    "SparkClusterError",
     "TlsClientFiles",
     "TlsListener",
     "activemq_installed",

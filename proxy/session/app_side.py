@@ -560,6 +560,7 @@ class AppSide:
             OutcomeCause.APP_DISCONNECT,
         )
         reason = "app disconnected"
+        core.flow.named = True
         if lost:
             core.metrics.frames_lost(len(lost))
             reason += f"; {summary(lost)}"

@@ -15,11 +15,13 @@ from proxy.legs.broker import Upstream
 from proxy.legs.stream import HeartBeatTimeout, TransportLost
 from proxy.session.acks import SidecarAcks
 from proxy.session.confirmations import Confirmations
-from proxy.session.core import ERROR_CLOSE_WINDOW, SessionCore, log
+from proxy.session.core import ERROR_CLOSE_WINDOW, GOODBYE_TIMEOUT, SessionCore, log
 from proxy.session.ending import Ending
+from proxy.session.outcomes import unsettled
 from proxy.session.to_app import AppOutput
 from proxy.telemetry.events import FrameReport
-from proxy.telemetry.vocabulary import FailoverReason
+from proxy.telemetry.vocabulary import FailoverReason, OutcomeCause
+from proxy.tracking import StoredInOutbox
 
 __all__ = ["BrokerSide"]
 
@@ -74,8 +76,27 @@ class BrokerSide:
             # failover; the broker closes after it, and so does the session. (A broker that
             # kept the connection after a non-fatal ERROR and dies later fails over.)
             kind = FailoverReason.BROKER_ERROR
+            await self._name_unconfirmed(reason)
             core.end(Ending(f"{reason} after an ERROR", disconnect_upstream=False))
         return reason, kind
+
+    async def _name_unconfirmed(self, reason: str) -> None:
+        """The broker closed just after an ERROR and the session ends with it: every frame
+        still unconfirmed in the window is named to the app (OUTCOME, cause
+        ``broker_closed``) and counted as lost, before the end (docs/behaviour.md, "Frame
+        outcomes"). Frames the outbox holds are not lost: it forwards them later."""
+        core = self.core
+        lost = unsettled(
+            (e for e in core.flow.window if not isinstance(e.context, StoredInOutbox)),
+            OutcomeCause.BROKER_CLOSED,
+        )
+        core.flow.named = True
+        if lost:
+            core.metrics.frames_lost(len(lost))
+            with trio.move_on_after(GOODBYE_TIMEOUT):  # an app that stopped reading
+                await self.confirmations.control.report(
+                    lost, f"the broker closed the connection after an ERROR ({reason})"
+                )
 
     async def _on_frame(self, upstream: Upstream, frame: Frame) -> None:
         command = frame.command

@@ -24,14 +24,18 @@ class FlowControl:
             for it while ``max_unacked`` messages are outstanding); replaced once waited for.
         failback_hold: while a ``priority_backup`` failback waits for a quiet point
             (proxy.session.link), the event the app's next frame waits for; None otherwise.
+        named: every frame still unconfirmed in the window has been named to the app in an
+            OUTCOME event as the session ends (a drain, the app's DISCONNECT, a broker's close
+            after an ERROR); what ends the session names nothing more.
     """
 
-    __slots__ = ("_changed", "_waiters", "acks_freed", "failback_hold", "window")
+    __slots__ = ("_changed", "_waiters", "acks_freed", "failback_hold", "named", "window")
 
     def __init__(self, window: ConfirmationWindow) -> None:
         self.window = window
         self.acks_freed = trio.Event()
         self.failback_hold: trio.Event | None = None
+        self.named = False
         self._changed = trio.Event()
         self._waiters = 0
 

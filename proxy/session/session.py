@@ -76,7 +76,7 @@ from proxy.session.ending import (
 from proxy.session.handshake import accept_connect, connected_frame, local_connected_frame
 from proxy.session.link import Link
 from proxy.session.outbox import SessionOutbox
-from proxy.session.outcomes import report_of, report_of_frame, unsettled_outcome
+from proxy.session.outcomes import report_of, report_of_frame, unsettled, unsettled_outcome
 from proxy.session.phase import Phase
 from proxy.session.restore import Restorer
 from proxy.session.to_app import AppOutput
@@ -84,7 +84,7 @@ from proxy.telemetry.events import EventBus
 from proxy.telemetry.metrics import Metrics
 from proxy.telemetry.statistics import SessionStatistics
 from proxy.telemetry.vocabulary import DrainResult, FrameOutcome, OutcomeCause
-from proxy.tracking import Transaction
+from proxy.tracking import StoredInOutbox, Transaction
 from proxy.tracking.window import Entry
 
 __all__ = ["DRAIN_GOODBYE_MAX", "Session"]
@@ -240,6 +240,7 @@ class Session:
                 report_of_frame(frame, receipt, FrameOutcome.LOST, OutcomeCause.DRAIN_DEADLINE)
                 for frame, receipt in self.app_side.not_taken()
             )
+        core.flow.named = True
         late = sum(1 for r in reports if r.cause is OutcomeCause.DRAIN_DEADLINE)
         result = DrainResult.DEADLINE if late else DrainResult.COMPLETED
         self.drain_result = result
@@ -331,14 +332,36 @@ class Session:
                     self.outbox.outbox.leave_unowned(core.id)  # the outbox forwarder takes them
             with trio.move_on_after(GOODBYE_TIMEOUT, shield=True):
                 # What the relays queued before the end (the RECEIPT of the app's DISCONNECT)
-                # leaves first, then the ERROR that ends the session, if any.
+                # leaves first, then what the end left unconfirmed, then the ERROR that ends
+                # the session, if any.
                 with contextlib.suppress(TransportLost):
                     await core.app.flush()
+                    await self._name_left_unconfirmed(ending)
                 if ending is not None and ending.app_error is not None:
                     await self.out.send_quietly(ending.app_error)
                 await trio.aclose_forcefully(core.app.stream)
             if ending is not None:
                 log.log(ending.level, "session %s closed: %s", core.id, ending.reason)
+
+    async def _name_left_unconfirmed(self, ending: Ending | None) -> None:
+        """Whatever ended the session, no frame leaves unnamed: what is still unconfirmed in
+        the window and was not named by the way the session ended (a drain, the app's
+        DISCONNECT, a broker's close after an ERROR, an exhausted reconnect) is named now
+        (OUTCOME, cause ``session_ended``) and counted as lost. Frames the outbox holds are
+        not lost (the outbox forwarder takes them)."""
+        core = self.core
+        if core.flow.named:
+            return
+        core.flow.named = True
+        lost = unsettled(
+            (e for e in core.flow.window if not isinstance(e.context, StoredInOutbox)),
+            OutcomeCause.SESSION_ENDED,
+        )
+        if not lost:
+            return
+        core.metrics.frames_lost(len(lost))
+        why = ending.reason if ending is not None else "the session ended"
+        await self.control.report(lost, f"not confirmed when the session ended: {why}")
 
     # -- serving ------------------------------------------------------------------------------
 

@@ -116,10 +116,10 @@ class _Families:
             labels=["broker"],
         )
         self.outbox_frames = GaugeMetricFamily(
-            f"{p}_outbox_frames", "Frames held in the outbox (stored, not yet forwarded)."
+            f"{p}_outbox_frames", "Frames stored in the outbox, not yet forwarded."
         )
         self.outbox_bytes = GaugeMetricFamily(
-            f"{p}_outbox_bytes", "Frame bytes held in the outbox (what outbox_max_bytes bounds)."
+            f"{p}_outbox_bytes", "Frame bytes stored in the outbox (what outbox_max_bytes bounds)."
         )
         self.outbox_oldest_age = GaugeMetricFamily(
             f"{p}_outbox_oldest_age_seconds",

@@ -174,6 +174,12 @@ class OutcomeCause(enum.StrEnum):
     #: The sidecar answered the frame with an ERROR of its own (docs/behaviour.md, "ERROR
     #: frames": a stale ack id, a rolled-back transaction's COMMIT, a limit).
     SIDECAR_ERROR = "sidecar_error"
+    #: Still unconfirmed when the broker closed the connection just after an ERROR and the
+    #: session ended with it.
+    BROKER_CLOSED = "broker_closed"
+    #: Still unconfirmed when the session ended for another reason (the app's connection
+    #: lost, a protocol error of the app's, an internal error).
+    SESSION_ENDED = "session_ended"
 
 
 class DrainResult(enum.StrEnum):

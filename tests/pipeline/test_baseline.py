@@ -11,15 +11,10 @@ from pathlib import Path
 import pytest
 
 from pipeline.baseline import ProgressListener, broker_address
-from pipeline.drill import DrillOptions, DrillUsageError
-from pipeline.report import (
-    BaselineReport,
-    DrillReport,
-    Throughput,
-    Timeline,
-    overhead,
-    reached_at,
-)
+from pipeline.drill.options import DrillOptions, DrillUsageError
+from pipeline.report.document import DrillReport
+from pipeline.report.overhead import BaselineReport, overhead
+from pipeline.report.timeline import Throughput, Timeline, reached_at
 from pipeline.writer import _Progress
 from tests.pipeline.test_report import _report as drill_report
 

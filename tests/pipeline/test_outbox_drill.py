@@ -15,19 +15,14 @@ import pytest
 
 from pipeline.baseline import ProgressListener
 from pipeline.cli import FaultsParam
-from pipeline.drill import MASTER, MASTER_WITH_RETRIES, DrillOptions, DrillUsageError
+from pipeline.drill.options import MASTER, MASTER_WITH_RETRIES, DrillOptions, DrillUsageError
 from pipeline.faults import BrokerPair, FaultInjector, Sampler, sidecar_outbox
-from pipeline.report import (
-    STALL_LIMIT,
-    DrillReport,
-    FaultRecord,
-    Throughput,
-    Timeline,
-    fault_notes,
-    outbox_errors,
-    outbox_summary,
-    write_png,
-)
+from pipeline.report.document import DrillReport
+from pipeline.report.notes import fault_notes
+from pipeline.report.outbox import STALL_LIMIT, outbox_errors, outbox_summary
+from pipeline.report.png import write_png
+from pipeline.report.records import FaultRecord
+from pipeline.report.timeline import Throughput, Timeline
 from testbed.sidecar import Metrics
 from tests.pipeline.test_report import _report as report_of
 

@@ -7,17 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.drill import DrillOptions, DrillUsageError
+from pipeline.drill.options import DrillOptions, DrillUsageError
 from pipeline.faults import Fault, group_incidents
 from pipeline.monitor import ObservedEvent
-from pipeline.report import (
-    DrillReport,
-    FaultRecord,
-    Throughput,
-    Timeline,
-    throughput,
-    write_png,
-)
+from pipeline.report.document import DrillReport
+from pipeline.report.png import write_png
+from pipeline.report.records import FaultRecord
+from pipeline.report.timeline import Throughput, Timeline, throughput
 
 
 def test_default_plan_is_one_kill_at_40_percent_or_none_with_external_brokers() -> None:

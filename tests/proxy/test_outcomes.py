@@ -353,3 +353,85 @@ async def test_frames_unconfirmed_when_the_app_disconnects_are_named(
         ("s1-1", "unknown", "app_disconnect")
     ]
     assert outcomes(running, "unknown") == 1
+
+
+# -- every ending names what it leaves (issue 25 part 5) ---------------------------------------
+
+
+def lost_total(running: Running) -> float | None:
+    registry = running.session.core.metrics.registry
+    return registry.get_sample_value("mq_sidecar_lost_frames_total")
+
+
+async def test_frames_unconfirmed_when_the_broker_closes_after_an_error_are_named(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, network: Network
+) -> None:
+    """RabbitMQ's ERROR ``not_found`` (a queue whose home node is down) is followed by its
+    close, and the session ends with it: the ERROR's own SEND is ``refused``, the SENDs after
+    it that the broker never confirmed are named ``unknown`` (cause ``broker_closed``) in an
+    OUTCOME event before the end, and counted as lost."""
+    broker = network.add("broker", 61001)
+    running = await connected(nursery, network, broker)
+    app = running.app
+    broker.receipts = "hold"
+    for n in range(3):
+        await app.send(Command.SEND, {"destination": QUEUE, "receipt": f"r{n}"}, b"x")
+    await broker.wait_for(Command.SEND, 3)
+    first = broker.link.held[0]
+    await broker.link.send(
+        Frame(Command.ERROR, (("message", "not_found"), ("receipt-id", first)), b"home node down")
+    )
+    await broker.link.drop("close")
+    await app.wait_closed()
+    assert [(r, o, c) for _, r, _, o, c in named(app)] == [
+        ("r0", "refused", "broker_error"),
+        ("r1", "unknown", "broker_closed"),
+        ("r2", "unknown", "broker_closed"),
+    ]
+    assert lost_total(running) == 2
+    assert outcomes(running, "unknown") == 2
+
+
+async def test_frames_unconfirmed_when_the_app_breaks_stomp_are_named_on_the_bus(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, network: Network
+) -> None:
+    """Any other end (here the app's protocol error) names what it left unconfirmed too:
+    cause ``session_ended``, on the bus, in the event and in the lost-frame count."""
+    broker = network.add("broker", 61001)
+    running = await connected(nursery, network, broker)
+    app = running.app
+    broker.receipts = "hold"
+    with running.session.core.bus.subscribe() as events:
+        await app.send(Command.SEND, {"destination": QUEUE, "receipt": "r1"}, b"x")
+        await broker.wait_for(Command.SEND, 1)
+        await app.stream.send_all(b"SEND\ndestination\n\nx\x00")  # a line without colon
+        await app.wait_closed()
+        kinds = []
+        while True:
+            try:
+                event = events.receive_nowait()
+            except trio.WouldBlock:
+                break
+            kinds.append(event)
+    (outcome,) = [e for e in kinds if e.kind is EventKind.OUTCOME]
+    assert [(f.receipt, f.outcome, f.cause) for f in outcome.frames] == [
+        ("r1", "unknown", "session_ended")
+    ]
+    assert lost_total(running) == 1
+
+
+async def test_a_drained_session_names_its_frames_once(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, network: Network
+) -> None:
+    """The drain names what is unconfirmed at its deadline; the end of the session after it
+    names nothing again."""
+    broker = network.add("broker", 61001)
+    running = await connected(nursery, network, broker, drain_timeout=500)
+    app = running.app
+    broker.receipts = "hold"
+    await app.send(Command.SEND, {"destination": QUEUE, "receipt": "r1"}, b"x")
+    await broker.wait_for(Command.SEND, 1)
+    running.session.request_drain()
+    await app.wait_closed()
+    assert [(r, c) for _, r, _, _, c in named(app)] == [("r1", "drain_deadline")]
+    assert lost_total(running) == 1

@@ -1,0 +1,247 @@
+"""The drill's options (:class:`DrillOptions`: what ``mq-sidecar drill``'s flags set, with the
+defaults they leave, checked by :meth:`DrillOptions.validate`) and the settings the drill
+gives its sidecars and Spark (:data:`SIDECAR_OPTIONS`, :data:`ROWS_PER_PARTITION`, the
+masters). Durations are seconds unless the name says otherwise; sidecar options are in the
+configuration's own units (milliseconds, bytes)."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
+from pipeline.faults import FaultKind
+
+__all__ = [
+    "ALL_DOWN",
+    "DOWN_FOR",
+    "KILL_SIDECAR_ID_CACHE",
+    "MASTER",
+    "MASTER_WITH_RETRIES",
+    "ROWS_PER_PARTITION",
+    "SIDECAR_OPTIONS",
+    "DrillOptions",
+    "DrillUsageError",
+]
+
+#: Sidecar options of the drill (names of config/examples/mq-sidecar.toml). Fast retries as
+#: in the failover tests; a generous ``call_timeout``, because on a loaded 2-core machine a
+#: takeover plus the backup's store recovery must not turn into an ERROR for the writer;
+#: unlimited ``initial_connect_attempts``, because a Spark task that starts its session
+#: during the outage must wait for the backup, not fail (``reconnect_period`` bounds it).
+SIDECAR_OPTIONS: dict[str, object] = {
+    "initial_connect_attempts": -1,
+    "retry_interval": 50,
+    "max_retry_interval": 500,
+    "connect_timeout": 5000,
+    "call_timeout": 120_000,
+    "reconnect_period": 300_000,
+    "failover_mode": "transparent",
+    "log_level": "info",
+}
+#: Rows per Spark partition at most (by default). A task that fails and is retried publishes its
+#: partition again; the consumer's sidecar recognises the second copies only within its window of
+#: the last 20,000 ids of the subscription (docs/behaviour.md, "Duplicate detection"). With 2 cores
+#: publishing at once, 10,000-row partitions keep a retried partition's copies inside that window.
+ROWS_PER_PARTITION = 10_000
+#: The consumer sidecar's ``id_cache_size`` with ``--kill-sidecar``: a Spark task that failed
+#: with the producer's sidecar is retried from its partition's first row, so the copies of a
+#: partition's first rows come after the rest of it and what the other tasks published
+#: meanwhile. The default 20,000 ids let 7,289 copies through on all rows (2 of 34 partitions
+#: retried); ten partitions' worth (about 27 MB at most) leaves room for any retry.
+KILL_SIDECAR_ID_CACHE = 10 * ROWS_PER_PARTITION
+
+
+class DrillUsageError(ValueError):
+    """Inconsistent options (exit status 2)."""
+
+
+#: ``--faults all-down``: every broker killed for ``--down-for`` seconds.
+ALL_DOWN = "all-down"
+#: Seconds every broker stays down with ``--faults all-down`` unless ``--down-for`` says.
+DOWN_FOR = 30.0
+#: Spark master without (``local[2]``) and with task retries (``local[2,4]``: a task may fail
+#: 3 times and run a 4th): the sidecar or every broker killed fails the writer's tasks.
+MASTER, MASTER_WITH_RETRIES = "local[2]", "local[2,4]"
+#: A local master without task retries: ``local``, ``local[N]``, ``local[*]``.
+_LOCAL_NO_RETRIES = re.compile(r"^local(\[(\d+|\*)\])?$")
+
+
+@dataclass(frozen=True)
+class DrillOptions:
+    """Options of ``mq-sidecar drill`` (see the command's ``--help``).
+
+    ``faults``: kills of the serving broker to make (None: 1 with the drill's own brokers,
+    0 with ``brokers`` or with ``kill_sidecar``), or :data:`ALL_DOWN`: every broker killed
+    for ``down_for`` seconds (None: :data:`DOWN_FOR`), then restarted; ``kill_sidecar``: kill
+    -9 of the producer's sidecar instead, restarted at once (needs ``outbox``); ``kill_at``:
+    share of the rows published at each kill (default 0.4 for one fault, evenly spaced for
+    several); ``kill_pids``: with ``brokers``, the PID to SIGKILL at each fault, in order;
+    ``outbox``: the producer's sidecar runs with ``outbox = true``, its ``outbox_dir`` in the
+    work directory; ``master``: Spark's (None: :data:`MASTER`, or :data:`MASTER_WITH_RETRIES`
+    for every broker down or the sidecar killed); ``baseline``: run the publish and drain once
+    straight to the broker first (:mod:`pipeline.drill`). Durations in seconds.
+    """
+
+    rows: int | None = None
+    faults: int | str | None = None
+    kill_at: tuple[float, ...] = ()
+    brokers: str | None = None
+    kill_pids: tuple[int, ...] = ()
+    report: Path = Path("drill-report.json")
+    png: Path = Path("drill-timeline.png")
+    workdir: Path | None = None
+    keep: bool = False
+    master: str | None = None
+    destination: str | None = None
+    receipt_every: int = 100
+    max_in_flight: int = 10
+    ack: str = "client-individual"
+    drain_idle: float = 60.0
+    settle: float = 2.0
+    broker_heap_mb: int = 512
+    broker_memory_mb: int = 256
+    progress: bool = True
+    partitions: int | None = None
+    baseline: bool = False
+    outbox: bool = False
+    down_for: float | None = None
+    kill_sidecar: bool = False
+
+    @property
+    def fault_kind(self) -> FaultKind:
+        """``sidecar`` (``kill_sidecar``), ``all-down`` or ``broker`` (pipeline.faults)."""
+        if self.kill_sidecar:
+            return "sidecar"
+        return "all-down" if self.faults == ALL_DOWN else "broker"
+
+    def downtime(self) -> float:
+        """Seconds every broker stays down with ``--faults all-down``."""
+        return DOWN_FOR if self.down_for is None else self.down_for
+
+    def spark_master(self) -> str:
+        """The Spark master: ``master``, else with task retries for the faults that fail
+        the writer's tasks (class docstring)."""
+        if self.master is not None:
+            return self.master
+        return MASTER if self.fault_kind == "broker" else MASTER_WITH_RETRIES
+
+    def drain_idle_for_plan(self) -> float:
+        """Seconds without a message after which the drain gives up: ``drain_idle``, plus
+        the planned downtime with every broker down (the publish may end during it)."""
+        if self.fault_kind == "all-down":
+            return self.drain_idle + self.downtime()
+        return self.drain_idle
+
+    def partition_count(self, rows: int) -> int:
+        """Spark partitions to publish ``rows`` rows from (see :data:`ROWS_PER_PARTITION`)."""
+        if self.partitions is not None:
+            return self.partitions
+        return max(2, math.ceil(rows / ROWS_PER_PARTITION))
+
+    def fault_count(self) -> int:
+        """Faults to make (one for every broker down and for the sidecar killed)."""
+        if self.fault_kind != "broker":
+            return 1
+        if isinstance(self.faults, int):
+            return self.faults
+        if self.kill_at:
+            return len(self.kill_at)
+        return 0 if self.brokers else 1
+
+    def fractions(self) -> tuple[float, ...]:
+        """Share of the rows published at each kill, ascending."""
+        n = self.fault_count()
+        if self.kill_at:
+            return tuple(sorted(self.kill_at))
+        if n == 1:
+            return (0.4,)
+        return tuple((i + 1) / (n + 1) for i in range(n))
+
+    def sidecar_options(self, role: str, outbox_dir: Path) -> dict[str, object]:
+        """The options of the ``producer``'s or the ``consumer``'s sidecar:
+        :data:`SIDECAR_OPTIONS`, and for the producer with ``outbox`` ``outbox = true`` with
+        ``outbox_dir``; for the consumer with ``kill_sidecar`` an ``id_cache_size`` of
+        :data:`KILL_SIDECAR_ID_CACHE`."""
+        options = dict(SIDECAR_OPTIONS)
+        if role == "producer" and self.outbox:
+            options["outbox"] = True
+            options["outbox_dir"] = str(outbox_dir)
+        if role == "consumer" and self.kill_sidecar:
+            options["id_cache_size"] = KILL_SIDECAR_ID_CACHE
+        return options
+
+    def validate(self) -> None:
+        """Raise :class:`DrillUsageError` naming every inconsistency."""
+        problems = self._fault_problems()
+        n = self.fault_count()
+        if self.rows is not None and self.rows < 1:
+            problems.append("--rows must be at least 1")
+        if n < 0:
+            problems.append("--faults must be 0 or more")
+        if self.kill_at and len(self.kill_at) != n:
+            problems.append(f"--kill-at gives {len(self.kill_at)} point(s) for {n} fault(s)")
+        if any(not 0 < f < 1 for f in self.kill_at):
+            problems.append("--kill-at values must be between 0 and 1 (shares of the rows)")
+        if self.brokers is None and self.kill_pids:
+            problems.append("--kill-pid only applies with --brokers (external brokers)")
+        if self.brokers is not None and self.fault_kind == "broker" and n > len(self.kill_pids):
+            problems.append(
+                f"{n} fault(s) against external brokers need {n} --kill-pid (have "
+                f"{len(self.kill_pids)}); the drill only restarts brokers it started itself"
+            )
+        if self.ack not in ("auto", "client-individual"):
+            problems.append("--ack must be auto or client-individual")
+        if self.receipt_every < 1 or self.max_in_flight < 1:
+            problems.append("--receipt-every and --max-in-flight must be at least 1")
+        if self.partitions is not None and self.partitions < 1:
+            problems.append("--partitions must be at least 1")
+        if self.baseline and self.brokers is not None:
+            from pipeline.baseline import broker_address  # noqa: PLC0415
+
+            try:
+                broker_address(self.brokers)
+            except ValueError as exc:
+                problems.append(str(exc))
+        if problems:
+            raise DrillUsageError("; ".join(problems))
+
+    def _fault_problems(self) -> list[str]:
+        """The inconsistencies of ``--faults all-down``, ``--down-for``, ``--kill-sidecar``."""
+        problems = []
+        if isinstance(self.faults, str) and self.faults != ALL_DOWN:
+            problems.append(f"--faults must be a number or {ALL_DOWN} (not {self.faults!r})")
+        if self.faults == ALL_DOWN and self.brokers is not None:
+            problems.append(
+                f"--faults {ALL_DOWN} needs the drill's own brokers (it kills and restarts "
+                "both), not --brokers"
+            )
+        if self.down_for is not None and self.fault_kind != "all-down":
+            problems.append(f"--down-for only applies with --faults {ALL_DOWN}")
+        reconnect_period = float(cast("int", SIDECAR_OPTIONS["reconnect_period"])) / 1000
+        if self.down_for is not None and not 0 < self.down_for < reconnect_period:
+            problems.append(
+                f"--down-for must be more than 0 and less than the sidecars' reconnect_period "
+                f"({reconnect_period:.0f} s), after which they give up on the brokers"
+            )
+        if self.kill_sidecar:
+            if not self.outbox:
+                problems.append(
+                    "--kill-sidecar needs --outbox: without it the killed sidecar keeps "
+                    "nothing a restart could forward, so the kill tests Spark's task retries, "
+                    "not the sidecar"
+                )
+            if self.faults not in (None, 0):
+                problems.append(
+                    "--kill-sidecar is a fault mode of its own: drop --faults (or give 0)"
+                )
+            if self.kill_pids:
+                problems.append("--kill-pid does not apply with --kill-sidecar")
+            if self.master is not None and _LOCAL_NO_RETRIES.match(self.master):
+                problems.append(
+                    f"--kill-sidecar fails the writer's tasks and needs Spark task retries: "
+                    f"--master {self.master} has none (use e.g. {MASTER_WITH_RETRIES})"
+                )
+        return problems

@@ -1,0 +1,181 @@
+"""The drill's first phases: what it starts before it publishes. Its brokers (an ActiveMQ
+primary and backup on one shared store, or the ``--brokers`` given), its two sidecars with an
+event monitor on each, the Spark session, the rows loaded and cached, and the reading app.
+Each function records what it started in ``ctx.state`` as soon as it runs, so that the
+cleanup stops it whatever fails later; each raises :class:`DrillError` when what it starts
+does not come up."""
+
+from __future__ import annotations
+
+import http.client
+import signal
+import threading
+from types import FrameType
+from typing import TYPE_CHECKING
+
+from pipeline.drill.context import DrillContext
+from pipeline.faults import BrokerPair, broker_label
+from pipeline.monitor import EventMonitor
+from pipeline.verify import Reader
+from testbed import BrokerError, activemq_installed, start_activemq_pair
+from testbed.sidecar import SidecarError, SidecarProcess
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = [
+    "DrillError",
+    "load_rows",
+    "open_reader",
+    "raise_interrupt",
+    "start_brokers",
+    "start_sidecars",
+    "start_spark",
+    "watch_restarted",
+]
+
+
+class DrillError(RuntimeError):
+    """The drill could not set itself up: a broker, a sidecar, Spark or the reader (exit
+    status 3)."""
+
+
+def raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    """A signal handler that raises :class:`KeyboardInterrupt` (SIGTERM and, once Spark
+    runs, SIGINT: the drill then stops everything it started)."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def start_brokers(ctx: DrillContext) -> str:
+    """Start the drill's ActiveMQ pair in ``workdir/brokers`` (the primary serves, the backup
+    waits on the shared KahaDB lock; up to 120 s), or take ``--brokers`` as they are.
+    Returns the sidecars' ``brokers`` (a failover URL); sets ``ctx.state.pair``."""
+    opts = ctx.options
+    if opts.brokers is not None:
+        ctx.say(f"using existing brokers {opts.brokers}")
+        return opts.brokers
+    if not activemq_installed():
+        raise DrillError("ActiveMQ is not installed (Debian package activemq): run setup.sh")
+    try:
+        primary, backup = start_activemq_pair(
+            ctx.workdir / "brokers",
+            name="amq",
+            heap_mb=opts.broker_heap_mb,
+            memory_mb=opts.broker_memory_mb,
+            lock_sleep_ms=200,
+            timeout=120.0,
+        )
+    except BrokerError as exc:
+        raise DrillError(f"ActiveMQ pair did not start: {exc}") from exc
+    ctx.state.brokers = [primary, backup]
+    ctx.state.pair = BrokerPair(primary, backup)
+    ctx.say(
+        f"ActiveMQ {primary.name} pid {primary.pid} serves {broker_label(primary)}; "
+        f"{backup.name} pid {backup.pid} waits on the shared KahaDB lock "
+        f"({broker_label(backup)})"
+    )
+    return f"failover:({primary.stomp_url},{backup.stomp_url})"
+
+
+def start_sidecars(ctx: DrillContext, brokers: str) -> tuple[SidecarProcess, SidecarProcess]:
+    """Start the producer's and the consumer's sidecar in front of ``brokers`` (ready by
+    ``/readyz`` within 60 s) and an event monitor on each one's admin port. Returns
+    ``(producer, consumer)``."""
+    producer, consumer = (
+        SidecarProcess(
+            f"sidecar-{role}",
+            ctx.workdir,
+            brokers=brokers,
+            options=ctx.sidecar_options(role),
+            # Ready = /readyz, which opens no session (the report counts sessions); if
+            # the drill dies, its sidecars drain (SIGTERM) rather than vanish.
+            readiness="readyz",
+            parent_death=signal.SIGTERM,
+        )
+        for role in ("producer", "consumer")
+    )
+    ctx.state.sidecars = [producer, consumer]
+    try:
+        for sidecar in (producer, consumer):
+            sidecar.start()
+        for sidecar in (producer, consumer):
+            sidecar.wait_ready(60.0)
+    except (SidecarError, OSError) as exc:
+        raise DrillError(f"mq-sidecar did not start: {exc}") from exc
+    for sidecar, role in ((producer, "producer"), (consumer, "consumer")):
+        monitor = EventMonitor(role, port=sidecar.admin_port)
+        ctx.state.monitors.append(monitor)
+        try:
+            monitor.start()
+        except (OSError, http.client.HTTPException) as exc:
+            raise DrillError(f"event stream of the {role} sidecar: {exc}") from exc
+    outbox = f", outbox in {ctx.outbox_dir}" if ctx.options.outbox else ""
+    ctx.say(
+        f"mq-sidecar for the producer pid {producer.pid} on 127.0.0.1:{producer.port} "
+        f"(admin {producer.admin_port}{outbox}), for the consumer pid {consumer.pid} on "
+        f"127.0.0.1:{consumer.port} (admin {consumer.admin_port})"
+    )
+    return producer, consumer
+
+
+def watch_restarted(ctx: DrillContext, sidecar: SidecarProcess) -> None:
+    """After the producer's sidecar was killed and restarted: watch its events anew (the
+    old stream ended with the process). Raises ``OSError`` if its admin port does not
+    answer."""
+    monitor = EventMonitor("producer", port=sidecar.admin_port)
+    ctx.state.monitors.append(monitor)
+    monitor.start()
+
+
+def start_spark(ctx: DrillContext) -> SparkSession:
+    """Start the local Spark session on the options' master (its JVM log in
+    ``workdir/spark.log``; about 5 s); from then on SIGINT raises KeyboardInterrupt."""
+    from pipeline.spark import start_spark as start_session  # noqa: PLC0415
+
+    log = ctx.workdir / "spark.log"
+    master = ctx.options.spark_master()
+    try:
+        spark = start_session("mq-sidecar-drill", master=master, log_file=log)
+    except Exception as exc:
+        raise DrillError(f"Spark did not start (log: {log}): {exc}") from exc
+    ctx.state.spark = spark
+    if threading.current_thread() is threading.main_thread():
+        # PySpark's own SIGINT handler cancels the jobs through py4j from inside the
+        # handler, which fails ("reentrant call") while the main thread waits on py4j;
+        # the drill's cleanup stops Spark anyway.
+        signal.signal(signal.SIGINT, raise_interrupt)
+    ctx.say(f"Spark {spark.version} {master} started (JVM log: {log})")
+    return spark
+
+
+def load_rows(ctx: DrillContext, spark: SparkSession) -> tuple[DataFrame, int]:
+    """Extract the flights CSV into ``workdir/data`` (the first ``--rows`` rows), load it,
+    repartition it by row id (:meth:`DrillOptions.partition_count`) and cache it. Returns
+    the DataFrame and its rows."""
+    from pipeline.rows import (  # noqa: PLC0415
+        FLIGHTS_ROWS,
+        ROW_COLUMN,
+        extract_flights,
+        load_flights,
+    )
+
+    csv = extract_flights(ctx.workdir / "data", ctx.options.rows)
+    wanted = min(ctx.options.rows or FLIGHTS_ROWS, FLIGHTS_ROWS)
+    partitions = ctx.options.partition_count(wanted)
+    df = load_flights(spark, csv).repartition(partitions, ROW_COLUMN)
+    df = df.cache()
+    rows = df.count()
+    ctx.say(f"loaded {rows:,} rows of {csv.name} into {partitions} cached partitions")
+    return df, rows
+
+
+def open_reader(ctx: DrillContext, destination: str, host: str, port: int) -> Reader:
+    """The consuming app, subscribed to ``destination`` at ``host:port`` with the options'
+    ``ack`` mode."""
+    reader = Reader(destination, host=host, port=port, ack=ctx.options.ack)
+    ctx.state.readers.append(reader)
+    try:
+        reader.start()
+    except Exception as exc:  # ReadError, stomp.py's ConnectFailedException
+        raise DrillError(f"the reader could not subscribe: {exc}") from exc
+    return reader

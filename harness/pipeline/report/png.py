@@ -1,0 +1,86 @@
+"""The drill's timeline as a PNG (``--png``), drawn with matplotlib's Agg backend (no display
+needed): messages per second of publish and consume in 1-second bins, each kill as a vertical
+line, each outage shaded; the baseline's publish and consume, when there is one, as dashed
+lines on the same axes; with the outbox, a lower panel shows its depth (frames) over the same
+seconds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.report.records import FAULT_KINDS
+from pipeline.report.timeline import Timeline, per_second
+
+__all__ = ["write_png"]
+
+
+def write_png(path: Path, timeline: Timeline, title: str, baseline: Timeline | None = None) -> None:
+    """Draw the timeline (module docstring), and the ``baseline``'s if given, into ``path``
+    (PNG, ~1200x500 px; ~1200x700 px with a lower panel of the outbox's depth in frames
+    when ``timeline.outbox`` has samples)."""
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    kill_label, outage_label = FAULT_KINDS.get(timeline.fault_kind, FAULT_KINDS["broker"])
+    if timeline.outbox:
+        fig, (ax, low) = plt.subplots(
+            2, 1, figsize=(12, 7), dpi=100, sharex=True, gridspec_kw={"height_ratios": [3, 1]}
+        )
+    else:
+        fig, ax = plt.subplots(figsize=(12, 5), dpi=100)
+        low = None
+    try:
+        series = [
+            (timeline, "", "-", 1.0),
+            *([(baseline, ", baseline (no sidecar)", "--", 0.6)] if baseline is not None else []),
+        ]
+        for run, suffix, style, alpha in series:
+            xs, ys = per_second(run.published_at, run.publish_end)
+            publish = "publish (SENDs relayed by the sidecar)" if not suffix else "publish"
+            if not suffix and run.outbox:
+                publish = "publish (the app's SENDs into the outbox)"
+            ax.step(xs, ys, where="mid", label=publish + suffix, color="C0", ls=style, alpha=alpha)
+            xs, ys = per_second(run.consumed_at, run.drain_end)
+            consume = "consume (messages the app received)" if not suffix else "consume"
+            ax.step(xs, ys, where="mid", label=consume + suffix, color="C2", ls=style, alpha=alpha)
+        for axes in (ax, low):
+            if axes is None:
+                continue
+            first = axes is ax
+            for i, (start, end) in enumerate(timeline.outages):
+                label = outage_label if i == 0 and first else None
+                axes.axvspan(start, end, color="red", alpha=0.15, label=label)
+            for i, t in enumerate(timeline.kills):
+                label = kill_label if i == 0 and first else None
+                axes.axvline(t, color="red", linestyle="--", label=label)
+            axes.grid(True, alpha=0.3)
+        ax.set_ylabel("messages per second")
+        ax.set_title(title)
+        ax.set_xlim(left=0)
+        ax.set_ylim(bottom=0)
+        if low is not None:
+            low.step(
+                [s[0] for s in timeline.outbox],
+                [s[1] for s in timeline.outbox],
+                where="post",
+                color="C1",
+                label="outbox depth (frames held by the producer's sidecar)",
+            )
+            low.set_ylabel("outbox frames")
+            low.set_ylim(bottom=0)
+            low.set_xlabel("seconds since the publish started")
+            low.legend(loc="upper right", fontsize="small")
+        else:
+            ax.set_xlabel("seconds since the publish started")
+        if baseline is None:  # the outbox's drain puts the consume curve at the lower right
+            ax.legend(loc="best" if timeline.outbox else "lower right", fontsize="small")
+        else:  # six entries: above the curves, in three columns
+            ax.set_ylim(top=ax.get_ylim()[1] * 1.3)
+            ax.legend(loc="upper center", ncol=3, fontsize="small")
+        fig.tight_layout()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, format="png")
+    finally:
+        plt.close(fig)

@@ -1,0 +1,398 @@
+"""A Spark standalone cluster of the test bed (``testbed.spark_cluster``): a master and two
+workers as JVMs of their own, executors started by the workers, jobs from a SparkSession in
+this process (the driver) run in those executors' Python workers.
+
+One cluster and one session per module (module fixtures; the JVMs cost about 5 s each on 2
+cores): the cluster starts in about 6 s, the session and its two executors in 15-20 s more.
+The tests share it in file order, and the last one stops the cluster itself (it checks
+that nothing is left running), so it must stay last.
+
+Only one SparkContext can live in a process: the module fails at once (rather than silently
+running on ``local[2]``) if another one is active, e.g. the ``spark`` fixture of
+tests/pipeline/conftest.py left by an earlier module in the same pytest run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from pipeline.baseline import ProgressListener
+from pipeline.rows import load_flights
+from pipeline.verify import Reader, expected, reconcile
+from pipeline.writer import WriterSettings, publish
+from testbed import ActiveMQ
+from testbed.broker import proc_stat, process_alive
+from testbed.spark_cluster import SparkCluster, SparkClusterError
+from tests.integration.support import SidecarThread, sidecar_config, unique, wait_until
+
+if TYPE_CHECKING:
+    from pyspark.sql import Row, SparkSession
+
+#: Generous bound for a drain or a job on a loaded 2-core machine.
+DRAIN_TIMEOUT = 120.0
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
+    """A master and two workers (1 core, 1 GiB each) on 127.0.0.1."""
+    with SparkCluster(work_dir=tmp_path_factory.mktemp("spark-cluster"), workers=2) as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def cluster_spark(cluster: SparkCluster) -> Iterator[SparkSession]:
+    """A SparkSession (the driver, in this process) on ``cluster``, with both executors up."""
+    from pyspark import SparkContext
+
+    from pipeline.spark import start_spark, stop_spark
+
+    if SparkContext._active_spark_context is not None:
+        pytest.fail(
+            "another SparkContext is active in this process (one per process): run "
+            "tests/pipeline/test_spark_cluster.py before the tests that use the `spark` "
+            "fixture, or on its own",
+            pytrace=False,
+        )
+    session = start_spark(
+        "mq-sidecar-cluster-tests",
+        master=cluster.master_url,
+        conf=cluster.spark_conf(),
+        log_file=cluster.work_dir / "driver.log",
+    )
+    try:
+        assert session.sparkContext.master == cluster.master_url
+        yield session
+    finally:
+        stop_spark(session)
+
+
+@pytest.fixture(scope="module")
+def producer_sidecar(activemq: ActiveMQ) -> Iterator[SidecarThread]:
+    """The producing app's own sidecar (the consumer reads through ``amq_sidecar``), as each
+    pod has its own."""
+    with SidecarThread(sidecar_config(activemq.stomp_url)) as sidecar:
+        yield sidecar
+
+
+def ancestors(pid: int) -> list[int]:
+    """``pid``'s parent, grandparent... up to PID 1 (at most 64 steps)."""
+    chain: list[int] = []
+    st = proc_stat(pid)
+    while st is not None and st.ppid > 1 and len(chain) < 64:
+        chain.append(st.ppid)
+        st = proc_stat(st.ppid)
+    return chain
+
+
+def hidden_by_live_sessions(sidecar: SidecarThread) -> int:
+    """Duplicates the sidecar hid from its live sessions (the reader's, here)."""
+    return sum(s.duplicates_hidden for s in sidecar.statistics().sessions)
+
+
+def test_arguments_and_state_before_start(tmp_path: Path) -> None:
+    """Bad sizes are refused at once; a cluster never started has no master URL or
+    configuration, and stopping it is a no-op."""
+    for bad in ({"workers": 0}, {"cores_per_worker": 0}, {"memory_per_worker": "1.5g"}):
+        with pytest.raises(ValueError, match="must"):
+            SparkCluster(work_dir=tmp_path, **bad)
+    with pytest.raises(ValueError, match="at least 512m"):
+        SparkCluster(work_dir=tmp_path, memory_per_worker="256m")
+    idle = SparkCluster(work_dir=tmp_path)
+    with pytest.raises(SparkClusterError, match="never started"):
+        idle.spark_conf()
+    idle.stop()
+    assert (idle.running(), idle.worker_pids(), idle.executor_pids()) == (False, [], [])
+
+
+def test_a_taken_port_fails_the_start_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The master's port is taken by another socket: the master JVM exits (no silent move to
+    another port, spark.port.maxRetries=0), start() raises with the master's log, and no
+    process of the cluster is left."""
+    import testbed.spark_cluster
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        real = testbed.spark_cluster._distinct_free_ports
+        monkeypatch.setattr(
+            testbed.spark_cluster, "_distinct_free_ports", lambda n: [port, *real(n - 1)]
+        )
+        cluster = SparkCluster(work_dir=tmp_path, workers=1)
+        with pytest.raises(SparkClusterError, match="master exited") as failure:
+            cluster.start(timeout=60.0)
+    assert "Address already in use: Service 'sparkMaster' failed after 0 retries" in str(
+        failure.value
+    ), "the log's tail says why"
+    assert cluster.processes() == []
+    assert not cluster.running()
+
+
+_OWNER_SCRIPT = textwrap.dedent(
+    """
+    import json, sys, time
+    from pathlib import Path
+    from pipeline.spark import start_spark
+    from testbed.spark_cluster import SparkCluster, SparkClusterError
+    work = Path(sys.argv[1])
+    cluster = SparkCluster(work_dir=work, workers=1, memory_per_worker="512m")
+    cluster.start()
+    conf = cluster.spark_conf()
+    spark = start_spark("owner", master=conf["spark.master"], conf=conf, log_file=work / "d.log")
+    assert spark.sparkContext.parallelize(range(4), 1).sum() == 6
+    print(json.dumps([[p.pid, p.starttime, p.role] for p in cluster.processes()]), flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_no_cluster_process_outlives_its_owner(tmp_path: Path) -> None:
+    """SIGKILL of the process that started a cluster (with an application on it, so an
+    executor and its Python workers run): the master, the worker, the executor and the
+    Python processes under it all die (the guardian, the parent-death signal, and PySpark's
+    daemon exiting when its executor's pipe closes)."""
+    with subprocess.Popen(
+        [sys.executable, "-c", _OWNER_SCRIPT, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).parent.parent.parent,
+    ) as owner:
+        try:
+            assert owner.stdout is not None
+            line = owner.stdout.readline()  # bounded by pytest's timeout (the cluster's 120 s)
+            assert line, f"the owner exited with {owner.wait(timeout=30)} before its report"
+            seen = [(pid, starttime, role) for pid, starttime, role in json.loads(line)]
+            roles = sorted({role for _, _, role in seen})
+            assert roles == ["executor", "master", "python", "worker"], seen
+            os.kill(owner.pid, signal.SIGKILL)
+            owner.wait(timeout=30)
+
+            def all_gone() -> bool:
+                return not any(process_alive(pid, starttime) for pid, starttime, _ in seen)
+
+            wait_until(all_gone, timeout=30.0)
+        finally:
+            if owner.poll() is None:
+                owner.kill()
+                owner.wait(timeout=30)
+
+
+def test_two_alive_workers_run_tasks_in_executor_processes(
+    cluster: SparkCluster, cluster_spark: SparkSession
+) -> None:
+    """Two ALIVE workers; a job gives the right answer, and its tasks ran in Python workers
+    under executor JVMs (not in this process or the driver JVM), executors on both workers,
+    with the venv's Python and this process's PYTHONPATH (the worktree's ``pipeline``)."""
+    import pipeline
+
+    state = cluster.master_state()
+    assert state["url"] == cluster.master_url
+    alive = [w for w in state["workers"] if w["state"] == "ALIVE"]
+    assert len(alive) == 2
+    assert {(w["host"], w["cores"], w["memory"]) for w in alive} == {("127.0.0.1", 1, 1024)}
+    assert [app["name"] for app in state["activeapps"]] == ["mq-sidecar-cluster-tests"]
+
+    sc = cluster_spark.sparkContext
+    assert sc.parallelize(range(1000), 4).map(lambda x: x * x).sum() == sum(
+        x * x for x in range(1000)
+    )
+
+    def where(_: int) -> tuple[int, str, str]:
+        import os
+        import sys
+        import time
+
+        import pipeline
+
+        time.sleep(0.2)  # a task long enough for the other executor to take the next one
+        return os.getpid(), sys.executable, pipeline.__file__
+
+    tasks = sc.parallelize(range(8), 4).map(where).collect()
+    executors = cluster.executor_pids()
+    workers = cluster.worker_pids()
+    assert len(executors) == 2, executors
+    assert {pid for pid, _, _ in tasks}.isdisjoint({os.getpid(), *executors, *workers})
+    used = set()
+    for pid, executable, module in tasks:
+        chain = ancestors(pid)
+        under = [p for p in chain if p in executors]
+        assert len(under) == 1, f"task pid {pid} (ancestors {chain}) is under no executor"
+        executor = under[0]
+        assert chain[chain.index(executor) + 1] in workers, "an executor is a worker's child"
+        used.add(executor)
+        assert (executable, module) == (sys.executable, pipeline.__file__)
+    assert used == set(executors), "tasks ran on both workers' executors"
+    gateway = sc._gateway.proc.pid  # type: ignore[union-attr]
+    assert all(gateway not in ancestors(pid) for pid, _, _ in tasks), "not in the driver JVM"
+
+
+def test_publish_through_a_sidecar_from_the_cluster(
+    cluster_spark: SparkSession,
+    producer_sidecar: SidecarThread,
+    amq_sidecar: SidecarThread,
+    flights_sample_csv: Path,
+) -> None:
+    """1,000 flights in 4 partitions published from the executors with the harness writer
+    through the producer's sidecar into ActiveMQ: each arrives once, with its content, at a
+    reader behind the consumer's sidecar."""
+    df = load_flights(cluster_spark, flights_sample_csv).repartition(4, "row").cache()
+    assert df.count() == 1000
+    destination = unique("/queue/cluster")
+    settings = WriterSettings(
+        destination=destination,
+        job="cluster",
+        port=producer_sidecar.address[1],
+        key="row",
+        receipt_every=50,
+        max_in_flight=4,
+    )
+    reader = Reader(destination, port=amq_sidecar.address[1])
+    reader.start()
+    try:
+        assert publish(df, settings) == 1000
+        assert reader.wait_for(1000, idle=30.0, timeout=DRAIN_TIMEOUT)
+        reader.settle(0.5, timeout=10.0)
+    finally:
+        reader.close()
+    result = reconcile(expected(df, settings), reader.snapshot())
+    df.unpersist()
+    assert result.ok, result.to_dict(10)
+    assert (result.expected, result.received, result.unique) == (1000, 1000, 1000)
+    assert {mid.split("/")[1] for mid in reader.snapshot().counts} == {"0", "1", "2", "3"}
+
+
+def test_executor_killed_mid_job_every_row_once(
+    cluster: SparkCluster,
+    cluster_spark: SparkSession,
+    producer_sidecar: SidecarThread,
+    amq_sidecar: SidecarThread,
+) -> None:
+    """kill -9 of an executor JVM while both executors publish a partition: the job still
+    completes (Spark runs the lost task again, and the master starts a new executor), and the
+    reader gets every row exactly once. The retried task re-sent the rows its first attempt
+    had published with the same ``mq-sidecar-id``s, and the consumer's sidecar hid them.
+
+    Each task runs the writer's ``publish_partition`` (what ``publish`` runs per partition)
+    on its rows handed over one every 5 ms: the rows reach a Python worker in large batches,
+    so only a pace set inside the writer's own loop keeps a partition's publish going for
+    4 s, long enough to kill an executor in the middle of one."""
+    from pyspark.sql import functions as F
+
+    rows, partitions, trigger = 800, 4, 150
+    df = cluster_spark.range(0, rows * partitions, numPartitions=partitions).select(
+        F.col("id").alias("key"), F.concat(F.lit("row-"), "id").alias("text")
+    )
+    destination = unique("/queue/cluster-kill")
+    progress = ProgressListener()
+    settings = WriterSettings(
+        destination=destination,
+        job="kill",
+        port=producer_sidecar.address[1],
+        key="key",
+        receipt_every=50,
+        max_in_flight=2,
+        progress_port=progress.port,
+    )
+    sent = cluster_spark.sparkContext.accumulator(0)
+
+    def slow_publish(partition_rows: Iterator[Row]) -> None:
+        import time
+
+        from pyspark import TaskContext
+
+        from pipeline.writer import publish_partition
+
+        def paced() -> Iterator[Row]:
+            for row in partition_rows:
+                time.sleep(0.005)
+                yield row
+
+        context = TaskContext.get()
+        assert context is not None
+        sent.add(publish_partition(paced(), settings, context.partitionId()))
+
+    before = set(cluster.executor_pids())
+    assert len(before) == 2
+    reader = Reader(destination, port=amq_sidecar.address[1])
+    reader.start()
+    outcome: list[object] = []
+
+    def job() -> None:
+        try:
+            df.foreachPartition(slow_publish)
+            outcome.append(sent.value)
+        except BaseException as exc:  # reported to the test thread
+            outcome.append(exc)
+
+    runner = threading.Thread(target=job, name="cluster-job", daemon=True)
+    runner.start()
+    try:
+
+        def two_partitions_under_way() -> bool:
+            per_partition: dict[str, int] = {}
+            for mid in reader.snapshot().counts:
+                partition = mid.split("/")[1]
+                per_partition[partition] = per_partition.get(partition, 0) + 1
+            return sum(n >= trigger for n in per_partition.values()) >= 2
+
+        # Both executors (1 core each) are each in the middle of a partition, with at least
+        # `trigger` of its rows on the broker: whichever is killed, its rows are sent twice.
+        wait_until(two_partitions_under_way, timeout=DRAIN_TIMEOUT)
+        killed = cluster.kill_executor()
+        runner.join(DRAIN_TIMEOUT)
+        assert not runner.is_alive(), "the job did not finish"
+        assert outcome == [rows * partitions]
+        assert reader.wait_for(rows * partitions, idle=30.0, timeout=DRAIN_TIMEOUT)
+        reader.settle(1.0, timeout=10.0)
+        hidden = hidden_by_live_sessions(amq_sidecar)
+    finally:
+        reader.close()
+        progress.close()
+    result = reconcile(expected(df, settings), reader.snapshot())
+    assert result.ok, result.to_dict(10)
+    assert (result.received, result.unique) == (rows * partitions, rows * partitions)
+    assert killed in before
+    assert not process_alive(killed)
+    assert progress.retried() >= 1, "Spark ran a task again"
+    assert hidden >= trigger, "the retry's copies reached the consumer's sidecar, not the app"
+    wait_until(lambda: len(set(cluster.executor_pids()) - before) == 1, timeout=DRAIN_TIMEOUT)
+
+
+def test_stop_leaves_no_process_of_the_cluster(
+    cluster: SparkCluster, cluster_spark: SparkSession
+) -> None:
+    """stop() with an application connected ends the master, the workers, the executors and
+    the Python workers under them: none of the PIDs seen before is alive afterwards, and no
+    process carries the cluster's marker. (Last in the module: it stops the shared cluster.)"""
+    wait_until(lambda: len(cluster.executor_pids()) == 2, timeout=DRAIN_TIMEOUT)
+    assert cluster_spark.sparkContext.parallelize(range(4), 2).map(lambda x: x + 1).sum() == 10
+    seen = cluster.processes()
+    roles = [p.role for p in seen]
+    assert roles.count("master") == 1
+    assert roles.count("worker") == 2
+    assert roles.count("executor") == 2
+    assert roles.count("python") >= 2, "PySpark daemons and workers under the executors"
+    print(f"the cluster started in {cluster.start_seconds:.1f} s")
+    for p in sorted(seen, key=lambda p: p.pid):
+        print(f"{p.role:9} pid {p.pid:7} rss {p.rss_kib / 1024:7.1f} MiB")
+    started = time.monotonic()
+    cluster.stop()
+    print(f"stop took {time.monotonic() - started:.1f} s")
+    assert [p.pid for p in seen if process_alive(p.pid, p.starttime)] == []
+    assert cluster.processes() == []
+    assert (cluster.worker_pids(), cluster.executor_pids(), cluster.running()) == ([], [], False)
