@@ -135,7 +135,7 @@ class RabbitMQCluster:
     ``nodes`` holds the ``RabbitMQ`` node objects (``stomp_port``, ``pid`` of beam.smp,
     ``kill()``, ``start()``, ``wait_ready()``, ``rabbitmqctl()``...), index 0 being the node
     the others joined. Use as a context manager (``start()`` / ``stop()``). Not thread-safe.
-    Start of 3 nodes to a formed cluster: 19-29 s on 2 shared cores (measured).
+    Start of 3 nodes to a formed cluster: 14-29 s on 2 shared cores (measured).
     """
 
     def __init__(self, name: str, workdir: Path, nodes: int = 3) -> None:

@@ -278,6 +278,12 @@ def main(argv: list[str] | None = None) -> int:
         "persistent messages; does the queue come back? (--runs tries per delay)",
     )
     parser.add_argument(
+        "--settle",
+        type=float,
+        default=0.0,
+        help="with --direct: seconds to wait after the node answers STOMP before the run",
+    )
+    parser.add_argument(
         "--direct",
         action="store_true",
         help="instead: the scenario with stomp.py straight to the node (no sidecar), a new "
@@ -291,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         direct = []
         for run in range(1, args.runs + 1):
             with RabbitMQ(f"rmq-direct{run}", workdir) as direct_broker:
+                time.sleep(args.settle)
                 direct.append(direct_run(direct_broker, run, args.n))
         gone = [r for r in direct if not r["queue_back"]]
         print(f"summary: runs={len(direct)} queue not recovered={len(gone)}")
