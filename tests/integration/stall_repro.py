@@ -171,14 +171,22 @@ def one_run(
 
 
 def _transfer_and_kill(
-    broker: RabbitMQ, address: tuple[str, int], dest: str, n: int, timeout: float
+    broker: RabbitMQ,
+    address: tuple[str, int],
+    dest: str,
+    n: int,
+    timeout: float,
+    *,
+    declared_for: float = 0.0,
 ) -> tuple[Consumer, Producer, int, int, float]:
     """The test's transfer: a consumer and a producer of ``n`` persistent SENDs with receipts
     through ``address``; once the consumer has 40 % (or after ``timeout`` seconds) the node
     is killed with SIGKILL and restarted. Returns the two apps, the broker log's size at the
     kill (bytes), what the consumer had received then, and the seconds from the kill until the
-    node answered STOMP again."""
+    node answered STOMP again. ``declared_for``: seconds between the consumer's SUBSCRIBE (which
+    declares the queue) and the producer's start."""
     consumer = Consumer(address, dest)
+    time.sleep(declared_for)
     producer = Producer(address, dest, n, persistent="true")
     producer.start()
     deadline = time.monotonic() + timeout
@@ -202,14 +210,14 @@ def _queue_listed(broker: RabbitMQ, destination: str) -> tuple[bool, int]:
     return (True, int(found[0][1])) if found else (False, 0)
 
 
-def direct_run(broker: RabbitMQ, run: int, n: int) -> dict[str, Any]:
+def direct_run(broker: RabbitMQ, run: int, n: int, declared_for: float = 0.0) -> dict[str, Any]:
     """The scenario without a sidecar: a stomp.py consumer and producer straight to the node,
     kill -9 at 40 % received, restart; nothing re-declares the queue afterwards, so whether
     it is listed again (and with how many messages) is the broker's own recovery."""
     dest = unique()
     address = ("127.0.0.1", broker.stomp_port)
     consumer, _producer, offset, received_at_kill, _ = _transfer_and_kill(
-        broker, address, dest, n, 120.0
+        broker, address, dest, n, 120.0, declared_for=declared_for
     )
     back, messages = _queue_listed(broker, dest)
     record = {
@@ -284,6 +292,12 @@ def main(argv: list[str] | None = None) -> int:
         help="with --direct: seconds to wait after the node answers STOMP before the run",
     )
     parser.add_argument(
+        "--declared-for",
+        type=float,
+        default=0.0,
+        help="with --direct: seconds between declaring the queue and the producer's start",
+    )
+    parser.add_argument(
         "--direct",
         action="store_true",
         help="instead: the scenario with stomp.py straight to the node (no sidecar), a new "
@@ -298,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         for run in range(1, args.runs + 1):
             with RabbitMQ(f"rmq-direct{run}", workdir) as direct_broker:
                 time.sleep(args.settle)
-                direct.append(direct_run(direct_broker, run, args.n))
+                direct.append(direct_run(direct_broker, run, args.n, args.declared_for))
         gone = [r for r in direct if not r["queue_back"]]
         print(f"summary: runs={len(direct)} queue not recovered={len(gone)}")
         return 1 if gone else 0
