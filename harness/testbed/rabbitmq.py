@@ -11,6 +11,11 @@ Facts in docs/brokers.md, "Running them for tests":
   everything. Everything listens on 127.0.0.1 only, Erlang distribution included.
 * ``HOME`` is ``workdir/NAME/home``: the Erlang cookie is ``$HOME/.erlang.cookie``, shared by
   the server and ``rabbitmqctl()``. Node name ``NAME@localhost``.
+* A cluster member (``testbed.rabbitmq_cluster``) is built with ``shared_epmd=True``, the
+  cluster's epmd port and its ``cookie``: it neither starts nor stops an epmd, refuses to start
+  when none listens there, and its server and CLI run with ``ERL_FLAGS=-start_epmd false``,
+  since a ``rabbitmqctl`` run while no epmd listens on ``ERL_EPMD_PORT`` starts an
+  ``epmd -daemon`` on that port that outlives everything (measured with 3.10.8 / OTP 25).
 * STOMP: default user guest/guest for CONNECTs without login; the CONNECT ``host`` header is
   the vhost, so use ``vhost`` ("/").
 * TLS (``tls=``, a ``testbed.tls.TlsListener``): ``stomp.listeners.ssl.1`` on ``tls_port`` with
@@ -63,6 +68,11 @@ class RabbitMQ(BrokerProcess):
     private epmd, ``tls_port`` the TLS STOMP listener (only with ``tls``, a ``TlsListener``;
     see ``stomp_ssl_url``). Start to STOMP-ready takes ~5 s (docs/brokers.md), an orderly stop
     ~1 s.
+
+    ``shared_epmd``: the node uses an epmd that someone else runs on ``epmd_port`` (a
+    ``RabbitMQCluster``'s) instead of starting its own; ``start()`` raises ``BrokerError`` if
+    nothing listens there. ``cookie``: the Erlang cookie to write (default: a random one), the
+    same for every member of a cluster.
     """
 
     vhost = "/"
@@ -78,6 +88,8 @@ class RabbitMQ(BrokerProcess):
         epmd_port: int | None = None,
         tls: TlsListener | None = None,
         tls_port: int | None = None,
+        shared_epmd: bool = False,
+        cookie: str | None = None,
     ) -> None:
         given = (stomp_port, amqp_port, dist_port, epmd_port, tls_port)
         taken = {p for p in given if p is not None}
@@ -100,6 +112,8 @@ class RabbitMQ(BrokerProcess):
             self.tls_port = pick(tls_port)
         self.node = f"{name}@localhost"
         self.home = self.base_dir / "home"
+        self.shared_epmd = shared_epmd
+        self.cookie = cookie
         self._epmd_child: _Child | None = None
         self._beam: tuple[int, int] | None = None  # (pid, starttime) of beam.smp
 
@@ -147,6 +161,9 @@ class RabbitMQ(BrokerProcess):
             # Empty file: do not source /etc/rabbitmq/rabbitmq-env.conf.
             RABBITMQ_CONF_ENV_FILE=str(base / "rabbitmq-env.conf"),
         )
+        if self.shared_epmd:
+            # Never an `epmd -daemon` of our own: with the shared epmd gone, fail instead.
+            env["ERL_FLAGS"] = "-start_epmd false"
         return env
 
     def _server_env(self) -> dict[str, str]:
@@ -165,7 +182,7 @@ class RabbitMQ(BrokerProcess):
         (self.base_dir / "rabbitmq-env.conf").write_text("")
         cookie = self.home / ".erlang.cookie"
         if not cookie.exists():
-            cookie.write_text(secrets.token_hex(16).upper())
+            cookie.write_text(self.cookie or secrets.token_hex(16).upper())
             cookie.chmod(0o400)
 
     def _tls_conf(self) -> str:
@@ -198,6 +215,14 @@ class RabbitMQ(BrokerProcess):
         return child is not None and child in self._children.items and child.popen.poll() is None
 
     def _before_server(self) -> None:
+        if self.shared_epmd:
+            try:
+                socket.create_connection(("127.0.0.1", self.epmd_port), timeout=1.0).close()
+            except OSError as exc:
+                raise BrokerError(
+                    f"{self.name}: no epmd listens on the shared port {self.epmd_port}: {exc}"
+                ) from None
+            return
         if self._epmd_running():
             return
         epmd = _epmd()
@@ -263,9 +288,18 @@ class RabbitMQ(BrokerProcess):
 
         ``timeout`` is in seconds. Raises ``BrokerError`` with the output on a non-zero exit.
         """
-        ctl = RABBITMQ_SBIN / "rabbitmqctl"
+        return self.cli("rabbitmqctl", *args, timeout=timeout)
+
+    def cli(self, tool: str, *args: str, timeout: float = 60.0) -> str:
+        """Run the package's CLI ``tool`` (``rabbitmqctl``, ``rabbitmq-queues``,
+        ``rabbitmq-diagnostics``...) as ``TOOL -n NODE ARGS...`` with this node's environment
+        (cookie, epmd port); return its stdout.
+
+        ``timeout`` is in seconds (``subprocess.TimeoutExpired`` past it). Raises
+        ``BrokerError`` with the output on a non-zero exit.
+        """
         proc = subprocess.run(
-            [str(ctl), "-n", self.node, *args],
+            [str(RABBITMQ_SBIN / tool), "-n", self.node, *args],
             env=self.env(),
             cwd=self.base_dir,
             stdin=subprocess.DEVNULL,
@@ -276,7 +310,7 @@ class RabbitMQ(BrokerProcess):
         )
         if proc.returncode != 0:
             raise BrokerError(
-                f"rabbitmqctl {' '.join(args)} on {self.node} failed with code "
+                f"{tool} {' '.join(args)} on {self.node} failed with code "
                 f"{proc.returncode}:\n{proc.stdout}{proc.stderr}"
             )
         return proc.stdout
