@@ -7,10 +7,10 @@ SENDs with receipts (at most ``IN_FLIGHT`` unanswered), consumers acking
 ``client-individual``. Quorum queues are declared the STOMP way (``x-queue-type:quorum``,
 ``durable:true``, ``auto-delete:false`` on the SUBSCRIBE and on every SEND).
 
-The first three tests are the cases the issue says hold up (they must pass). The next two
-reproduce what it says is broken, each a strict xfail that asserts the right behaviour (they
-pass with the session code of issue 25 parts 2-4, branch issue25-retry). The last, a
-session ended by a broker ERROR, was broken too and holds since part 5.
+The first three tests are the cases the issue says hold up. The next two are what it says was
+broken: a classic queue's home node down under a consumer (the cancelled subscription is
+restored) and under a SEND or SUBSCRIBE (retried as a reconnect, not the end of the session);
+the last, a session ended by a broker ERROR, names every frame of its window.
 Measured figures are printed (``-s``), never asserted as timing. Facts in docs/brokers.md,
 "A RabbitMQ cluster".
 """
@@ -434,7 +434,7 @@ def test_rolling_restart(all_up: RabbitMQCluster, tmp_path: Path) -> None:
     assert len(downtimes) == 3
 
 
-# --- the cases the issue says are broken (strict xfails asserting the right behaviour) ----
+# --- the cases the issue says were broken ---------------------------------------------------
 
 
 def readyz_codes(sidecar: SidecarProcess, seconds: float) -> list[int]:
@@ -462,13 +462,6 @@ def send_direct(cluster: RabbitMQCluster, i: int, queue: str, bodies: list[str])
         app.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="issue 25 parts 2-4: a classic queue's home node down: RabbitMQ cancels the "
-    "subscription (ERROR 'Server cancelled subscription', rabbitmq-server#2410) and the "
-    "sidecar neither re-subscribes nor shows it in /readyz",
-)
 def test_classic_home_node_down_consumer_resubscribed(
     all_up: RabbitMQCluster, tmp_path: Path
 ) -> None:
@@ -534,13 +527,6 @@ def broker_answer_direct(cluster: RabbitMQCluster, i: int, queue: str, command: 
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="issue 25 parts 2-4: SEND/SUBSCRIBE to a classic queue whose home node is down: "
-    "ERROR not_found and RabbitMQ closes the connection; the sidecar ends the app's session "
-    "instead of retrying it as a reconnect",
-)
 @pytest.mark.parametrize("command", ["SEND", "SUBSCRIBE"])
 def test_classic_home_node_down_frame_is_retried(
     all_up: RabbitMQCluster, tmp_path: Path, command: str
