@@ -1,0 +1,274 @@
+"""One STOMP 1.2 connection to the sidecar (stomp.py) whose every wait is bounded.
+
+stomp.py's own waits are not: ``connect(wait=True)`` polls until CONNECTED with no deadline, and
+a blocking ``sendall`` to a peer that stopped reading (the sidecar applies backpressure by not
+reading its app while its confirmation window is full, docs/behaviour.md, "Confirmation window")
+blocks for good. So :class:`Link` waits for CONNECTED, receipts and the DISCONNECT itself on a
+condition with a deadline, and a watchdog thread closes the socket under a SEND that has been
+writing for more than ``timeout`` seconds (the send then fails and the task with it).
+
+Confirmation is cumulative: the sidecar answers an app's receipt only once the broker has
+confirmed that frame and every earlier one of the session (docs/behaviour.md, "Confirmation
+window"), so the last receipt of a task covers every row it sent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from typing import Any
+
+from mq_sidecar_spark.errors import (
+    StompConnectError,
+    StompConnectionLost,
+    StompErrorFrame,
+    StompTimeout,
+)
+
+__all__ = ["Link"]
+
+#: Seconds the DISCONNECT's receipt is waited for before the socket is closed anyway (the
+#: rows are all confirmed by then; Python workers are reused, so nothing may linger).
+_DISCONNECT_WAIT = 5.0
+#: Seconds an ERROR frame may trail a failed socket write (the sidecar writes its ERROR,
+#: then closes; the write may see the close first).
+_ERROR_GRACE = 2.0
+#: The receipt id of the DISCONNECT.
+_BYE = "mq-sidecar-spark-disconnect"
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return "" if value is None else str(value)
+
+
+class Link:
+    """A STOMP connection to ``host:port`` for one task (one instance per task attempt).
+
+    Args:
+        host, port: the sidecar's STOMP listener.
+        login, passcode: the CONNECT credentials, or None.
+        timeout: seconds any one wait may take: the TCP connect, the CONNECTED, one SEND's
+            write, a receipt.
+
+    Called from the task's thread; stomp.py's receiver thread calls the ``on_*`` methods.
+    Raises the errors of :mod:`mq_sidecar_spark.errors`.
+    """
+
+    def __init__(
+        self, host: str, port: int, login: str | None, passcode: str | None, timeout: float
+    ) -> None:
+        self.address = f"{host}:{port}"
+        self._host, self._port = host, port
+        self._login, self._passcode = login, passcode
+        self.timeout = timeout
+        self._cond = threading.Condition()
+        self._pending: set[str] = set()
+        self._error: StompErrorFrame | None = None
+        self._connected = False
+        self._closed = False
+        self._bye = False
+        self._writing_since: float | None = None
+        self._watchdog_fired = False
+        self._stop = threading.Event()
+        self._conn: Any = None
+        self.receipts = 0
+
+    # -- stomp.py listener -----------------------------------------------------------------
+
+    def on_connected(self, frame: Any) -> None:
+        with self._cond:
+            self._connected = True
+            self._cond.notify_all()
+
+    def on_receipt(self, frame: Any) -> None:
+        with self._cond:
+            receipt = frame.headers.get("receipt-id", "")
+            if receipt == _BYE:
+                self._bye = True
+            elif receipt in self._pending:
+                self._pending.discard(receipt)
+                self.receipts += 1
+            self._cond.notify_all()
+
+    def on_error(self, frame: Any) -> None:
+        message = _text(frame.headers.get("message", ""))
+        body = _text(frame.body).strip()
+        text = f"the sidecar at {self.address} sent ERROR: {message or '(no message header)'}"
+        if body:
+            text += f"\n{body}"
+        with self._cond:
+            if self._error is None:
+                self._error = StompErrorFrame(text, message, body)
+            self._cond.notify_all()
+
+    def on_disconnected(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    # -- the task's side -------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Connect and wait for CONNECTED (at most ``timeout`` seconds).
+
+        Raises :class:`StompConnectError` (nothing listening at host:port, with the socket
+        error; no CONNECTED in time), :class:`StompErrorFrame` (the CONNECT refused).
+        """
+        import stomp  # noqa: PLC0415 (imported where the task runs)
+
+        conn = stomp.Connection12(
+            [(self._host, self._port)],
+            heartbeats=(0, 0),
+            auto_content_length=True,
+            reconnect_attempts_max=1,
+            prefer_localhost=False,
+            try_loopback_connect=False,
+            timeout=self.timeout,
+        )
+        conn.set_listener("mq-sidecar-spark", self)
+        self._conn = conn
+        try:
+            conn.transport.start()
+        except stomp.exception.ConnectFailedException:
+            raise StompConnectError(
+                f"cannot connect to the sidecar at {self.address}: {self._why_refused()} "
+                "(is mq-sidecar running there? options host and port)"
+            ) from None
+        # The socket timeout stomp.py set for the TCP connect would also end its reader
+        # after `timeout` seconds of silence; waits are bounded here instead.
+        with contextlib.suppress(OSError, AttributeError):
+            conn.transport.socket.settimeout(None)
+        threading.Thread(target=self._watch, name="mq-sidecar-spark-watchdog", daemon=True).start()
+        self._write(lambda: conn.connect(self._login, self._passcode, wait=False))
+        deadline = time.monotonic() + self.timeout
+        with self._cond:
+            while not self._connected:
+                if self._error is not None:
+                    raise self._error
+                if self._closed:
+                    raise StompConnectError(
+                        f"the sidecar at {self.address} closed the connection before CONNECTED"
+                    )
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise StompConnectError(
+                        f"no CONNECTED from {self.address} within {self.timeout:g} s "
+                        "(option timeout)"
+                    )
+                self._cond.wait(remaining)
+
+    def _why_refused(self) -> str:
+        """The socket error of one more TCP connect (only on the failure path)."""
+        try:
+            with socket.create_connection((self._host, self._port), timeout=self.timeout):
+                return "the connection attempt failed once, then succeeded"
+        except OSError as exc:
+            return exc.strerror or str(exc)
+
+    def _watch(self) -> None:
+        """Watchdog thread: close the socket under a write older than ``timeout``."""
+        poll = min(1.0, self.timeout / 10)
+        while not self._stop.wait(poll):
+            since = self._writing_since
+            if since is not None and time.monotonic() - since > self.timeout:
+                self._watchdog_fired = True
+                self._abort_socket()
+                return
+
+    def _abort_socket(self) -> None:
+        conn = self._conn
+        sock = getattr(getattr(conn, "transport", None), "socket", None)
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def _write(self, write: Any, what: str = "CONNECT") -> None:
+        """Run ``write`` (a stomp.py send) under the watchdog; a failure becomes the ERROR
+        that caused it (waited for up to ``_ERROR_GRACE`` s), or one of ours."""
+        self._writing_since = time.monotonic()
+        try:
+            write()
+        except Exception as exc:
+            if self._watchdog_fired:
+                raise StompTimeout(
+                    f"writing {what} to {self.address} blocked for more than "
+                    f"{self.timeout:g} s (option timeout): the sidecar stopped reading"
+                ) from exc
+            with self._cond:
+                self._cond.wait_for(lambda: self._error is not None, _ERROR_GRACE)
+                if self._error is not None:
+                    raise self._error from exc
+            raise StompConnectionLost(
+                f"the connection to the sidecar at {self.address} failed while writing "
+                f"{what}: {exc!r}"
+            ) from exc
+        finally:
+            self._writing_since = None
+
+    def send(
+        self, destination: str, body: bytes, headers: dict[str, str], receipt: str | None
+    ) -> None:
+        """SEND ``body`` to ``destination``; with ``receipt``, ask for (and track) it.
+
+        Raises the sidecar's :class:`StompErrorFrame` once one arrived, or what
+        :meth:`_write` raises.
+        """
+        with self._cond:
+            if self._error is not None:
+                raise self._error
+            if receipt is not None:
+                self._pending.add(receipt)
+                headers["receipt"] = receipt
+        self._write(lambda: self._conn.send(destination, body, headers=headers), "a SEND")
+
+    def wait_below(self, limit: int, what: str) -> None:
+        """Wait until fewer than ``limit`` receipts are outstanding (at most ``timeout`` s).
+
+        ``what`` completes the error messages (e.g. "after 200 SENDs"). Raises
+        :class:`StompErrorFrame`, :class:`StompConnectionLost`, :class:`StompTimeout`.
+        """
+        deadline = time.monotonic() + self.timeout
+        with self._cond:
+            while True:
+                if self._error is not None:
+                    raise self._error
+                if len(self._pending) < limit:
+                    return
+                if self._closed:
+                    raise StompConnectionLost(
+                        f"the sidecar at {self.address} closed the connection {what} "
+                        f"({len(self._pending)} receipt(s) outstanding, no ERROR)"
+                    )
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise StompTimeout(
+                        f"no receipt from the sidecar at {self.address} within "
+                        f"{self.timeout:g} s {what} ({len(self._pending)} outstanding; "
+                        "option timeout)"
+                    )
+                self._cond.wait(remaining)
+
+    def close(self, *, graceful: bool = True) -> None:
+        """With ``graceful``, DISCONNECT and wait for its receipt (at most
+        ``_DISCONNECT_WAIT`` s); then close the socket and stop the watchdog. Never raises
+        (the task's outcome is decided before). A failed task closes without DISCONNECT: its
+        frames may be stuck, and a DISCONNECT's receipt would wait behind them."""
+        conn = self._conn
+        if conn is None:
+            self._stop.set()
+            return
+        if graceful and not self._closed and self._error is None and self._connected:
+            with contextlib.suppress(Exception):
+                self._write(
+                    lambda: conn.send_frame("DISCONNECT", {"receipt": _BYE}), "the DISCONNECT"
+                )
+                with self._cond:
+                    self._cond.wait_for(lambda: self._bye or self._closed, _DISCONNECT_WAIT)
+        self._stop.set()
+        with contextlib.suppress(Exception):
+            conn.transport.disconnect_socket()
+        self._conn = None

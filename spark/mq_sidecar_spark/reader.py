@@ -1,0 +1,341 @@
+"""Streaming read: ``spark.readStream.format("stomp")`` as Spark 4's ``DataSourceStreamReader``,
+exactly once into a Spark sink (issue 26; docs/spark.md, "Streaming read").
+
+How Spark drives it (``pyspark.sql.datasource.DataSourceStreamReader``, PySpark 4.2+, and the
+driver-side runner ``pyspark.sql.streaming.python_streaming_source_runner``): one instance lives in
+a Python process of the driver for the whole query and gets ``initialOffset()``,
+``latestOffset(start, limit)`` (admission control: ``limit`` is a ``ReadLimit``), ``partitions(
+start, end)``, ``commit(end)`` and ``stop()``; another instance is pickled to the executors, whose
+``read(partition)`` yields the rows. Spark writes ``end`` to its offset log after
+``latestOffset``, runs the batch, writes its commit log, and calls ``commit(end)`` when it
+constructs the next batch; a restarted query re-runs an uncommitted batch with the same
+``(start, end)``.
+
+What this reader does with that:
+
+- **The STOMP session lives on the driver** (``commit`` runs there, and a STOMP ACK must go on the
+  connection that received the message: STOMP 1.2, "ACK"). ``client-individual``, with a bounded
+  prefetch window; :mod:`._read_session`.
+- **latestOffset** drains what was received (bounded by the ``ReadLimit`` and
+  ``max_bytes_per_batch``), appends it to the durable read log (fsync) and returns
+  ``{"seq": N}``; :mod:`._read_log`. An uncommitted batch already in the log that starts at
+  ``start`` (a driver that died after logging it) is offered again instead.
+- **partitions** reads ``(start, end]`` back from the log; the records travel in the
+  ``InputPartition`` (the log is on the driver's disk, executors need not see it).
+- **commit(end)** stores the committed messages' identities durably, then ACKs them.
+- **Redeliveries** (after a driver restart, or of a message whose ACK was lost) are recognised by
+  identity (``id_header``'s value, else ``mq-sidecar-id``, else ``message-id``): one of a logged,
+  uncommitted batch only lends its new ack id to the coming commit; one already committed is
+  ACKed and dropped. Through a sidecar, ``mq-sidecar-id`` is never shown to the consumer
+  (docs/behaviour.md, "Duplicate detection"), so there the identity is ``message-id``, stable on
+  ActiveMQ and Artemis but new on every RabbitMQ delivery (docs/brokers.md, "Message ids"): on
+  RabbitMQ set ``id_header`` to a header the producer sets.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxBytes, ReadMaxRows
+from pyspark.sql.types import (
+    BinaryType,
+    BooleanType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from ._read_log import LogRecord, ReadLog, ReadLogError
+from ._read_options import ReadOptions, parse_read_options
+from ._read_session import StompReadError, StompSession
+
+__all__ = [
+    "READ_SCHEMA",
+    "ReadLogError",
+    "StompReadError",
+    "StompReadPartition",
+    "StompStreamReader",
+]
+
+#: The rows of a streaming read. ``destination``, ``message_id`` (the broker's), ``duplicate_id``
+#: (``mq-sidecar-id``: null through a sidecar, which hides it), ``headers`` (every MESSAGE
+#: header but ``ack``; first entry of a repeated one), ``body`` (the bytes as sent),
+#: ``timestamp`` (the broker's ``timestamp`` header, ms since the epoch, as a UTC timestamp; null
+#: when absent, as on RabbitMQ unless the producer set one), ``redelivered`` (the broker's
+#: ``redelivered`` header).
+READ_SCHEMA = StructType(
+    [
+        StructField("destination", StringType(), False),
+        StructField("message_id", StringType(), True),
+        StructField("duplicate_id", StringType(), True),
+        StructField("headers", MapType(StringType(), StringType(), True), False),
+        StructField("body", BinaryType(), False),
+        StructField("timestamp", TimestampType(), True),
+        StructField("redelivered", BooleanType(), False),
+    ]
+)
+
+#: A partition holds at most this many records or bytes of bodies (more partitions, more tasks).
+PARTITION_RECORDS = 5000
+PARTITION_BYTES = 16 * 1024 * 1024
+
+
+class StompReadPartition(InputPartition):
+    """One task's share of a micro-batch: the records themselves, as logged (picklable)."""
+
+    def __init__(self, records: list[LogRecord]) -> None:
+        super().__init__(len(records))
+        self.records = records
+
+
+def _identity(headers: Mapping[str, str], id_header: str | None) -> str | None:
+    if id_header is not None and headers.get(id_header):
+        return f"h:{headers[id_header]}"
+    if headers.get("mq-sidecar-id"):
+        return f"d:{headers['mq-sidecar-id']}"
+    if headers.get("message-id"):
+        return f"m:{headers['message-id']}"
+    return None
+
+
+def _timestamp(raw: str | None) -> int | None:
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        return None
+
+
+class _Pending:
+    """A delivery received and not logged yet, with every live ack id of its identity."""
+
+    __slots__ = ("acks", "body", "headers", "identity")
+
+    def __init__(self, headers: dict[str, str], body: bytes, identity: str | None) -> None:
+        self.headers = headers
+        self.body = body
+        self.identity = identity
+        self.acks: list[str] = []
+
+
+class StompStreamReader(DataSourceStreamReader):
+    """The streaming reader of ``StompDataSource`` (see module docstring).
+
+    ``schema``: the query's schema (``READ_SCHEMA``, which ``StompDataSource.schema`` returns);
+    ``options``: the user's options (case-insensitive names; docs/spark.md). Raises
+    :class:`~mq_sidecar_spark.errors.OptionError` at once for a bad option;
+    :class:`StompReadError` (no sidecar at ``host:port``, an ERROR from the sidecar or broker, a
+    lost connection) and
+    :class:`ReadLogError` (a log of another version or destination, offsets the log does not
+    hold) from the driver calls, which fail the query with that message.
+    """
+
+    def __init__(self, schema: StructType, options: Mapping[str, str]) -> None:
+        self.schema = schema
+        self.options: ReadOptions = parse_read_options(options)
+        self._log: ReadLog | None = None
+        self._session: StompSession | None = None
+        self._pending: list[_Pending] = []
+        self._pending_by_id: dict[str, _Pending] = {}
+        self._acks: dict[int, list[str]] = {}  # logged seq -> live ack ids
+        self.dropped = 0  # redeliveries recognised and not emitted again
+
+    # The instance is pickled to the executors for read(): only the options travel.
+    def __getstate__(self) -> dict[str, Any]:
+        return {"schema": self.schema, "options": self.options}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.schema = state["schema"]
+        self.options = state["options"]
+        self._log = None
+        self._session = None
+        self._pending, self._pending_by_id, self._acks = [], {}, {}
+        self.dropped = 0
+
+    # -- driver side ----------------------------------------------------------------------------
+
+    def _start(self) -> ReadLog:
+        if self._log is None:
+            self._log = ReadLog(
+                self.options.log_directory,
+                destination=self.options.destination,
+                id_cache_size=self.options.id_cache_size,
+            )
+        if self._session is None:
+            session = StompSession(self.options)
+            try:
+                session.start()
+            except BaseException:
+                session.close()
+                raise
+            self._session = session
+        return self._log
+
+    def _receive(self, log: ReadLog, session: StompSession) -> None:
+        """Sort what arrived: committed copies are ACKed and dropped, copies of logged messages
+        lend their ack id to the commit, the rest waits to be logged."""
+        session.check()
+        room = max(0, self.options.prefetch * 2 - len(self._pending))
+        for headers, body in session.take(room):
+            ack = headers.pop("ack", None)
+            identity = _identity(headers, self.options.id_header)
+            if identity is not None:
+                if log.is_committed(identity):
+                    if ack is not None:
+                        session.ack(ack)
+                    self.dropped += 1
+                    continue
+                seq = log.uncommitted_seq(identity)
+                if seq is not None:
+                    if ack is not None:
+                        self._acks.setdefault(seq, []).append(ack)
+                    self.dropped += 1
+                    continue
+                held = self._pending_by_id.get(identity)
+                if held is not None:
+                    if ack is not None:
+                        held.acks.append(ack)
+                    self.dropped += 1
+                    continue
+            pending = _Pending(headers, body, identity)
+            if ack is not None:
+                pending.acks.append(ack)
+            self._pending.append(pending)
+            if identity is not None:
+                self._pending_by_id[identity] = pending
+
+    def initialOffset(self) -> dict[str, int]:
+        """``{"seq": committed}``: a new query starts after what its read log committed (0 for a
+        new log)."""
+        log = self._start()
+        return {"seq": log.committed_seq}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        """``ReadMaxRows(max_messages_per_batch)`` (Spark ``ReadLimit``, PySpark 4.2+)."""
+        return ReadMaxRows(self.options.max_messages_per_batch)
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        """The end of the next batch: ``start`` if nothing arrived; else the records taken
+        (at most ``limit``'s rows or bytes, and ``max_bytes_per_batch`` unless ``limit`` is
+        ``ReadAllAvailable``; at least one) are logged durably first. A logged, uncommitted batch
+        starting at ``start`` is returned again instead."""
+        log = self._start()
+        session = self._session
+        assert session is not None
+        self._receive(log, session)
+        begin = int(start["seq"])
+        logged = log.batch_end_after(begin)
+        if logged is not None:
+            return {"seq": logged}
+        if begin != log.end_seq:
+            raise ReadLogError(
+                f"the query's offset {begin} does not match the read log in "
+                f"{log.directory} (it ends at {log.end_seq}, committed {log.committed_seq}): "
+                "checkpoint_location must be the query's own checkpointLocation"
+            )
+        max_rows = len(self._pending)
+        max_bytes = self.options.max_bytes_per_batch
+        if isinstance(limit, ReadMaxRows):
+            max_rows = min(max_rows, limit.max_rows)
+        elif isinstance(limit, ReadMaxBytes):
+            max_bytes = min(max_bytes, limit.max_bytes)
+        elif isinstance(limit, ReadAllAvailable):
+            max_bytes = 1 << 62
+        taken = 0
+        size = 0
+        while taken < max_rows:
+            size += len(self._pending[taken].body)
+            if taken > 0 and size > max_bytes:
+                break
+            taken += 1
+        if taken == 0:
+            return {"seq": begin}
+        batch, self._pending = self._pending[:taken], self._pending[taken:]
+        records: list[LogRecord] = []
+        for seq, item in enumerate(batch, begin + 1):
+            h = item.headers
+            records.append(
+                LogRecord(
+                    seq=seq,
+                    identity=item.identity,
+                    destination=h.get("destination", self.options.destination),
+                    message_id=h.get("message-id"),
+                    duplicate_id=h.get("mq-sidecar-id"),
+                    headers=h,
+                    body=item.body,
+                    timestamp_ms=_timestamp(h.get("timestamp")),
+                    redelivered=h.get("redelivered", "false").lower() == "true",
+                )
+            )
+        end = log.append(records)
+        for seq, item in enumerate(batch, begin + 1):
+            self._acks[seq] = item.acks
+            if item.identity is not None:
+                self._pending_by_id.pop(item.identity, None)
+        return {"seq": end}
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
+        """The records ``(start, end]`` from the read log, in partitions of at most
+        ``PARTITION_RECORDS`` records or ``PARTITION_BYTES`` of bodies."""
+        log = self._start()
+        records = log.read(int(start["seq"]), int(end["seq"]))
+        parts: list[InputPartition] = []
+        chunk: list[LogRecord] = []
+        size = 0
+        for record in records:
+            if chunk and (
+                len(chunk) >= PARTITION_RECORDS or size + len(record.body) > PARTITION_BYTES
+            ):
+                parts.append(StompReadPartition(chunk))
+                chunk, size = [], 0
+            chunk.append(record)
+            size += len(record.body)
+        if chunk:
+            parts.append(StompReadPartition(chunk))
+        return parts
+
+    def commit(self, end: dict[str, int]) -> None:
+        """Spark committed everything up to ``end``: their identities are stored (fsync), then
+        each live delivery of them is ACKed; the rest is ACKed when redelivered."""
+        log = self._start()
+        session = self._session
+        assert session is not None
+        self._receive(log, session)
+        for seq in log.commit(int(end["seq"])):
+            for ack in self._acks.pop(seq, ()):
+                session.ack(ack)
+
+    def stop(self) -> None:
+        """Close the STOMP session (nothing more is ACKed: the broker redelivers what was not
+        committed, and the next run recognises it)."""
+        session, self._session = self._session, None
+        if session is not None:
+            session.close()
+
+    # -- executor side --------------------------------------------------------------------------
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        """The rows of one partition, in ``READ_SCHEMA``'s column order."""
+        assert isinstance(partition, StompReadPartition)
+        utc = datetime.UTC
+        for r in partition.records:
+            ts = (
+                None
+                if r.timestamp_ms is None
+                else datetime.datetime.fromtimestamp(r.timestamp_ms / 1000, tz=utc)
+            )
+            yield (
+                r.destination,
+                r.message_id,
+                r.duplicate_id,
+                dict(r.headers),
+                r.body,
+                ts,
+                r.redelivered,
+            )

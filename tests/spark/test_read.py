@@ -1,0 +1,491 @@
+"""The stomp data source's streaming read (issue 26, part 4; docs/spark.md, "Streaming read"):
+exactly once into a Spark sink, against a real ActiveMQ behind a real mq-sidecar process, on a
+local SparkSession (``local[2]``, shared by the module).
+
+Messages are published with stomp.py, each with a ``row-id`` header of its own; the sink's rows
+are counted by it, so a message lost or emitted twice fails the test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import stomp
+
+from mq_sidecar_spark.reader import READ_SCHEMA
+from testbed.sidecar import SidecarProcess, metric_total
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+
+    from tests.conftest import ActiveMQPairFactory
+
+ROW_ID = "row-id"
+FAST = {"retry_interval": 50, "max_retry_interval": 500, "connect_timeout": 2000}
+
+#: A driver of its own (a separate process with its own SparkSession and JVM) running one
+#: query from the stomp source into a Parquet sink until the file ``stop`` appears (then it
+#: stops the query and the session) or it is killed. argv[1]: JSON settings.
+DRIVER = """
+import json, sys, time
+from pathlib import Path
+from mq_sidecar_spark import StompDataSource
+from pipeline.spark import start_spark, stop_spark
+
+cfg = json.loads(sys.argv[1])
+spark = start_spark("read-driver", master="local[2]", log_file=Path(cfg["log"]))
+spark.dataSource.register(StompDataSource)
+reader = spark.readStream.format("stomp")
+for key, value in cfg["options"].items():
+    reader = reader.option(key, value)
+query = (
+    reader.load().writeStream.format("parquet")
+    .option("path", cfg["out"]).option("checkpointLocation", cfg["checkpoint"])
+    .trigger(processingTime="300 milliseconds").start()
+)
+stop = Path(cfg["stop"])
+deadline = time.monotonic() + 300
+while not stop.exists() and time.monotonic() < deadline and query.exception() is None:
+    time.sleep(0.2)
+failure = query.exception()
+query.stop()
+stop_spark(spark)
+if failure is not None:
+    print("QUERY FAILED:", failure, file=sys.stderr)
+    sys.exit(3)
+"""
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def unique(prefix: str) -> str:
+    return f"/queue/{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def publish(address: tuple[str, int], destination: str, ids: range, prefix: str = "m") -> None:
+    """SEND one persistent message per id (``row-id`` header, body ``<prefix><id>``), with a
+    receipt on the last (the sidecar confirms in order); bounded by 60 s."""
+    done = threading.Event()
+
+    class Listener(stomp.ConnectionListener):  # type: ignore[misc]
+        def on_receipt(self, frame: Any) -> None:
+            if frame.headers.get("receipt-id") == "last":
+                done.set()
+
+    conn = stomp.Connection12([address], heartbeats=(0, 0), auto_decode=False)
+    conn.set_listener("l", Listener())
+    conn.connect(wait=True)
+    try:
+        for n in ids:
+            headers = {ROW_ID: str(n), "persistent": "true"}
+            if n == ids[-1]:
+                headers["receipt"] = "last"
+            conn.send(destination, f"{prefix}{n}".encode(), headers=headers)
+        assert done.wait(60), "the last SEND was not confirmed within 60 s"
+    finally:
+        conn.disconnect()
+
+
+def drain(address: tuple[str, int], destination: str, quiet: float = 1.5) -> int:
+    """Consume (auto ack) what is left on ``destination``; return how many messages."""
+    got: list[int] = []
+
+    class Listener(stomp.ConnectionListener):  # type: ignore[misc]
+        def on_message(self, frame: Any) -> None:
+            got.append(1)
+
+    conn = stomp.Connection12([address], heartbeats=(0, 0), auto_decode=False)
+    conn.set_listener("l", Listener())
+    conn.connect(wait=True)
+    conn.subscribe(destination, id="drain", ack="auto")
+    last, seen = time.monotonic(), 0
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and time.monotonic() - last < quiet:
+        time.sleep(0.1)
+        if len(got) != seen:
+            seen, last = len(got), time.monotonic()
+    conn.disconnect()
+    return len(got)
+
+
+def sink_rows(spark: SparkSession, out: Path) -> list[Any]:
+    """Every row the Parquet sink committed (its ``_spark_metadata`` log: committed files only)."""
+    if not (out / "_spark_metadata").exists():
+        return []
+    return spark.read.schema(READ_SCHEMA).parquet(str(out)).collect()
+
+
+def start_query(
+    spark: SparkSession,
+    *,
+    port: int,
+    destination: str,
+    checkpoint: Path,
+    out: Path,
+    **options: str,
+) -> StreamingQuery:
+    reader = (
+        spark.readStream.format("stomp")
+        .option("port", str(port))
+        .option("destination", destination)
+        .option("checkpoint_location", str(checkpoint))
+    )
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    return (
+        reader.load()
+        .writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+
+
+def wait_rows(
+    spark: SparkSession, out: Path, count: int, query: StreamingQuery | None, timeout: float
+) -> list[Any]:
+    """Wait (bounded) until the sink holds ``count`` rows; fails on a query exception."""
+    deadline = time.monotonic() + timeout
+    rows: list[Any] = []
+    while time.monotonic() < deadline:
+        if query is not None and query.exception() is not None:
+            pytest.fail(f"the query failed: {query.exception()}")
+        rows = sink_rows(spark, out)
+        if len(rows) >= count:
+            return rows
+        time.sleep(0.5)
+    pytest.fail(f"{len(rows)} of {count} rows in the sink after {timeout} s")
+
+
+def check_exactly_once(rows: list[Any], ids: range, prefix: str = "m") -> None:
+    counts = Counter(row["headers"][ROW_ID] for row in rows)
+    missing = [n for n in ids if counts[str(n)] == 0]
+    twice = {k: v for k, v in counts.items() if v > 1}
+    assert not missing, f"{len(missing)} messages missing, e.g. {missing[:5]}"
+    assert not twice, f"{len(twice)} messages emitted twice or more, e.g. {list(twice.items())[:5]}"
+    assert len(rows) == len(ids)
+    for row in rows:
+        assert row["body"] == f"{prefix}{row['headers'][ROW_ID]}".encode()
+
+
+# -- tests --------------------------------------------------------------------------------------
+
+
+def test_messages_reach_a_parquet_sink_exactly_once(
+    spark: SparkSession, amq_sidecar: SidecarProcess, tmp_path: Path
+) -> None:
+    """3,000 messages in batches of at most 400: every one once in the sink, with its
+    destination, message-id, broker timestamp and headers; after a restart of the query and
+    500 more, still every one once (the last batch, not yet ACKed at the stop, is redelivered
+    and recognised)."""
+    destination = unique("read")
+    publish(amq_sidecar.address, destination, range(3000))
+    checkpoint, out = tmp_path / "checkpoint", tmp_path / "out"
+    options = {"max_messages_per_batch": "400", "prefetch": "800"}
+
+    def run(count: int) -> tuple[list[Any], list[Any]]:
+        query = start_query(
+            spark,
+            port=amq_sidecar.port,
+            destination=destination,
+            checkpoint=checkpoint,
+            out=out,
+            **options,
+        )
+        try:
+            wait_rows(spark, out, count, query, timeout=120)
+            time.sleep(1.5)  # a few more triggers: nothing more may come
+            return sink_rows(spark, out), query.recentProgress
+        finally:
+            query.stop()
+
+    rows, progress = run(3000)
+    check_exactly_once(rows, range(3000))
+    sizes = [p["numInputRows"] for p in progress if p["numInputRows"]]
+    assert max(sizes) <= 400, sizes
+    row = rows[0]
+    assert row["destination"] == destination
+    assert row["message_id"].startswith("ID:")  # ActiveMQ's
+    assert row["duplicate_id"] is None  # the sidecar never shows mq-sidecar-id
+    assert row["timestamp"] is not None
+    assert abs(row["timestamp"].timestamp() - time.time()) < 600
+    assert row["redelivered"] is False
+    assert "ack" not in row["headers"]
+
+    publish(amq_sidecar.address, destination, range(3000, 3500))
+    rows, _ = run(3500)
+    check_exactly_once(rows, range(3500))
+
+
+class Driver:
+    """A driver process of its own (``DRIVER``), in its own process group (its JVM and Python
+    workers with it), so SIGKILL takes the whole driver down at once, as a lost driver host."""
+
+    def __init__(self, workdir: Path, options: dict[str, str], out: Path, checkpoint: Path) -> None:
+        self.workdir = workdir
+        self.stop_file = workdir / "stop"
+        self.log = workdir / "driver.log"
+        self.cfg = {
+            "options": options,
+            "out": str(out),
+            "checkpoint": str(checkpoint),
+            "stop": str(self.stop_file),
+            "log": str(workdir / "spark.log"),
+        }
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.stop_file.unlink(missing_ok=True)
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", DRIVER, json.dumps(self.cfg)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=os.environ.copy(),
+            )
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(30)
+
+    def stop(self, timeout: float = 60) -> int:
+        assert self.proc is not None
+        self.stop_file.touch()
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            pytest.fail(
+                f"the driver did not stop within {timeout} s: {self.log.read_text()[-2000:]}"
+            )
+
+    def ensure_dead(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.kill()
+
+
+def uncommitted_batch(checkpoint: Path) -> bool:
+    """Whether Spark has logged a batch's offsets and not yet its commit (it is running)."""
+    offsets = {p.name for p in (checkpoint / "offsets").glob("[0-9]*")}
+    commits = {p.name for p in (checkpoint / "commits").glob("[0-9]*")}
+    return bool(offsets - commits) and len(commits) >= 2
+
+
+def test_a_driver_killed_mid_batch_restarts_and_every_message_is_in_the_sink_once(
+    spark: SparkSession, amq_sidecar: SidecarProcess, tmp_path: Path
+) -> None:
+    """A driver process (own SparkSession) is killed with SIGKILL (its JVM and Python workers
+    with it) while a batch is running, Spark's offset log ahead of its commit log and the read
+    log holding batches not ACKed; a new driver with the same checkpoint re-runs that batch
+    from the read log and goes on: 3,000 + 500 messages, each once in the Parquet sink."""
+    destination = unique("restart")
+    publish(amq_sidecar.address, destination, range(3000))
+    checkpoint, out = tmp_path / "checkpoint", tmp_path / "out"
+    options = {
+        "port": str(amq_sidecar.port),
+        "destination": destination,
+        "checkpoint_location": str(checkpoint),
+        "max_messages_per_batch": "150",
+        "prefetch": "300",
+    }
+    first = Driver(tmp_path, options, out, checkpoint)
+    first.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not uncommitted_batch(checkpoint):
+            assert first.proc is not None
+            assert first.proc.poll() is None, first.log.read_text()
+            assert time.monotonic() < deadline, "no batch was seen running within 120 s"
+            time.sleep(0.05)
+        first.kill()
+    finally:
+        first.ensure_dead()
+    before = len(sink_rows(spark, out))
+    logged = list((checkpoint / "sources" / "mq-sidecar-stomp").glob("*/batch-*.log"))
+    assert logged, "the read log held no batch at the kill: the restart path was not exercised"
+    assert before < 3000
+
+    second = Driver(tmp_path, options, out, checkpoint)
+    second.start()
+    try:
+        publish(amq_sidecar.address, destination, range(3000, 3500))
+        rows = wait_rows(spark, out, 3500, None, timeout=180)
+        time.sleep(1.5)  # a few more triggers: nothing more may come
+        rows = sink_rows(spark, out)
+        assert second.stop() == 0, second.log.read_text()[-3000:]
+    finally:
+        second.ensure_dead()
+    check_exactly_once(rows, range(3500))
+
+
+def test_a_broker_killed_mid_read_fails_over_and_every_message_is_in_the_sink_once(
+    spark: SparkSession, activemq_pair: ActiveMQPairFactory, tmp_path: Path
+) -> None:
+    """An ActiveMQ primary/backup pair behind a sidecar process; the primary is killed with
+    SIGKILL while the query reads (batches of at most 200, some read and not ACKed); the backup
+    takes over, the sidecar fails over and restores the subscription, and every one of 2,000
+    messages sent before the kill and 1,000 after it is in the Parquet sink once."""
+    primary, backup = activemq_pair()
+    sidecar = SidecarProcess(
+        "failover",
+        tmp_path / "sidecar",
+        brokers=f"failover:({primary.stomp_url},{backup.stomp_url})",
+        options=FAST,
+    )
+    destination = unique("failover")
+    checkpoint, out = tmp_path / "checkpoint", tmp_path / "out"
+    with sidecar:
+        publish(sidecar.address, destination, range(2000))
+        query = start_query(
+            spark,
+            port=sidecar.port,
+            destination=destination,
+            checkpoint=checkpoint,
+            out=out,
+            max_messages_per_batch="200",
+            prefetch="400",
+        )
+        try:
+            at_kill = len(wait_rows(spark, out, 600, query, timeout=120))
+            primary.kill()
+            publish(sidecar.address, destination, range(2000, 3000))
+            wait_rows(spark, out, 3000, query, timeout=180)
+            time.sleep(1.5)  # a few more triggers: nothing more may come
+            rows = sink_rows(spark, out)
+        finally:
+            query.stop()
+        failovers = metric_total(sidecar.metrics(), "mq_sidecar_failovers_total")
+    check_exactly_once(rows, range(3000))
+    assert at_kill < 2000, "everything was read before the kill: no failover mid-read"
+    assert failovers >= 1
+
+
+def query_failure(spark: SparkSession, tmp_path: Path, options: dict[str, str]) -> str:
+    """Start a query with ``options`` and return the text of its failure (raised by ``load``
+    or ``start``, or ending the query); fails the test if it runs on for 60 s."""
+    checkpoint = tmp_path / "checkpoint"
+    settings = {"checkpoint_location": str(checkpoint), **options}
+    started = time.monotonic()
+    try:
+        reader = spark.readStream.format("stomp")
+        for key, value in settings.items():
+            reader = reader.option(key, value)
+        query = (
+            reader.load()
+            .writeStream.format("parquet")
+            .option("path", str(tmp_path / "out"))
+            .option("checkpointLocation", str(checkpoint))
+            .start()
+        )
+    except Exception as exc:
+        return str(exc)
+    try:
+        ended = query.awaitTermination(60)
+    except Exception as exc:
+        return str(exc)
+    finally:
+        query.stop()
+    pytest.fail(f"the query did not fail (ended: {ended}) in {time.monotonic() - started:.0f} s")
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({"destination": "/queue/x", "prefetchh": "10"}, "unknown option(s) for the stomp"),
+        ({"port": "1"}, "option destination is required"),
+        ({"destination": "/queue/x", "max_messages_per_batch": "0"}, "must be at least 1"),
+        (
+            {"destination": "/queue/x", "max_messages_per_batch": "500", "prefetch": "500"},
+            "must be larger than max_messages_per_batch",
+        ),
+        ({"destination": "/queue/x", "timeout": "soon"}, "option timeout='soon'"),
+    ],
+)
+def test_bad_options_fail_the_query_with_the_option_named(
+    spark: SparkSession, tmp_path: Path, options: dict[str, str], expected: str
+) -> None:
+    """A bad option fails the query at its start, the option named."""
+    assert expected in query_failure(spark, tmp_path, options)
+
+
+def test_no_checkpoint_location_is_refused_with_the_reason(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Without ``checkpoint_location`` the reader cannot keep its read log (Spark does not tell
+    a Python data source where the query's checkpoint is): refused, the option named."""
+    text = query_failure(spark, tmp_path, {"destination": "/queue/x", "checkpoint_location": ""})
+    assert "option checkpoint_location is required" in text
+
+
+def test_no_sidecar_fails_the_query_naming_host_and_port(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Nothing listens at host:port: the query fails at once, naming them."""
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    text = query_failure(spark, tmp_path, {"destination": "/queue/x", "port": str(port)})
+    assert f"cannot connect to the sidecar at 127.0.0.1:{port}" in text
+
+
+def test_a_silent_peer_fails_the_query_within_timeout(spark: SparkSession, tmp_path: Path) -> None:
+    """A peer that takes the connection and never answers CONNECT: the query fails after
+    ``timeout`` seconds (2 here), never hangs."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(4)
+        port = silent.getsockname()[1]
+        started = time.monotonic()
+        text = query_failure(
+            spark, tmp_path, {"destination": "/queue/x", "port": str(port), "timeout": "2"}
+        )
+    assert f"no answer to CONNECT from the sidecar at 127.0.0.1:{port} within 2 s" in text
+    assert time.monotonic() - started < 45
+
+
+def test_a_destination_the_broker_refuses_fails_the_query_with_its_error(
+    spark: SparkSession, rmq_sidecar: SidecarProcess, tmp_path: Path
+) -> None:
+    """RabbitMQ refuses a SUBSCRIBE to an exchange that does not exist; its ERROR, passed on by
+    the sidecar, is in the query's failure."""
+    destination = f"/exchange/missing-{uuid.uuid4().hex[:8]}"
+    text = query_failure(
+        spark, tmp_path, {"destination": destination, "port": str(rmq_sidecar.port)}
+    )
+    assert f"SUBSCRIBE to {destination} failed" in text
+    assert "sent ERROR" in text
+    assert "not_found" in text
+
+
+def test_a_read_log_of_another_version_refuses_to_start(
+    spark: SparkSession, amq_sidecar: SidecarProcess, tmp_path: Path
+) -> None:
+    """A read log written by another format version: the query refuses to start, naming both
+    versions, rather than misreading it."""
+    destination = unique("version")
+    log = tmp_path / "checkpoint" / "sources" / "mq-sidecar-stomp" / destination.replace("/", "%2F")
+    log.mkdir(parents=True)
+    header = {"format": "mq-sidecar-stomp-read-log", "version": 99, "destination": destination}
+    (log / "committed.log").write_text(json.dumps(header) + "\n")
+    text = query_failure(
+        spark, tmp_path, {"destination": destination, "port": str(amq_sidecar.port)}
+    )
+    assert "written by read-log format version 99" in text
+    assert "reads version 1 only" in text
