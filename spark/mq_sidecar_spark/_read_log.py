@@ -205,7 +205,12 @@ class ReadLog:
                 end, ids = int(entry["end"]), list(entry["ids"])
             except (ValueError, KeyError, TypeError):
                 if n == len(body) - 1:
-                    break  # a torn append: that commit did not happen
+                    # A torn append: that commit did not happen. Cut it off, so that the next
+                    # append starts on a line of its own.
+                    with path.open("r+b") as out:
+                        out.truncate(sum(len(line) + 1 for line in lines[: n + 1]))
+                        os.fsync(out.fileno())
+                    break
                 raise ReadLogError(f"{path}: line {n + 2} is damaged") from None
             self.committed_seq = max(self.committed_seq, end)
             self._remember(ids)
