@@ -16,7 +16,10 @@ from pipeline.faults import FaultKind
 
 __all__ = [
     "ALL_DOWN",
+    "CLUSTER",
+    "CONSUMERS",
     "DOWN_FOR",
+    "KILL_DRIVER_AT",
     "KILL_SIDECAR_ID_CACHE",
     "MASTER",
     "MASTER_WITH_RETRIES",
@@ -65,6 +68,15 @@ DOWN_FOR = 30.0
 #: Spark master without (``local[2]``) and with task retries (``local[2,4]``: a task may fail
 #: 3 times and run a 4th): the sidecar or every broker killed fails the writer's tasks.
 MASTER, MASTER_WITH_RETRIES = "local[2]", "local[2,4]"
+#: ``--master cluster``: a Spark standalone cluster of the drill's own
+#: (``testbed.spark_cluster.SparkCluster``, 2 workers of 1 core), its executors processes of
+#: their own.
+CLUSTER = "cluster"
+#: The consuming apps of ``--consumer``: stomp.py (``pipeline.verify.Reader``) or a Structured
+#: Streaming query (``pipeline.drill.streaming``).
+CONSUMERS = ("stomp", "spark")
+#: Share of the rows in the sink at which ``--consumer spark`` kills the query's driver.
+KILL_DRIVER_AT = 0.5
 #: A local master without task retries: ``local``, ``local[N]``, ``local[*]``.
 _LOCAL_NO_RETRIES = re.compile(r"^local(\[(\d+|\*)\])?$")
 
@@ -82,7 +94,10 @@ class DrillOptions:
     ``outbox``: the producer's sidecar runs with ``outbox = true``, its ``outbox_dir`` in the
     work directory; ``master``: Spark's (None: :data:`MASTER`, or :data:`MASTER_WITH_RETRIES`
     for every broker down or the sidecar killed); ``baseline``: run the publish and drain once
-    straight to the broker first (:mod:`pipeline.drill`). Durations in seconds.
+    straight to the broker first (:mod:`pipeline.drill`); ``consumer``: the consuming app,
+    ``stomp`` (stomp.py) or ``spark`` (a streaming query whose driver is killed at
+    ``kill_driver_at`` of the rows, :meth:`driver_kill_share`; ``read_batch`` its
+    ``max_messages_per_batch``); ``master`` may be :data:`CLUSTER`. Durations in seconds.
     """
 
     rows: int | None = None
@@ -109,6 +124,24 @@ class DrillOptions:
     outbox: bool = False
     down_for: float | None = None
     kill_sidecar: bool = False
+    consumer: str = "stomp"
+    kill_driver_at: float | None = None
+    read_batch: int = 5000
+
+    @property
+    def cluster(self) -> bool:
+        """``--master cluster``: the drill starts its own Spark standalone cluster
+        (:data:`CLUSTER`)."""
+        return self.master == CLUSTER
+
+    def driver_kill_share(self) -> float | None:
+        """With ``--consumer spark``: the share of the rows in the sink at which the streaming
+        query's driver is killed (``kill_driver_at``, default :data:`KILL_DRIVER_AT`; 0 means
+        never: None)."""
+        if self.consumer != "spark":
+            return None
+        share = KILL_DRIVER_AT if self.kill_driver_at is None else self.kill_driver_at
+        return share or None
 
     @property
     def fault_kind(self) -> FaultKind:
@@ -198,6 +231,20 @@ class DrillOptions:
             problems.append("--receipt-every and --max-in-flight must be at least 1")
         if self.partitions is not None and self.partitions < 1:
             problems.append("--partitions must be at least 1")
+        if self.consumer not in CONSUMERS:
+            problems.append(f"--consumer must be one of {', '.join(CONSUMERS)}")
+        if self.kill_driver_at is not None:
+            if self.consumer != "spark":
+                problems.append("--kill-driver-at only applies with --consumer spark")
+            if not 0 <= self.kill_driver_at < 1:
+                problems.append("--kill-driver-at must be 0 (no kill) or a share below 1")
+        if self.read_batch < 1:
+            problems.append("--read-batch must be at least 1")
+        master = self.master
+        if master is not None and not (
+            master == CLUSTER or master.startswith(("local", "spark://"))
+        ):
+            problems.append(f"--master must be local[...], spark://HOST:PORT or {CLUSTER}")
         if self.baseline and self.brokers is not None:
             from pipeline.baseline import broker_address  # noqa: PLC0415
 
