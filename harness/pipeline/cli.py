@@ -154,9 +154,10 @@ class FaultsParam(click.ParamType[int | str]):
     "--read-batch",
     "read_batch",
     type=click.IntRange(min=1),
-    default=5000,
+    default=1000,
     show_default=True,
-    help="With --consumer spark: messages per micro-batch at most (max_messages_per_batch).",
+    help="With --consumer spark: messages per micro-batch at most (max_messages_per_batch); "
+    "the reader's prefetch is 3 times this.",
 )
 @click.option(
     "--partitions",

@@ -25,6 +25,7 @@ __all__ = [
     "MASTER_WITH_RETRIES",
     "ROWS_PER_PARTITION",
     "SIDECAR_OPTIONS",
+    "SPARK_UNACKED_FACTOR",
     "DrillOptions",
     "DrillUsageError",
 ]
@@ -75,6 +76,27 @@ CLUSTER = "cluster"
 #: The consuming apps of ``--consumer``: stomp.py (``pipeline.verify.Reader``) or a Structured
 #: Streaming query (``pipeline.drill.streaming``).
 CONSUMERS = ("stomp", "spark")
+#: ``--consumer spark``: the streaming reader's ``max_messages_per_batch`` (``--read-batch``).
+#: Every batch's ACKs go out at once when Spark commits it; with batches of 5,000 the consumer
+#: sidecar held 9,564-16,522 unconfirmed ACKs when the broker was killed, and twice in three
+#: runs on all rows the query got no message after the failover (docs/results.md). Batches of
+#: 1,000 (2,744 ACKs in flight at the kill) went through it.
+READ_BATCH = 1000
+#: ``--consumer spark``: the streaming reader's ``prefetch`` in batches (``--read-batch``). The
+#: reader's own default is 2 (10,000 for batches of 5,000), which deadlocked the query after the
+#: driver kill on all rows: killed after Spark logged batch N's offsets and before it committed
+#: batch N-1 to the source, the restarted driver holds the redeliveries of both batches
+#: unacknowledged (logged, not committed by the source) until Spark commits N-1 to the source,
+#: which it does only when it builds batch N+1, for which no message can come: the window is
+#: full (measured: docs/results.md). A third batch of room lets batch N+1 come.
+READ_PREFETCH_BATCHES = 3
+#: ``--consumer spark``: the consumer sidecar's ``max_unacked`` is this many times the streaming
+#: reader's prefetch. The reader holds up to its prefetch window unacknowledged (a logged batch
+#: is ACKed only once Spark commits it), and after a failover the sidecar also holds the ACKs
+#: the app sent during the outage until the broker redelivers their messages: the default
+#: (10,000) must not make the sidecar stop reading the broker for the redeliveries. (It was not
+#: the cause of the stalls after a failover with batches of 5,000: see :data:`READ_BATCH`.)
+SPARK_UNACKED_FACTOR = 4
 #: Share of the rows in the sink at which ``--consumer spark`` kills the query's driver.
 KILL_DRIVER_AT = 0.5
 #: A local master without task retries: ``local``, ``local[N]``, ``local[*]``.
@@ -126,7 +148,7 @@ class DrillOptions:
     kill_sidecar: bool = False
     consumer: str = "stomp"
     kill_driver_at: float | None = None
-    read_batch: int = 5000
+    read_batch: int = READ_BATCH
 
     @property
     def cluster(self) -> bool:
@@ -197,14 +219,22 @@ class DrillOptions:
         """The options of the ``producer``'s or the ``consumer``'s sidecar:
         :data:`SIDECAR_OPTIONS`, and for the producer with ``outbox`` ``outbox = true`` with
         ``outbox_dir``; for the consumer with ``kill_sidecar`` an ``id_cache_size`` of
-        :data:`KILL_SIDECAR_ID_CACHE`."""
+        :data:`KILL_SIDECAR_ID_CACHE`, with ``--consumer spark`` a ``max_unacked`` of
+        :data:`SPARK_UNACKED_FACTOR` times the reader's prefetch."""
         options = dict(SIDECAR_OPTIONS)
         if role == "producer" and self.outbox:
             options["outbox"] = True
             options["outbox_dir"] = str(outbox_dir)
         if role == "consumer" and self.kill_sidecar:
             options["id_cache_size"] = KILL_SIDECAR_ID_CACHE
+        if role == "consumer" and self.consumer == "spark":
+            options["max_unacked"] = SPARK_UNACKED_FACTOR * self.read_prefetch()
         return options
+
+    def read_prefetch(self) -> int:
+        """With ``--consumer spark``: the streaming reader's ``prefetch`` (the broker's window
+        of unacknowledged deliveries): :data:`READ_PREFETCH_BATCHES` times ``read_batch``."""
+        return READ_PREFETCH_BATCHES * self.read_batch
 
     def validate(self) -> None:
         """Raise :class:`DrillUsageError` naming every inconsistency."""

@@ -29,6 +29,7 @@ from pipeline.drill.startup import (
     start_spark,
     watch_restarted,
 )
+from pipeline.drill.streaming import SparkConsumer
 from pipeline.drill.transfer import Drained, Published, drain, publish, split_residual
 from pipeline.faults import (
     RESTART_TIMEOUT,
@@ -76,13 +77,15 @@ class AtDrainEnd:
     open: ``hidden``, copies (``duplicates_hidden``) and redeliveries
     (``redeliveries_hidden``) the consumer's sidecar hid; ``outbox``, the producer's
     ``/status`` ``outbox`` object once empty (None without ``--outbox`` or no answer);
-    ``unacked``: with ``--consumer spark``, messages the residual check found that are already
-    in the sink (the query's last batch, which Spark commits to its source, so ACKs, only
-    when it builds the next batch)."""
+    ``unacked``: with ``--consumer spark``, messages of the query's last batch the residual
+    check found (in the sink, but Spark commits a batch to its source, so ACKs it, only when
+    it builds the next batch); ``unacked_earlier``: those it found that are in the sink from
+    an earlier batch (their ACKs did not take effect: an error)."""
 
     hidden: dict[str, int]
     outbox: dict[str, Any] | None = None
     unacked: int = 0
+    unacked_earlier: int = 0
 
 
 class Drill(DrillContext):
@@ -218,9 +221,9 @@ class Drill(DrillContext):
                 at_end.outbox = outbox_emptied(traffic.producer, opts.drain_idle_for_plan())
 
         drained = drain(self, traffic.reader, rows, traffic.sampler, before_close=before_close)
-        if opts.consumer == "spark":
-            drained.residual, at_end.unacked = split_residual(
-                drained.residual, traffic.reader.snapshot()
+        if isinstance(traffic.reader, SparkConsumer):
+            drained.residual, at_end.unacked, at_end.unacked_earlier = split_residual(
+                drained.residual, traffic.reader.snapshot(), traffic.reader.last_batch_ids()
             )
         return drained, at_end
 
@@ -347,12 +350,17 @@ class Drill(DrillContext):
         """The report's ``consumer`` section; with ``--consumer spark`` also the streaming
         consumer's errors (into ``errors``) and a note on the last batch's messages the
         residual check found unacknowledged (into ``notes``)."""
-        from pipeline.drill.streaming import SparkConsumer  # noqa: PLC0415
-
         if not isinstance(reader, SparkConsumer):
             return {"kind": "stomp", "ack": self.options.ack}
         section = reader.summary()
-        section["unacked_in_sink"] = at_end.unacked
+        section["unacked_last_batch"] = at_end.unacked
+        section["unacked_earlier_batches"] = at_end.unacked_earlier
+        if at_end.unacked_earlier:
+            errors.append(
+                f"{at_end.unacked_earlier:,} message(s) already in the sink from an earlier "
+                "batch were still on the queue after the query stopped: their ACKs did not "
+                "take effect"
+            )
         errors.extend(f"streaming consumer: {e}" for e in reader.errors)
         share = self.options.driver_kill_share()
         if share is not None and not reader.kills:

@@ -261,6 +261,7 @@ def open_spark_consumer(ctx: DrillContext, destination: str, port: int, rows: in
         rows=rows,
         kill_at=ctx.options.driver_kill_share(),
         batch_rows=ctx.options.read_batch,
+        prefetch=ctx.options.read_prefetch(),
         say=ctx.say,
     )
     ctx.state.readers.append(consumer)

@@ -75,7 +75,8 @@ class SparkConsumer:
 
     ``master``/``conf``: the Spark master and configuration of its driver; ``rows``: rows
     expected; ``kill_at``: share of ``rows`` after which the driver is killed and restarted
-    (None: never); ``batch_rows``: ``max_messages_per_batch``; ``say``: progress lines. Call
+    (None: never); ``batch_rows``: ``max_messages_per_batch``; ``prefetch``: the reader's
+    ``prefetch``; ``say``: progress lines. Call
     :meth:`start`, then :meth:`close` in any case."""
 
     def __init__(
@@ -90,6 +91,7 @@ class SparkConsumer:
         rows: int,
         kill_at: float | None,
         batch_rows: int = 5000,
+        prefetch: int = 10000,
         say: Any = print,
     ) -> None:
         self.destination, self.host, self.port = destination, host, port
@@ -117,6 +119,7 @@ class SparkConsumer:
                 "checkpoint_location": str(self.checkpoint),
                 "id_header": "row-id",
                 "max_messages_per_batch": batch_rows,
+                "prefetch": prefetch,
                 "timeout": 120,
             },
         }
@@ -310,6 +313,25 @@ class SparkConsumer:
         received.arrivals.sort()
         return received
 
+    def last_batch_ids(self) -> set[str]:
+        """The row ids of the sink's last micro-batch (the rows with the latest
+        ``batch_time``)."""
+        pq: Any = importlib.import_module("pyarrow.parquet")
+        rows: list[tuple[Any, str]] = []
+        for path in self._committed_files():
+            table = pq.read_table(path, columns=["row_id", "batch_time"])
+            rows.extend(
+                zip(
+                    table.column("batch_time").to_pylist(),
+                    table.column("row_id").to_pylist(),
+                    strict=True,
+                )
+            )
+        if not rows:
+            return set()
+        last = max(at for at, _ in rows if at is not None)
+        return {mid for at, mid in rows if at == last}
+
     def _committed_files(self) -> list[Path]:
         """The Parquet files the sink's ``_spark_metadata`` log lists (Spark's committed
         output; a file of a batch that was killed is not in it)."""
@@ -358,6 +380,7 @@ class SparkConsumer:
             "query": "readStream.format('stomp') -> Parquet",
             "batches": batches,
             "max_messages_per_batch": self.cfg["options"]["max_messages_per_batch"],
+            "prefetch": self.cfg["options"]["prefetch"],
             "master": self.cfg["master"],
             "driver_kills": [k.to_dict() for k in self.kills],
             "kill_at": self.kill_at,

@@ -128,24 +128,30 @@ def residual(ctx: DrillContext, reader: ConsumingApp) -> Received:
     return check.snapshot()
 
 
-def split_residual(left: Received, sink: Received) -> tuple[Received, int]:
+def split_residual(
+    left: Received, sink: Received, last_batch: set[str]
+) -> tuple[Received, int, int]:
     """Split what the residual check found (``left``) by what the streaming consumer's
-    ``sink`` holds: returns the messages not in the sink (a :class:`Received`, its arrivals
-    the first of ``left``'s) and the count of those already in it (the query's last batch,
-    delivered and written but not yet ACKed: Spark commits a batch to its source only when it
-    builds the next one)."""
+    ``sink`` holds. Returns the messages not in the sink (a :class:`Received`, its arrivals
+    the first of ``left``'s), the count of those of the query's last batch (``last_batch``:
+    its row ids; delivered and written but not yet ACKed, as Spark commits a batch to its
+    source only when it builds the next one), and the count of those in the sink from an
+    earlier batch (their ACKs did not take effect: an error)."""
     kept = Received(anonymous=left.anonymous)
-    in_sink = 0
+    in_last = in_earlier = 0
     for mid, count in left.counts.items():
         if mid in sink.counts:
-            in_sink += count
+            if mid in last_batch:
+                in_last += count
+            else:
+                in_earlier += count
             continue
         kept.counts[mid] = count
         kept.digests[mid] = left.digests[mid]
         if mid in left.conflicts:
             kept.conflicts.add(mid)
     kept.arrivals = sorted(left.arrivals)[: sum(kept.counts.values()) + kept.anonymous]
-    return kept, in_sink
+    return kept, in_last, in_earlier
 
 
 def _first_line(exc: BaseException) -> str:
