@@ -44,8 +44,9 @@ class ReadOptions:
 
     ``prefetch`` is the broker's window of unacknowledged deliveries (ActiveMQ
     ``activemq.prefetchSize``, RabbitMQ ``prefetch-count``); it must exceed
-    ``max_messages_per_batch``, because the messages of the batch Spark has not committed yet stay
-    unacknowledged while the next batch is read (a window no larger than one batch would stall).
+    ``max_messages_per_batch``: the messages of the batch Spark runs stay unacknowledged until
+    it is committed, and only the rest of the window receives the next batch meanwhile (twice
+    the batch lets it be full).
     """
 
     destination: str
@@ -138,7 +139,8 @@ def parse_read_options(options: Mapping[str, str]) -> ReadOptions:
         raise OptionError(
             f"option prefetch={prefetch} must be larger than max_messages_per_batch="
             f"{max_messages} (twice as large lets every batch be full): a batch's messages stay "
-            "unacknowledged until Spark commits it, while the next batch is being read"
+            "unacknowledged until Spark commits it, and only the rest of the window receives "
+            "the next batch meanwhile"
         )
     headers: dict[str, str] = {}
     raw_headers = given.get("subscription_headers")

@@ -22,7 +22,9 @@ What this reader does with that:
   ``start`` (a driver that died after logging it) is offered again instead.
 - **partitions** reads ``(start, end]`` back from the log; the records travel in the
   ``InputPartition`` (the log is on the driver's disk, executors need not see it).
-- **commit(end)** stores the committed messages' identities durably, then ACKs them.
+- **commit(end)** stores the committed messages' identities durably, then ACKs them; so does
+  ``latestOffset(start)`` for everything up to ``start`` (Spark plans a batch only once the
+  previous one is in its commit log, and calls ``commit`` only after planning the next).
 - **Redeliveries** (after a driver restart, or of a message whose ACK was lost) are recognised by
   identity (``id_header``'s value, else ``mq-sidecar-id``, else ``message-id``): one of a logged,
   uncommitted batch only lends its new ack id to the coming commit; one already committed is
@@ -34,12 +36,19 @@ What this reader does with that:
 
 from __future__ import annotations
 
-import datetime
+import importlib
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxBytes, ReadMaxRows
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 from pyspark.sql.types import (
     BinaryType,
     BooleanType,
@@ -79,6 +88,10 @@ READ_SCHEMA = StructType(
         StructField("redelivered", BooleanType(), False),
     ]
 )
+
+#: With ``Trigger.AvailableNow``, the query ends once nothing has arrived for this long (s): a
+#: queue has no "now" to read up to, deliveries arrive as the broker sends them.
+AVAILABLE_NOW_QUIET = 1.0
 
 #: A partition holds at most this many records or bytes of bodies (more partitions, more tasks).
 PARTITION_RECORDS = 5000
@@ -124,7 +137,7 @@ class _Pending:
         self.acks: list[str] = []
 
 
-class StompStreamReader(DataSourceStreamReader):
+class StompStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """The streaming reader of ``StompDataSource`` (see module docstring).
 
     ``schema``: the query's schema (``READ_SCHEMA``, which ``StompDataSource.schema`` returns);
@@ -144,6 +157,7 @@ class StompStreamReader(DataSourceStreamReader):
         self._pending: list[_Pending] = []
         self._pending_by_id: dict[str, _Pending] = {}
         self._acks: dict[int, list[str]] = {}  # logged seq -> live ack ids
+        self._available_now = False
         self.dropped = 0  # redeliveries recognised and not emitted again
 
     # The instance is pickled to the executors for read(): only the options travel.
@@ -156,6 +170,7 @@ class StompStreamReader(DataSourceStreamReader):
         self._log = None
         self._session = None
         self._pending, self._pending_by_id, self._acks = [], {}, {}
+        self._available_now = False
         self.dropped = 0
 
     # -- driver side ----------------------------------------------------------------------------
@@ -216,6 +231,14 @@ class StompStreamReader(DataSourceStreamReader):
         log = self._start()
         return {"seq": log.committed_seq}
 
+    def prepareForTriggerAvailableNow(self) -> None:
+        """``Trigger.AvailableNow`` (Spark's ``SupportsTriggerAvailableNow``): batches go on
+        while messages keep arriving, and the query ends once none has arrived for
+        ``AVAILABLE_NOW_QUIET`` seconds (``latestOffset`` waits that long before it reports no
+        new data). Without this, the first ``latestOffset``, right after the SUBSCRIBE, would find
+        nothing yet and the query would end at once (measured)."""
+        self._available_now = True
+
     def getDefaultReadLimit(self) -> ReadLimit:
         """``ReadMaxRows(max_messages_per_batch)`` (Spark ``ReadLimit``, PySpark 4.2+)."""
         return ReadMaxRows(self.options.max_messages_per_batch)
@@ -224,15 +247,30 @@ class StompStreamReader(DataSourceStreamReader):
         """The end of the next batch: ``start`` if nothing arrived; else the records taken
         (at most ``limit``'s rows or bytes, and ``max_bytes_per_batch`` unless ``limit`` is
         ``ReadAllAvailable``; at least one) are logged durably first. A logged, uncommitted batch
-        starting at ``start`` is returned again instead."""
+        starting at ``start`` is returned again instead. Everything up to ``start`` is settled
+        first, as by ``commit``: Spark calls this only once the batch ending at ``start`` is in
+        its commit log."""
         log = self._start()
         session = self._session
         assert session is not None
         self._receive(log, session)
         begin = int(start["seq"])
+        if log.committed_seq < begin <= log.end_seq:
+            # Spark plans a batch only after the previous one is in its commit log
+            # (MicroBatchExecution runs one batch at a time: runBatch, commit log, then the next
+            # constructNextBatch), so everything up to ``start`` is committed. Its own commit()
+            # comes only after the next batch is planned, and never if no data comes: without
+            # this, the window of a restarted query could stay full of redeliveries of committed
+            # batches, and no batch would ever free it (measured: a restarted driver stalled).
+            self._settle(log, session, begin)
         logged = log.batch_end_after(begin)
         if logged is not None:
             return {"seq": logged}
+        if self._available_now and not self._pending:
+            deadline = time.monotonic() + AVAILABLE_NOW_QUIET
+            while not self._pending and time.monotonic() < deadline:
+                time.sleep(0.05)
+                self._receive(log, session)
         if begin != log.end_seq:
             raise ReadLogError(
                 f"the query's offset {begin} does not match the read log in "
@@ -307,7 +345,12 @@ class StompStreamReader(DataSourceStreamReader):
         session = self._session
         assert session is not None
         self._receive(log, session)
-        for seq in log.commit(int(end["seq"])):
+        self._settle(log, session, int(end["seq"]))
+
+    def _settle(self, log: ReadLog, session: StompSession, end: int) -> None:
+        """Everything up to ``end`` is committed by Spark: store the identities (fsync), then
+        ACK every live delivery of them."""
+        for seq in log.commit(end):
             for ack in self._acks.pop(seq, ()):
                 session.ack(ack)
 
@@ -320,22 +363,29 @@ class StompStreamReader(DataSourceStreamReader):
 
     # -- executor side --------------------------------------------------------------------------
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
-        """The rows of one partition, in ``READ_SCHEMA``'s column order."""
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        """The rows of one partition as one pyarrow ``RecordBatch`` of ``READ_SCHEMA`` (Spark
+        takes record batches from ``read`` and checks their schema against the one it expects,
+        ``to_arrow_schema(schema, timezone="UTC")``). Measured: 67 us per row through Spark's
+        tuple conversion, 7 us per row this way (docs/spark.md, "Streaming read")."""
+        # pyarrow: on the executors only (Spark's Python data sources need it there anyway);
+        # imported by name, as it ships no type information.
+        pa: Any = importlib.import_module("pyarrow")
+        from pyspark.sql.pandas.types import to_arrow_schema  # noqa: PLC0415
+
         assert isinstance(partition, StompReadPartition)
-        utc = datetime.UTC
-        for r in partition.records:
-            ts = (
-                None
-                if r.timestamp_ms is None
-                else datetime.datetime.fromtimestamp(r.timestamp_ms / 1000, tz=utc)
-            )
-            yield (
-                r.destination,
-                r.message_id,
-                r.duplicate_id,
-                dict(r.headers),
-                r.body,
-                ts,
-                r.redelivered,
-            )
+        records = partition.records
+        schema = to_arrow_schema(self.schema, timezone="UTC")
+        columns = [
+            [r.destination for r in records],
+            [r.message_id for r in records],
+            [r.duplicate_id for r in records],
+            [list(r.headers.items()) for r in records],
+            [r.body for r in records],
+            [None if r.timestamp_ms is None else r.timestamp_ms * 1000 for r in records],
+            [r.redelivered for r in records],
+        ]
+        arrays = [
+            pa.array(values, type=field.type) for values, field in zip(columns, schema, strict=True)
+        ]
+        yield pa.RecordBatch.from_arrays(arrays, schema=schema)

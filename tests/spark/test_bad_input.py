@@ -110,9 +110,14 @@ def test_several_problems_are_named_together(spark: SparkSession) -> None:
     assert "column span is of type interval day, which has no JSON form" in text
 
 
-def test_overwrite_mode_is_refused(spark: SparkSession) -> None:
+def test_only_append_mode_is_accepted(spark: SparkSession) -> None:
+    """Overwrite is refused by the data source; the default mode (ErrorIfExists) and Ignore
+    by Spark itself, for every Python data source (pyspark 4.3)."""
     text = error_of(save(small(spark), mode="overwrite", destination="/queue/x"))
     assert "save mode overwrite is not supported" in text
+    for mode, name in (("errorifexists", "ErrorIfExists"), ("ignore", "Ignore")):
+        text = error_of(save(small(spark), mode=mode, destination="/queue/x"))
+        assert f'The data source "stomp" cannot be written in the "{name}" mode' in text
 
 
 def test_streaming_write_checks_its_options_too(spark: SparkSession, tmp_path: Path) -> None:

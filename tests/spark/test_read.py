@@ -8,6 +8,7 @@ are counted by it, so a message lost or emitted twice fails the test.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -172,6 +173,29 @@ def wait_rows(
     pytest.fail(f"{len(rows)} of {count} rows in the sink after {timeout} s")
 
 
+def read_until(
+    spark: SparkSession,
+    *,
+    port: int,
+    destination: str,
+    checkpoint: Path,
+    out: Path,
+    count: int,
+    options: dict[str, str],
+) -> tuple[list[Any], list[Any]]:
+    """Run a query until the sink holds ``count`` rows and a few triggers more, then stop it;
+    return the sink's rows and the query's progress reports."""
+    query = start_query(
+        spark, port=port, destination=destination, checkpoint=checkpoint, out=out, **options
+    )
+    try:
+        wait_rows(spark, out, count, query, timeout=120)
+        time.sleep(1.5)  # a few more triggers: nothing more may come
+        return sink_rows(spark, out), query.recentProgress
+    finally:
+        query.stop()
+
+
 def check_exactly_once(rows: list[Any], ids: range, prefix: str = "m") -> None:
     counts = Counter(row["headers"][ROW_ID] for row in rows)
     missing = [n for n in ids if counts[str(n)] == 0]
@@ -186,39 +210,55 @@ def check_exactly_once(rows: list[Any], ids: range, prefix: str = "m") -> None:
 # -- tests --------------------------------------------------------------------------------------
 
 
+def stopped_mid_batch_then_read(
+    spark: SparkSession,
+    sidecar: SidecarProcess,
+    destination: str,
+    tmp_path: Path,
+    *,
+    counts: tuple[int, int],
+    options: dict[str, str],
+) -> tuple[list[Any], list[Any]]:
+    """Publish ``counts[0]`` messages, run a query and stop it while a batch runs (read,
+    logged, not ACKed), publish ``counts[1]`` more, and run it again until the sink holds all;
+    return the sink's rows and the second run's progress reports."""
+    before, after = counts
+    checkpoint, out = tmp_path / "checkpoint", tmp_path / "out"
+    port = sidecar.port
+    publish(sidecar.address, destination, range(before))
+    query = start_query(
+        spark, port=port, destination=destination, checkpoint=checkpoint, out=out, **options
+    )
+    stop_mid_batch(query, checkpoint)
+    publish(sidecar.address, destination, range(before, before + after))
+    return read_until(
+        spark,
+        port=port,
+        destination=destination,
+        checkpoint=checkpoint,
+        out=out,
+        count=before + after,
+        options=options,
+    )
+
+
 def test_messages_reach_a_parquet_sink_exactly_once(
     spark: SparkSession, amq_sidecar: SidecarProcess, tmp_path: Path
 ) -> None:
-    """3,000 messages in batches of at most 400: every one once in the sink, with its
-    destination, message-id, broker timestamp and headers; after a restart of the query and
-    500 more, still every one once (the last batch, not yet ACKed at the stop, is redelivered
-    and recognised)."""
+    """3,000 messages in batches of at most 400; the query is stopped while a batch runs (read,
+    logged, not ACKed) and started again, with 500 more: Spark re-runs the batch from the read
+    log, ActiveMQ redelivers its messages and they are recognised. Every message is once in the
+    sink, with its destination, message-id, broker timestamp and headers, and none is left on
+    the queue (the idle query ACKed the last batch)."""
     destination = unique("read")
-    publish(amq_sidecar.address, destination, range(3000))
-    checkpoint, out = tmp_path / "checkpoint", tmp_path / "out"
     options = {"max_messages_per_batch": "400", "prefetch": "800"}
-
-    def run(count: int) -> tuple[list[Any], list[Any]]:
-        query = start_query(
-            spark,
-            port=amq_sidecar.port,
-            destination=destination,
-            checkpoint=checkpoint,
-            out=out,
-            **options,
-        )
-        try:
-            wait_rows(spark, out, count, query, timeout=120)
-            time.sleep(1.5)  # a few more triggers: nothing more may come
-            return sink_rows(spark, out), query.recentProgress
-        finally:
-            query.stop()
-
-    rows, progress = run(3000)
-    check_exactly_once(rows, range(3000))
+    rows, progress = stopped_mid_batch_then_read(
+        spark, amq_sidecar, destination, tmp_path, counts=(3000, 500), options=options
+    )
+    check_exactly_once(rows, range(3500))
     sizes = [p["numInputRows"] for p in progress if p["numInputRows"]]
     assert max(sizes) <= 400, sizes
-    row = rows[0]
+    row = next(row for row in rows if row["headers"][ROW_ID] == "0")
     assert row["destination"] == destination
     assert row["message_id"].startswith("ID:")  # ActiveMQ's
     assert row["duplicate_id"] is None  # the sidecar never shows mq-sidecar-id
@@ -226,10 +266,7 @@ def test_messages_reach_a_parquet_sink_exactly_once(
     assert abs(row["timestamp"].timestamp() - time.time()) < 600
     assert row["redelivered"] is False
     assert "ack" not in row["headers"]
-
-    publish(amq_sidecar.address, destination, range(3000, 3500))
-    rows, _ = run(3500)
-    check_exactly_once(rows, range(3500))
+    assert drain(amq_sidecar.address, destination) == 0
 
 
 class Driver:
@@ -281,11 +318,34 @@ class Driver:
             self.kill()
 
 
-def uncommitted_batch(checkpoint: Path) -> bool:
-    """Whether Spark has logged a batch's offsets and not yet its commit (it is running)."""
+def uncommitted_batch(checkpoint: Path, committed: int = 2) -> bool:
+    """Whether Spark has logged the offsets of a batch that holds messages and not yet its
+    commit (the batch is running), after at least ``committed`` batches."""
     offsets = {p.name for p in (checkpoint / "offsets").glob("[0-9]*")}
     commits = {p.name for p in (checkpoint / "commits").glob("[0-9]*")}
-    return bool(offsets - commits) and len(commits) >= 2
+    if len(commits) < committed:
+        return False
+    for name in offsets - commits:
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            last = (checkpoint / "offsets" / name).read_text().splitlines()[-1]
+            if json.loads(last)["seq"] > 0:  # batch 0 is Spark's empty first one
+                return True
+    return False
+
+
+def stop_mid_batch(query: StreamingQuery, checkpoint: Path, timeout: float = 120) -> None:
+    """Stop the query (bounded wait) while a batch with messages runs: that batch is in the
+    read log and not ACKed; Spark re-runs it after a restart."""
+    deadline = time.monotonic() + timeout
+    try:
+        while not uncommitted_batch(checkpoint, committed=1):
+            if query.exception() is not None:
+                pytest.fail(f"the query failed: {query.exception()}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"no batch was seen running within {timeout} s")
+            time.sleep(0.02)
+    finally:
+        query.stop()
 
 
 def test_a_driver_killed_mid_batch_restarts_and_every_message_is_in_the_sink_once(
@@ -294,9 +354,9 @@ def test_a_driver_killed_mid_batch_restarts_and_every_message_is_in_the_sink_onc
     """A driver process (own SparkSession) is killed with SIGKILL (its JVM and Python workers
     with it) while a batch is running, Spark's offset log ahead of its commit log and the read
     log holding batches not ACKed; a new driver with the same checkpoint re-runs that batch
-    from the read log and goes on: 3,000 + 500 messages, each once in the Parquet sink."""
+    from the read log and goes on: 1,500 + 300 messages, each once in the Parquet sink."""
     destination = unique("restart")
-    publish(amq_sidecar.address, destination, range(3000))
+    publish(amq_sidecar.address, destination, range(1500))
     checkpoint, out = tmp_path / "checkpoint", tmp_path / "out"
     options = {
         "port": str(amq_sidecar.port),
@@ -320,19 +380,19 @@ def test_a_driver_killed_mid_batch_restarts_and_every_message_is_in_the_sink_onc
     before = len(sink_rows(spark, out))
     logged = list((checkpoint / "sources" / "mq-sidecar-stomp").glob("*/batch-*.log"))
     assert logged, "the read log held no batch at the kill: the restart path was not exercised"
-    assert before < 3000
+    assert before < 1500
 
     second = Driver(tmp_path, options, out, checkpoint)
     second.start()
     try:
-        publish(amq_sidecar.address, destination, range(3000, 3500))
-        rows = wait_rows(spark, out, 3500, None, timeout=180)
+        publish(amq_sidecar.address, destination, range(1500, 1800))
+        rows = wait_rows(spark, out, 1800, None, timeout=180)
         time.sleep(1.5)  # a few more triggers: nothing more may come
         rows = sink_rows(spark, out)
         assert second.stop() == 0, second.log.read_text()[-3000:]
     finally:
         second.ensure_dead()
-    check_exactly_once(rows, range(3500))
+    check_exactly_once(rows, range(1800))
 
 
 def test_a_broker_killed_mid_read_fails_over_and_every_message_is_in_the_sink_once(
@@ -489,3 +549,66 @@ def test_a_read_log_of_another_version_refuses_to_start(
     )
     assert "written by read-log format version 99" in text
     assert "reads version 1 only" in text
+
+
+@pytest.mark.parametrize("id_header", ["row-id", None])
+def test_rabbitmq_redeliveries_after_a_restart_need_id_header(
+    spark: SparkSession, rmq_sidecar: SidecarProcess, tmp_path: Path, id_header: str | None
+) -> None:
+    """RabbitMQ gives a redelivery a new ``message-id`` (docs/brokers.md, "Message ids"). The
+    query is stopped while a batch runs (read, logged, not ACKed), then started again with 100
+    more: Spark re-runs that batch from the read log, and RabbitMQ redelivers its messages. With
+    ``id_header`` naming the producer's ``row-id`` they are recognised and every message is in
+    the sink once, and none is left on the queue; without it, they are in the sink twice (the
+    documented bound)."""
+    destination = unique("rabbit")
+    options = {"max_messages_per_batch": "100", "prefetch": "200"}
+    if id_header is not None:
+        options["id_header"] = id_header
+    rows, _ = stopped_mid_batch_then_read(
+        spark, rmq_sidecar, destination, tmp_path, counts=(600, 100), options=options
+    )
+    if id_header is not None:
+        check_exactly_once(rows, range(700))
+        assert drain(rmq_sidecar.address, destination) == 0  # every message ACKed
+        return
+    twice = [k for k, v in Counter(row["headers"][ROW_ID] for row in rows).items() if v > 1]
+    assert twice, "a RabbitMQ redelivery was recognised without id_header"
+    assert any(row["redelivered"] for row in rows if row["headers"][ROW_ID] == twice[0])
+
+
+def test_trigger_available_now_reads_until_quiet_and_ends(
+    spark: SparkSession, amq_sidecar: SidecarProcess, tmp_path: Path
+) -> None:
+    """``Trigger.AvailableNow``: the query reads 300 messages in batches of 100 and ends by
+    itself; run again after 100 more, it reads those and ends, each message once in the sink
+    (the first run's last batch, never ACKed, comes back and is recognised)."""
+    destination = unique("now")
+    checkpoint, out = tmp_path / "checkpoint", tmp_path / "out"
+    sizes: list[list[int]] = []
+    for ids in (range(300), range(300, 400)):
+        publish(amq_sidecar.address, destination, ids)
+        reader = (
+            spark.readStream.format("stomp")
+            .option("port", str(amq_sidecar.port))
+            .option("destination", destination)
+            .option("checkpoint_location", str(checkpoint))
+            .option("max_messages_per_batch", "100")
+        )
+        query = (
+            reader.load()
+            .writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        try:
+            assert query.awaitTermination(120), "the AvailableNow query did not end in 120 s"
+            assert query.exception() is None
+            sizes.append([p["numInputRows"] for p in query.recentProgress])
+        finally:
+            query.stop()
+    check_exactly_once(sink_rows(spark, out), range(400))
+    assert [sum(run) for run in sizes] == [300, 100], sizes
+    assert max(max(run) for run in sizes) <= 100, sizes
