@@ -88,7 +88,8 @@ READ_BATCH = 1000
 #: batch N-1 to the source, the restarted driver holds the redeliveries of both batches
 #: unacknowledged (logged, not committed by the source) until Spark commits N-1 to the source,
 #: which it does only when it builds batch N+1, for which no message can come: the window is
-#: full (measured: docs/results.md). A third batch of room lets batch N+1 come.
+#: full (measured: docs/results.md). A third batch of room lets batch N+1 come. (The reader
+#: settles what Spark committed in ``latestOffset`` since the data source's 360a6a6.)
 READ_PREFETCH_BATCHES = 3
 #: ``--consumer spark``: the consumer sidecar's ``max_unacked`` is this many times the streaming
 #: reader's prefetch. The reader holds up to its prefetch window unacknowledged (a logged batch

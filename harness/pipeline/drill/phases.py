@@ -78,9 +78,9 @@ class AtDrainEnd:
     (``redeliveries_hidden``) the consumer's sidecar hid; ``outbox``, the producer's
     ``/status`` ``outbox`` object once empty (None without ``--outbox`` or no answer);
     ``unacked``: with ``--consumer spark``, messages of the query's last batch the residual
-    check found (in the sink, but Spark commits a batch to its source, so ACKs it, only when
-    it builds the next batch); ``unacked_earlier``: those it found that are in the sink from
-    an earlier batch (their ACKs did not take effect: an error)."""
+    check found (in the sink, not yet ACKed when the query stopped: the source ACKs a batch
+    once Spark has committed it and asks for the next); ``unacked_earlier``: those it found
+    that are in the sink from an earlier batch (their ACKs did not take effect: an error)."""
 
     hidden: dict[str, int]
     outbox: dict[str, Any] | None = None
@@ -368,9 +368,9 @@ class Drill(DrillContext):
         if at_end.unacked:
             notes.append(
                 f"{at_end.unacked:,} message(s) of the query's last batch were still "
-                "unacknowledged when it stopped (Spark commits a batch to its source, and the "
-                "source ACKs it, only when it builds the next batch); each is in the sink once, "
-                "and the residual check took it"
+                "unacknowledged when it stopped (the source ACKs a batch once Spark has "
+                "committed it and asks for the next one); each is in the sink once, and the "
+                "residual check took it"
             )
         return section
 

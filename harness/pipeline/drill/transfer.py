@@ -134,8 +134,9 @@ def split_residual(
     """Split what the residual check found (``left``) by what the streaming consumer's
     ``sink`` holds. Returns the messages not in the sink (a :class:`Received`, its arrivals
     the first of ``left``'s), the count of those of the query's last batch (``last_batch``:
-    its row ids; delivered and written but not yet ACKed, as Spark commits a batch to its
-    source only when it builds the next one), and the count of those in the sink from an
+    its row ids; delivered and written but not yet ACKed when the query stopped: the source
+    ACKs a batch once Spark has committed it and asks for the next), and the count of those
+    in the sink from an
     earlier batch (their ACKs did not take effect: an error)."""
     kept = Received(anonymous=left.anonymous)
     in_last = in_earlier = 0
