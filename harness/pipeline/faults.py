@@ -3,13 +3,14 @@ the producer's sidecar; the sampler that triggers them, and the grouping of the 
 FAILOVER events by the kill that caused them.
 
 :class:`Sampler` follows a SEND counter (the producer sidecar's ``/metrics``,
-:func:`sidecar_sends`; in the baseline the writer's own reports) and the reader every
-:data:`SAMPLE_INTERVAL` seconds: the samples make the publish timeline, drive the progress
-bars, and let :class:`FaultInjector` kill the serving broker (SIGKILL) once the planned share
-of the rows is published. With the drill's own shared-store pair the injector
-then measures the takeover (the other broker answers STOMP CONNECT) and, if more faults are
-planned, restarts the killed broker as the new backup before the next kill, so there is
-always something to fail over to. With external brokers it SIGKILLs the PIDs it was given.
+:func:`sidecar_sends`; with the outbox what the outbox took, :func:`outbox_taken`; in the
+baseline Spark's count of finished tasks, :class:`pipeline.publish.SparkProgress`) and the
+reader every :data:`SAMPLE_INTERVAL` seconds: the samples make the publish timeline, drive the
+progress bars, and let :class:`FaultInjector` kill the serving broker (SIGKILL) once the planned
+share of the rows is published. With the drill's own shared-store pair the injector then
+measures the takeover (the other broker answers STOMP CONNECT) and, if more faults are planned,
+restarts the killed broker as the new backup before the next kill, so there is always something
+to fail over to. With external brokers it SIGKILLs the PIDs it was given.
 
 Two more kinds (:data:`pipeline.report.records.FAULT_KINDS`), one fault each: ``all-down``
 SIGKILLs both brokers of the pair (the waiting one first, so that it cannot take over), waits
@@ -40,7 +41,7 @@ from typing import Any, Literal
 
 from pipeline.monitor import ObservedEvent
 from pipeline.report.records import FailoverIncident, FaultRecord
-from pipeline.verify import Reader
+from pipeline.verify import ConsumingApp
 from testbed import ActiveMQ, BrokerError, wait_stomp
 from testbed.sidecar import SidecarProcess, metric_total
 
@@ -54,6 +55,7 @@ __all__ = [
     "Sampler",
     "broker_label",
     "group_incidents",
+    "outbox_taken",
     "sidecar_outbox",
     "sidecar_sends",
     "tqdm_class",
@@ -384,6 +386,32 @@ def sidecar_sends(producer: SidecarProcess) -> Callable[[], float | None]:
     return sends
 
 
+def outbox_taken(producer: SidecarProcess) -> Callable[[], float | None]:
+    """The SENDs the outbox of ``producer`` (a sidecar with ``outbox = true``) has taken from
+    the app so far: what it holds (``mq_sidecar_outbox_frames``) plus what it forwarded
+    (``mq_sidecar_outbox_forwarded_total``), summed across restarts of the process (the
+    counter starts from 0 in a new process; the forwards of the old one are carried over as
+    last read, at most one sample old). None when it does not answer."""
+    carried = 0.0
+    last: tuple[int | None, float] = (None, 0.0)
+
+    def taken() -> float | None:
+        nonlocal carried, last
+        pid = producer.pid
+        try:
+            metrics = producer.metrics(timeout=5.0)
+        except OSError:
+            return None
+        forwarded = metric_total(metrics, "mq_sidecar_outbox_forwarded_total")
+        held = metric_total(metrics, "mq_sidecar_outbox_frames")
+        if last[0] is not None and pid != last[0]:
+            carried += last[1]
+        last = (pid, forwarded)
+        return carried + forwarded + held
+
+    return taken
+
+
 def sidecar_outbox(producer: SidecarProcess) -> Callable[[], tuple[float, float] | None]:
     """The outbox's depth in ``producer`` (a sidecar with ``outbox = true``): ``(frames,
     bytes)`` from its ``/metrics`` (``mq_sidecar_outbox_frames``, ``mq_sidecar_outbox_bytes``);
@@ -405,7 +433,8 @@ def sidecar_outbox(producer: SidecarProcess) -> Callable[[], tuple[float, float]
 
 
 class Sampler(threading.Thread):
-    """Samples a SEND counter (``published``: None when it did not answer) and the reader
+    """Samples a SEND counter (``published``: None when it did not answer) and the consuming
+    app (``reader``: its ``unique``)
     every ``interval`` s: timeline, progress bars (named ``labels``), fault trigger. With
     ``outbox`` (:func:`sidecar_outbox`) it also samples the outbox's depth into
     ``outbox_samples``: ``(t, frames, bytes)``, and shows the frames beside the publish bar."""
@@ -413,7 +442,7 @@ class Sampler(threading.Thread):
     def __init__(
         self,
         published: Callable[[], float | None],
-        reader: Reader,
+        reader: ConsumingApp,
         rows: int,
         faults: FaultInjector,
         *,

@@ -1,14 +1,15 @@
 """Drain a destination through mq-sidecar and reconcile it against the source DataFrame.
 
-The :class:`Reader` is the consuming app: a stomp.py connection to a sidecar, one subscription,
-every MESSAGE recorded by its ``row-id`` and a digest of its body, then acknowledged
-(``client-individual`` by default: the ACK follows the recording). It counts what the *app*
-received, independently of the sidecar: the sidecar hides duplicates and redeliveries it recognises
-(docs/behaviour.md, "Duplicate detection"), and anything that still reaches the app twice is counted
-here as a duplicate.
+The :class:`Reader` is the consuming app of ``mq-sidecar drill --consumer stomp``: a stomp.py
+connection to a sidecar, one subscription, every MESSAGE recorded by its ``row-id`` and a digest
+of its body, then acknowledged (``client-individual`` by default: the ACK follows the
+recording). It counts what the *app* received, independently of the sidecar: the sidecar hides
+duplicates and redeliveries it recognises (docs/behaviour.md, "Duplicate detection"), and
+anything that still reaches the app twice is counted here as a duplicate.
 
-:func:`expected` computes, with the writer's own functions, the id and body digest of every
-row of the source DataFrame; :func:`reconcile` compares the two by id and content.
+:func:`expected` computes the id and body digest of every row of the source DataFrame as
+the publish sends them (:mod:`pipeline.publish`); :func:`reconcile` compares the two by id
+and content.
 """
 
 from __future__ import annotations
@@ -17,40 +18,49 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from pipeline.rows import body_digest, message_id, row_key, serialise_row
-from pipeline.writer import ROW_ID_HEADER, WriterSettings
+from pipeline.publish import row_id
+from pipeline.rows import ROW_COLUMN, body_digest, serialise_row
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, Row
 
-__all__ = ["ReadError", "Reader", "Received", "Reconciliation", "expected", "reconcile"]
+__all__ = [
+    "ROW_ID_HEADER",
+    "ConsumingApp",
+    "ReadError",
+    "Reader",
+    "Received",
+    "Reconciliation",
+    "expected",
+    "reconcile",
+]
+
+#: The row's id as the consuming app sees it (the data source sends it beside
+#: ``mq-sidecar-id``, which the sidecars keep to themselves).
+ROW_ID_HEADER = "row-id"
 
 
 class ReadError(RuntimeError):
     """The reader could not subscribe, or the sidecar sent it an ERROR."""
 
 
-def expected(df: DataFrame, settings: WriterSettings) -> dict[str, bytes]:
-    """``{row id: body digest}`` of every row of ``df`` as :func:`publish` sends it.
+def expected(df: DataFrame, job: str) -> dict[str, bytes]:
+    """``{row id: body digest}`` of every row of ``df`` as the drill's publish sends it
+    (:func:`pipeline.publish.row_id` of the job ``job`` and the row's :data:`ROW_COLUMN`; the
+    body as :func:`pipeline.rows.serialise_row` writes it). Raises ``ValueError`` when two
+    rows get the same id (the row column is not unique)."""
 
-    Ids depend on the partition a row is in: pass the same DataFrame the writer got (cache
-    it, or make its partitioning deterministic). Raises ``ValueError`` when two rows get the
-    same id (the ``key`` column is not unique within a partition).
-    """
-    job, key, batch_id = settings.job, settings.key, settings.batch_id
+    def digests(rows: Iterable[Row]) -> Iterator[tuple[str, bytes]]:
+        for row in rows:
+            yield row_id(job, row[ROW_COLUMN]), body_digest(serialise_row(row))
 
-    def digests(partition: int, rows: Iterable[Row]) -> Iterator[tuple[str, bytes]]:
-        for ordinal, row in enumerate(rows):
-            mid = message_id(job, partition, row_key(row, key, ordinal), batch_id)
-            yield mid, body_digest(serialise_row(row))
-
-    pairs = df.rdd.mapPartitionsWithIndex(digests).collect()
+    pairs = df.rdd.mapPartitions(digests).collect()
     result = dict(pairs)
     if len(result) != len(pairs):
         raise ValueError(
-            f"{len(pairs) - len(result)} row(s) share an id: key column {key!r} is not unique"
+            f"{len(pairs) - len(result)} row(s) share an id: {ROW_COLUMN!r} is not unique"
         )
     return result
 
@@ -99,6 +109,39 @@ class Received:
         self.conflicts |= other.conflicts
         self.anonymous += other.anonymous
         self.arrivals.extend(other.arrivals)
+
+
+class ConsumingApp(Protocol):
+    """What the drill needs of its consuming app: :class:`Reader` (stomp.py) or
+    :class:`pipeline.drill.streaming.SparkConsumer` (a Structured Streaming query). ``unique``:
+    distinct rows received so far; ``destination``, ``host``, ``port``: where it reads (the
+    residual check reads there after it)."""
+
+    destination: str
+    host: str
+    port: int
+
+    @property
+    def unique(self) -> int:
+        """Distinct row ids received so far."""
+        ...
+
+    def wait_for(self, count: int, *, idle: float, timeout: float) -> bool:
+        """Wait (seconds) until ``count`` distinct ids arrived; False after ``idle`` seconds
+        without progress or ``timeout``."""
+        ...
+
+    def settle(self, quiet: float, *, timeout: float) -> None:
+        """Wait until nothing arrived for ``quiet`` seconds (at most ``timeout``)."""
+        ...
+
+    def snapshot(self) -> Received:
+        """What was received so far."""
+        ...
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop reading (within ``timeout`` seconds)."""
+        ...
 
 
 class Reader:

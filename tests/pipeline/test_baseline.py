@@ -1,5 +1,5 @@
-"""The drill's baseline (``--baseline``, issue 18 part 4), without Spark or brokers: the writer's
-progress reports, the overhead ratios and their windows, the report's text and JSON (the PNG:
+"""The drill's baseline (``--baseline``, issue 18 part 4), without Spark or brokers: the overhead
+ratios and their windows, the report's text and JSON (the PNG:
 ``test_report.py``).
 ``tests/pipeline/test_drill.py`` runs ``drill --baseline`` end to end."""
 
@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.baseline import ProgressListener, broker_address
+from pipeline.baseline import broker_address
 from pipeline.drill.options import DrillOptions, DrillUsageError
 from pipeline.report.document import DrillReport
 from pipeline.report.overhead import BaselineReport, overhead
 from pipeline.report.timeline import Throughput, Timeline, reached_at
-from pipeline.writer import _Progress
 from tests.pipeline.test_report import _report as drill_report
 
 
@@ -161,22 +160,6 @@ def test_without_a_kill_the_report_compares_overall_only() -> None:
     assert "overhead      sidecar / direct: publish 0.50x overall; consume 0.40x overall" in text
     assert "before the kill" not in text
     assert "(overall: a publish held to the drain's pace" in text
-
-
-def test_progress_reports_sum_the_latest_count_of_every_task_attempt() -> None:
-    listener = ProgressListener()
-    try:
-        first, second = _Progress(listener.port, 0), _Progress(listener.port, 1)
-        for sent in (100, 200, 300):
-            first.report(sent)
-        second.report(100)
-        assert listener.wait_for(400, timeout=5.0)
-        assert listener.total() == 400.0
-        first.close()
-        second.close()
-        _Progress(None, 2).report(50)  # no port: nothing sent, nothing fails
-    finally:
-        listener.close()
 
 
 def test_baseline_goes_to_the_first_plain_broker_of_external_brokers() -> None:

@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -142,4 +143,74 @@ def test_drill_baseline_reports_the_sidecar_rates_as_a_share_of_direct(tmp_path:
     assert "before the kill" in proc.stdout
     assert "PASS" in proc.stdout
     assert (tmp_path / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert _leftovers(tmp_path / "work") == [], "processes left behind"
+
+
+def _check_spark_consumer(report: dict[str, Any], output: str) -> None:
+    """Every row once in the streaming consumer's Parquet sink, across both faults: the
+    broker's kill -9 (a failover of both sidecars) and the query driver's SIGKILL, restarted
+    from its checkpoint."""
+    assert (report["rows"], report["sent"], report["unique"]) == (ROWS, ROWS, ROWS), output
+    assert (report["lost"], report["duplicates"], report["mismatched"]) == (0, 0, 0), output
+    assert report["residual"] == 0, output
+    [fault] = report["faults"]
+    assert fault["takeover_ms"] is not None
+    assert [i for i in report["failover_incidents"] if i["fault"] == 0], output
+    consumer = report["consumer"]
+    assert consumer["kind"] == "spark"
+    [kill] = consumer["driver_kills"]
+    assert kill["new_pid"] not in (None, kill["pid"])
+    assert 0 < kill["rows_before"] < ROWS, "the driver was killed midway"
+    assert kill["running_after_s"] is not None
+    assert consumer["errors"] == []
+
+
+@pytest.mark.activemq
+def test_drill_spark_consumer_survives_the_broker_and_driver_kills(tmp_path: Path) -> None:
+    """``--consumer spark`` on ``local[2]``: a Structured Streaming query reads the queue
+    through the consumer's sidecar into Parquet (batches of at most 400), its driver process
+    killed with SIGKILL at half the rows and restarted on its checkpoint, while the ActiveMQ
+    primary is killed at 40 % of the publish: every row once in the sink."""
+    proc, output = _run_drill(tmp_path, "--consumer", "spark", "--read-batch", "400")
+    assert proc.returncode == 0, output
+    report = json.loads((tmp_path / "report.json").read_text())
+    _check_spark_consumer(report, output)
+    assert report["settings"]["master"] == "local[2]"
+    assert "driver pid" in proc.stdout
+    assert "PASS" in proc.stdout
+    assert _leftovers(tmp_path / "work") == [], "processes left behind"
+
+
+@pytest.mark.activemq
+def test_drill_on_a_standalone_cluster(tmp_path: Path) -> None:
+    """``--master cluster --consumer spark``: the drill starts its own Spark standalone cluster
+    (2 workers; the publish's and the streaming query's executors are processes of their own)
+    and passes with the broker's kill -9; nothing of the cluster outlives the drill. The
+    driver kill is left to the test above (on the cluster it adds about 35 s: the restarted
+    driver waits for executors of its own)."""
+    proc, output = _run_drill(
+        tmp_path,
+        "--master",
+        "cluster",
+        "--consumer",
+        "spark",
+        "--read-batch",
+        "400",
+        "--kill-driver-at",
+        "0",
+    )
+    assert proc.returncode == 0, output
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert (report["rows"], report["sent"], report["unique"]) == (ROWS, ROWS, ROWS), output
+    assert (report["lost"], report["duplicates"], report["residual"]) == (0, 0, 0), output
+    [fault] = report["faults"]
+    assert fault["takeover_ms"] is not None
+    assert report["settings"]["master"] == "cluster"
+    consumer = report["consumer"]
+    assert consumer["master"].startswith("spark://127.0.0.1:")
+    assert (consumer["driver_kills"], consumer["errors"]) == ([], [])
+    assert "Spark standalone cluster at spark://" in proc.stderr
+    assert list((tmp_path / "work" / "spark-cluster").glob("worker-*/app-*/*/stderr")), (
+        "no executor ran on the cluster's workers"
+    )
     assert _leftovers(tmp_path / "work") == [], "processes left behind"

@@ -5,7 +5,6 @@ outbox section and fault records, and the PNG with the outbox panel."""
 from __future__ import annotations
 
 import json
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -13,10 +12,9 @@ from typing import Any, cast
 import click
 import pytest
 
-from pipeline.baseline import ProgressListener
 from pipeline.cli import FaultsParam
 from pipeline.drill.options import MASTER, MASTER_WITH_RETRIES, DrillOptions, DrillUsageError
-from pipeline.faults import BrokerPair, FaultInjector, Sampler, sidecar_outbox
+from pipeline.faults import BrokerPair, FaultInjector, Sampler, outbox_taken, sidecar_outbox
 from pipeline.report.document import DrillReport
 from pipeline.report.notes import fault_notes
 from pipeline.report.outbox import STALL_LIMIT, outbox_errors, outbox_summary
@@ -276,16 +274,25 @@ def test_outbox_depth_is_read_from_the_producer_metrics() -> None:
     assert depth() is None, "a sidecar without the outbox's gauges"
 
 
-def test_progress_listener_counts_retried_task_attempts() -> None:
-    listener = ProgressListener()
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
-            for datagram in (b"0.0 100", b"1.0 100", b"1.1 200", b"2.2 50"):
-                udp.sendto(datagram, ("127.0.0.1", listener.port))
-        assert listener.wait_for(450, 30.0)
-        assert listener.retried() == 2
-    finally:
-        listener.close()
+def test_outbox_taken_sums_held_and_forwarded_across_a_restart() -> None:
+    """The publish series with the outbox: frames held + forwarded; a restarted sidecar's
+    counter starts from 0, so the old process's last forwarded count is carried over."""
+
+    def scrape(held: float, forwarded: float) -> Metrics:
+        return {
+            "mq_sidecar_outbox_frames": [({}, held)],
+            "mq_sidecar_outbox_forwarded_total": [({}, forwarded)],
+        }
+
+    sidecar = FakeSidecar([scrape(10, 90), OSError("killed"), scrape(40, 0), scrape(5, 60)])
+    sidecar_any = cast("Any", sidecar)
+    sidecar_any.pid = 100
+    taken = outbox_taken(sidecar_any)
+    assert taken() == 100.0
+    assert taken() is None
+    sidecar_any.pid = 200  # restarted: it found 40 frames in outbox_dir
+    assert taken() == 130.0
+    assert taken() == 155.0
 
 
 # -- report -----------------------------------------------------------------------------------

@@ -29,10 +29,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from pipeline.baseline import ProgressListener
+from pipeline.publish import PublishSettings, SparkProgress, stomp_write
 from pipeline.rows import load_flights
 from pipeline.verify import Reader, expected, reconcile
-from pipeline.writer import WriterSettings, publish
 from testbed import ActiveMQ
 from testbed.broker import proc_stat, process_alive
 from testbed.spark_cluster import SparkCluster, SparkClusterError
@@ -248,33 +247,34 @@ def test_publish_through_a_sidecar_from_the_cluster(
     amq_sidecar: SidecarThread,
     flights_sample_csv: Path,
 ) -> None:
-    """1,000 flights in 4 partitions published from the executors with the harness writer
-    through the producer's sidecar into ActiveMQ: each arrives once, with its content, at a
-    reader behind the consumer's sidecar."""
+    """1,000 flights in 4 partitions published from the executors with the data source
+    (``df.write.format("stomp")``, as the drill does) through the producer's sidecar into
+    ActiveMQ: each arrives once, with its content, at a reader behind the consumer's
+    sidecar."""
     df = load_flights(cluster_spark, flights_sample_csv).repartition(4, "row").cache()
     assert df.count() == 1000
     destination = unique("/queue/cluster")
-    settings = WriterSettings(
+    settings = PublishSettings(
         destination=destination,
         job="cluster",
         port=producer_sidecar.address[1],
-        key="row",
         receipt_every=50,
         max_in_flight=4,
     )
     reader = Reader(destination, port=amq_sidecar.address[1])
     reader.start()
+    progress = SparkProgress(cluster_spark, 1000, "cluster-publish")
     try:
-        assert publish(df, settings) == 1000
+        stomp_write(df, settings, group="cluster-publish")
         assert reader.wait_for(1000, idle=30.0, timeout=DRAIN_TIMEOUT)
         reader.settle(0.5, timeout=10.0)
     finally:
         reader.close()
-    result = reconcile(expected(df, settings), reader.snapshot())
+    result = reconcile(expected(df, "cluster"), reader.snapshot())
     df.unpersist()
     assert result.ok, result.to_dict(10)
     assert (result.expected, result.received, result.unique) == (1000, 1000, 1000)
-    assert {mid.split("/")[1] for mid in reader.snapshot().counts} == {"0", "1", "2", "3"}
+    assert progress.total() == 1000.0, "Spark's progress: every task of the job finished"
 
 
 def test_executor_killed_mid_job_every_row_once(
@@ -288,44 +288,46 @@ def test_executor_killed_mid_job_every_row_once(
     reader gets every row exactly once. The retried task re-sent the rows its first attempt
     had published with the same ``mq-sidecar-id``s, and the consumer's sidecar hid them.
 
-    Each task runs the writer's ``publish_partition`` (what ``publish`` runs per partition)
-    on its rows handed over one every 5 ms: the rows reach a Python worker in large batches,
-    so only a pace set inside the writer's own loop keeps a partition's publish going for
-    4 s, long enough to kill an executor in the middle of one."""
+    Each task runs the data source's own per-partition writer
+    (``mq_sidecar_spark.writer.write_partition``, what ``df.write.format("stomp")`` runs per
+    task, with the drill's id options) on its rows handed over one every 5 ms: the rows reach
+    a Python worker in large batches, so only a pace set inside the writer's own loop keeps a
+    partition's publish going for 4 s, long enough to kill an executor in the middle of one."""
     from pyspark.sql import functions as F
+
+    from mq_sidecar_spark.options import parse_write_options
 
     rows, partitions, trigger = 800, 4, 150
     df = cluster_spark.range(0, rows * partitions, numPartitions=partitions).select(
-        F.col("id").alias("key"), F.concat(F.lit("row-"), "id").alias("text")
+        F.col("id").alias("row"), F.concat(F.lit("row-"), "id").alias("text")
     )
     destination = unique("/queue/cluster-kill")
-    progress = ProgressListener()
-    settings = WriterSettings(
-        destination=destination,
-        job="kill",
-        port=producer_sidecar.address[1],
-        key="key",
-        receipt_every=50,
-        max_in_flight=2,
-        progress_port=progress.port,
+    schema = df.schema
+    options = parse_write_options(
+        {
+            "port": str(producer_sidecar.address[1]),
+            "destination": destination,
+            "id_columns": "row",
+            "id_prefix": "kill",
+            "receipt_every": "50",
+            "max_in_flight": "2",
+        },
+        schema,
     )
     sent = cluster_spark.sparkContext.accumulator(0)
+    progress = SparkProgress(cluster_spark, rows * partitions, "cluster-kill")
 
     def slow_publish(partition_rows: Iterator[Row]) -> None:
         import time
 
-        from pyspark import TaskContext
-
-        from pipeline.writer import publish_partition
+        from mq_sidecar_spark.writer import write_partition
 
         def paced() -> Iterator[Row]:
             for row in partition_rows:
                 time.sleep(0.005)
                 yield row
 
-        context = TaskContext.get()
-        assert context is not None
-        sent.add(publish_partition(paced(), settings, context.partitionId()))
+        sent.add(write_partition(paced(), schema, options, None).rows)
 
     before = set(cluster.executor_pids())
     assert len(before) == 2
@@ -335,6 +337,7 @@ def test_executor_killed_mid_job_every_row_once(
 
     def job() -> None:
         try:
+            cluster_spark.sparkContext.setJobGroup("cluster-kill", "paced publish")
             df.foreachPartition(slow_publish)
             outcome.append(sent.value)
         except BaseException as exc:  # reported to the test thread
@@ -345,9 +348,9 @@ def test_executor_killed_mid_job_every_row_once(
     try:
 
         def two_partitions_under_way() -> bool:
-            per_partition: dict[str, int] = {}
-            for mid in reader.snapshot().counts:
-                partition = mid.split("/")[1]
+            per_partition: dict[int, int] = {}
+            for mid in reader.snapshot().counts:  # kill/<row>: rows [p * rows, (p + 1) * rows)
+                partition = int(mid.split("/")[1]) // rows
                 per_partition[partition] = per_partition.get(partition, 0) + 1
             return sum(n >= trigger for n in per_partition.values()) >= 2
 
@@ -363,8 +366,7 @@ def test_executor_killed_mid_job_every_row_once(
         hidden = hidden_by_live_sessions(amq_sidecar)
     finally:
         reader.close()
-        progress.close()
-    result = reconcile(expected(df, settings), reader.snapshot())
+    result = reconcile(expected(df, "kill"), reader.snapshot())
     assert result.ok, result.to_dict(10)
     assert (result.received, result.unique) == (rows * partitions, rows * partitions)
     assert killed in before

@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING
 from pipeline.drill.options import DrillOptions
 from pipeline.faults import BrokerPair, FaultInjector, Sampler, tqdm_class
 from pipeline.monitor import EventMonitor
-from pipeline.verify import Reader
+from pipeline.verify import ConsumingApp
 from testbed import ActiveMQ
 from testbed.sidecar import SidecarProcess
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from pipeline.baseline import ProgressListener
+    from testbed.spark_cluster import SparkCluster
 
 __all__ = ["DrillContext", "Started"]
 
@@ -37,34 +37,38 @@ class Started:
     brokers: list[ActiveMQ] = field(default_factory=list)
     sidecars: list[SidecarProcess] = field(default_factory=list)
     monitors: list[EventMonitor] = field(default_factory=list)
-    readers: list[Reader] = field(default_factory=list)
+    readers: list[ConsumingApp] = field(default_factory=list)
     sampler: Sampler | None = None
     faults: FaultInjector | None = None
     spark: SparkSession | None = None
-    listeners: list[ProgressListener] = field(default_factory=list)
+    cluster: SparkCluster | None = None
+    target: tuple[str, dict[str, str]] | None = None
 
     def stop_all(self) -> None:
-        """Stop everything started, newest first (faults, sampler, clients, listeners,
-        Spark, sidecars within 30 s each, brokers); never raises."""
+        """Stop everything started, newest first (faults, sampler, clients (the streaming
+        consumer's driver within 60 s), Spark, the drill's Spark cluster, sidecars within 30 s
+        each, brokers); never raises."""
         if self.faults is not None:
             self.faults.stop()  # restart nothing any more
         if self.sampler is not None:
             with contextlib.suppress(Exception):
                 self.sampler.stop()
-        clients: list[Reader | EventMonitor] = [*self.readers, *self.monitors]
-        for client in clients:
+        for reader in self.readers:
             with contextlib.suppress(Exception):
-                client.close(timeout=5.0)
+                reader.close(timeout=5.0)
+        for monitor in self.monitors:
+            with contextlib.suppress(Exception):
+                monitor.close(timeout=5.0)
         if self.faults is not None:
             self.faults.join(30.0)
-        for listener in self.listeners:
-            with contextlib.suppress(Exception):
-                listener.close()
         if self.spark is not None:
             from pipeline.spark import stop_spark  # noqa: PLC0415
 
             with contextlib.suppress(Exception):
                 stop_spark(self.spark)
+        if self.cluster is not None:
+            with contextlib.suppress(Exception):
+                self.cluster.stop()
         for sidecar in reversed(self.sidecars):
             with contextlib.suppress(Exception):
                 sidecar.stop(30.0)

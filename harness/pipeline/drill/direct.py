@@ -1,7 +1,9 @@
 """The baseline run (``--baseline``, :mod:`pipeline.baseline`): before the drill, the same
-publish and drain straight to the serving broker, no sidecar, no fault, on the same Spark
-session and cached partitions; its rates are what the report gives the drill's as a share
-of."""
+publish (the data source, :mod:`pipeline.publish`) and drain straight to the serving broker,
+no sidecar, no fault, on the same Spark session and cached partitions; its rates are what the
+report gives the drill's as a share of. Its publish series is Spark's own count of the rows
+of the finished tasks (:class:`pipeline.publish.SparkProgress`): no sidecar counts the
+SENDs."""
 
 from __future__ import annotations
 
@@ -20,22 +22,23 @@ from pipeline.verify import expected, reconcile
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from pipeline.writer import WriterSettings
+    from pipeline.publish import PublishSettings
 
 __all__ = ["run_baseline"]
 
 
 def run_baseline(
-    ctx: DrillContext, spark: SparkSession, df: DataFrame, rows: int, settings: WriterSettings
+    ctx: DrillContext, spark: SparkSession, df: DataFrame, rows: int, settings: PublishSettings
 ) -> tuple[BaselineReport, dict[str, bytes]]:
-    """Publish the ``rows`` rows of ``df`` with the drill's writer ``settings`` pointed at the
+    """Publish the ``rows`` rows of ``df`` with the drill's publish ``settings`` pointed at the
     serving broker (the first of ``--brokers``) on the drill's queue with ``.baseline``
     appended, drain it there, and reconcile; phases ``warm-up``, ``baseline publish``,
     ``baseline drain``, ``baseline verify``. Returns the baseline's report and the source
     rows (``row id: body digest``, :func:`pipeline.verify.expected`): the drill's rows carry
     the same ids and bodies, so its verify reuses them. Raises
     :class:`~pipeline.drill.startup.DrillError` if the reader cannot subscribe."""
-    from pipeline.baseline import ProgressListener, broker_address, warm_workers  # noqa: PLC0415
+    from pipeline.baseline import broker_address, warm_workers  # noqa: PLC0415
+    from pipeline.publish import SparkProgress  # noqa: PLC0415
 
     opts = ctx.options
     if opts.brokers is not None:
@@ -46,19 +49,13 @@ def run_baseline(
         host, port = serving.host, serving.stomp_port
     with ctx.phase("warm-up"):
         warm_workers(spark)
-    listener = ProgressListener()
-    ctx.state.listeners.append(listener)
-    direct = replace(
-        settings,
-        destination=f"{settings.destination}.baseline",
-        host=host,
-        port=port,
-        progress_port=listener.port,
-    )
+    direct = replace(settings, destination=f"{settings.destination}.baseline", host=host, port=port)
+    group = f"{ctx.job}-baseline"
+    progress = SparkProgress(spark, rows, group)
     reader = open_reader(ctx, direct.destination, host, port)
     none = FaultInjector((), rows, pair=None, pids=(), say=ctx.say)
     sampler = Sampler(
-        listener.total,
+        progress.total,
         reader,
         rows,
         none,
@@ -70,18 +67,10 @@ def run_baseline(
         f"baseline: publishing {rows:,} rows straight to the broker {host}:{port} "
         f"({direct.destination}), no sidecar, no fault"
     )
-    published = publish(
-        ctx,
-        df,
-        direct,
-        sampler,
-        prefix="baseline ",
-        published=lambda sent: listener.wait_for(sent, 2.0),
-    )
+    published = publish(ctx, df, rows, direct, sampler, group=group, prefix="baseline ")
     drained = drain(ctx, reader, rows, sampler, prefix="baseline ")
-    listener.close()
     with ctx.phase("baseline verify"):
-        source = expected(df, settings)  # the same ids and bodies as the drill's
+        source = expected(df, ctx.job)  # the same ids and bodies as the drill's
         received = reader.snapshot()
         received.merge(drained.residual)
         result = reconcile(source, received)

@@ -16,12 +16,16 @@ from pipeline.faults import FaultKind
 
 __all__ = [
     "ALL_DOWN",
+    "CLUSTER",
+    "CONSUMERS",
     "DOWN_FOR",
+    "KILL_DRIVER_AT",
     "KILL_SIDECAR_ID_CACHE",
     "MASTER",
     "MASTER_WITH_RETRIES",
     "ROWS_PER_PARTITION",
     "SIDECAR_OPTIONS",
+    "SPARK_UNACKED_FACTOR",
     "DrillOptions",
     "DrillUsageError",
 ]
@@ -65,6 +69,37 @@ DOWN_FOR = 30.0
 #: Spark master without (``local[2]``) and with task retries (``local[2,4]``: a task may fail
 #: 3 times and run a 4th): the sidecar or every broker killed fails the writer's tasks.
 MASTER, MASTER_WITH_RETRIES = "local[2]", "local[2,4]"
+#: ``--master cluster``: a Spark standalone cluster of the drill's own
+#: (``testbed.spark_cluster.SparkCluster``, 2 workers of 1 core), its executors processes of
+#: their own.
+CLUSTER = "cluster"
+#: The consuming apps of ``--consumer``: stomp.py (``pipeline.verify.Reader``) or a Structured
+#: Streaming query (``pipeline.drill.streaming``).
+CONSUMERS = ("stomp", "spark")
+#: ``--consumer spark``: the streaming reader's ``max_messages_per_batch`` (``--read-batch``).
+#: Every batch's ACKs go out at once when Spark commits it; with batches of 5,000 the consumer
+#: sidecar held 9,564-16,522 unconfirmed ACKs when the broker was killed, and twice in three
+#: runs on all rows the query got no message after the failover (docs/results.md). Batches of
+#: 1,000 (2,744 ACKs in flight at the kill) went through it.
+READ_BATCH = 1000
+#: ``--consumer spark``: the streaming reader's ``prefetch`` in batches (``--read-batch``). The
+#: reader's own default is 2 (10,000 for batches of 5,000), which deadlocked the query after the
+#: driver kill on all rows: killed after Spark logged batch N's offsets and before it committed
+#: batch N-1 to the source, the restarted driver holds the redeliveries of both batches
+#: unacknowledged (logged, not committed by the source) until Spark commits N-1 to the source,
+#: which it does only when it builds batch N+1, for which no message can come: the window is
+#: full (measured: docs/results.md). A third batch of room lets batch N+1 come. (The reader
+#: settles what Spark committed in ``latestOffset`` since the data source's 360a6a6.)
+READ_PREFETCH_BATCHES = 3
+#: ``--consumer spark``: the consumer sidecar's ``max_unacked`` is this many times the streaming
+#: reader's prefetch. The reader holds up to its prefetch window unacknowledged (a logged batch
+#: is ACKed only once Spark commits it), and after a failover the sidecar also holds the ACKs
+#: the app sent during the outage until the broker redelivers their messages: the default
+#: (10,000) must not make the sidecar stop reading the broker for the redeliveries. (It was not
+#: the cause of the stalls after a failover with batches of 5,000: see :data:`READ_BATCH`.)
+SPARK_UNACKED_FACTOR = 4
+#: Share of the rows in the sink at which ``--consumer spark`` kills the query's driver.
+KILL_DRIVER_AT = 0.5
 #: A local master without task retries: ``local``, ``local[N]``, ``local[*]``.
 _LOCAL_NO_RETRIES = re.compile(r"^local(\[(\d+|\*)\])?$")
 
@@ -82,7 +117,10 @@ class DrillOptions:
     ``outbox``: the producer's sidecar runs with ``outbox = true``, its ``outbox_dir`` in the
     work directory; ``master``: Spark's (None: :data:`MASTER`, or :data:`MASTER_WITH_RETRIES`
     for every broker down or the sidecar killed); ``baseline``: run the publish and drain once
-    straight to the broker first (:mod:`pipeline.drill`). Durations in seconds.
+    straight to the broker first (:mod:`pipeline.drill`); ``consumer``: the consuming app,
+    ``stomp`` (stomp.py) or ``spark`` (a streaming query whose driver is killed at
+    ``kill_driver_at`` of the rows, :meth:`driver_kill_share`; ``read_batch`` its
+    ``max_messages_per_batch``); ``master`` may be :data:`CLUSTER`. Durations in seconds.
     """
 
     rows: int | None = None
@@ -109,6 +147,24 @@ class DrillOptions:
     outbox: bool = False
     down_for: float | None = None
     kill_sidecar: bool = False
+    consumer: str = "stomp"
+    kill_driver_at: float | None = None
+    read_batch: int = READ_BATCH
+
+    @property
+    def cluster(self) -> bool:
+        """``--master cluster``: the drill starts its own Spark standalone cluster
+        (:data:`CLUSTER`)."""
+        return self.master == CLUSTER
+
+    def driver_kill_share(self) -> float | None:
+        """With ``--consumer spark``: the share of the rows in the sink at which the streaming
+        query's driver is killed (``kill_driver_at``, default :data:`KILL_DRIVER_AT`; 0 means
+        never: None)."""
+        if self.consumer != "spark":
+            return None
+        share = KILL_DRIVER_AT if self.kill_driver_at is None else self.kill_driver_at
+        return share or None
 
     @property
     def fault_kind(self) -> FaultKind:
@@ -164,14 +220,22 @@ class DrillOptions:
         """The options of the ``producer``'s or the ``consumer``'s sidecar:
         :data:`SIDECAR_OPTIONS`, and for the producer with ``outbox`` ``outbox = true`` with
         ``outbox_dir``; for the consumer with ``kill_sidecar`` an ``id_cache_size`` of
-        :data:`KILL_SIDECAR_ID_CACHE`."""
+        :data:`KILL_SIDECAR_ID_CACHE`, with ``--consumer spark`` a ``max_unacked`` of
+        :data:`SPARK_UNACKED_FACTOR` times the reader's prefetch."""
         options = dict(SIDECAR_OPTIONS)
         if role == "producer" and self.outbox:
             options["outbox"] = True
             options["outbox_dir"] = str(outbox_dir)
         if role == "consumer" and self.kill_sidecar:
             options["id_cache_size"] = KILL_SIDECAR_ID_CACHE
+        if role == "consumer" and self.consumer == "spark":
+            options["max_unacked"] = SPARK_UNACKED_FACTOR * self.read_prefetch()
         return options
+
+    def read_prefetch(self) -> int:
+        """With ``--consumer spark``: the streaming reader's ``prefetch`` (the broker's window
+        of unacknowledged deliveries): :data:`READ_PREFETCH_BATCHES` times ``read_batch``."""
+        return READ_PREFETCH_BATCHES * self.read_batch
 
     def validate(self) -> None:
         """Raise :class:`DrillUsageError` naming every inconsistency."""
@@ -198,6 +262,20 @@ class DrillOptions:
             problems.append("--receipt-every and --max-in-flight must be at least 1")
         if self.partitions is not None and self.partitions < 1:
             problems.append("--partitions must be at least 1")
+        if self.consumer not in CONSUMERS:
+            problems.append(f"--consumer must be one of {', '.join(CONSUMERS)}")
+        if self.kill_driver_at is not None:
+            if self.consumer != "spark":
+                problems.append("--kill-driver-at only applies with --consumer spark")
+            if not 0 <= self.kill_driver_at < 1:
+                problems.append("--kill-driver-at must be 0 (no kill) or a share below 1")
+        if self.read_batch < 1:
+            problems.append("--read-batch must be at least 1")
+        master = self.master
+        if master is not None and not (
+            master == CLUSTER or master.startswith(("local", "spark://"))
+        ):
+            problems.append(f"--master must be local[...], spark://HOST:PORT or {CLUSTER}")
         if self.baseline and self.brokers is not None:
             from pipeline.baseline import broker_address  # noqa: PLC0415
 

@@ -23,49 +23,50 @@ from pipeline.drill.results import delivery_fields, timeline_of, write_files
 from pipeline.drill.startup import (
     load_rows,
     open_reader,
+    open_spark_consumer,
     start_brokers,
     start_sidecars,
     start_spark,
     watch_restarted,
 )
-from pipeline.drill.transfer import Drained, Published, drain, publish
+from pipeline.drill.streaming import SparkConsumer
+from pipeline.drill.transfer import Drained, Published, drain, publish, split_residual
 from pipeline.faults import (
     RESTART_TIMEOUT,
     FaultInjector,
     Sampler,
     group_incidents,
+    outbox_taken,
     sidecar_outbox,
     sidecar_sends,
 )
+from pipeline.publish import PublishSettings, SparkProgress
 from pipeline.report.document import DrillReport
 from pipeline.report.notes import fault_notes
 from pipeline.report.outbox import outbox_errors, outbox_summary
 from pipeline.report.overhead import BaselineReport, Overhead, overhead
 from pipeline.report.timeline import throughput
-from pipeline.verify import Reader, Reconciliation, expected, reconcile
+from pipeline.verify import ConsumingApp, Reconciliation, expected, reconcile
 from testbed.sidecar import SidecarProcess, metric_total
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
-
-    from pipeline.baseline import ProgressListener
-    from pipeline.writer import WriterSettings
+    from pyspark.sql import DataFrame, SparkSession
 
 __all__ = ["AtDrainEnd", "Drill", "Traffic"]
 
 
 @dataclass
 class Traffic:
-    """What the drill's publish and drain go through: the two sidecars, the writer's
-    ``settings`` and the ``listener`` of its progress reports (SENDs per task attempt), the
-    consuming app (``reader``), the planned ``faults`` and the ``sampler`` that follows the
-    SENDs and the reader every 0.2 s and makes the faults."""
+    """What the drill's publish and drain go through: the two sidecars, the publish's
+    ``settings`` and Spark's ``progress`` of its job (task attempts retried), the consuming
+    app (``reader``: stomp.py, or the streaming consumer), the planned ``faults`` and the
+    ``sampler`` that follows the SENDs and the reader every 0.2 s and makes the faults."""
 
     producer: SidecarProcess
     consumer: SidecarProcess
-    settings: WriterSettings
-    listener: ProgressListener
-    reader: Reader
+    settings: PublishSettings
+    progress: SparkProgress
+    reader: ConsumingApp
     faults: FaultInjector
     sampler: Sampler
 
@@ -75,10 +76,16 @@ class AtDrainEnd:
     """What the sidecars said at the end of the drain, while the reader's session was still
     open: ``hidden``, copies (``duplicates_hidden``) and redeliveries
     (``redeliveries_hidden``) the consumer's sidecar hid; ``outbox``, the producer's
-    ``/status`` ``outbox`` object once empty (None without ``--outbox`` or no answer)."""
+    ``/status`` ``outbox`` object once empty (None without ``--outbox`` or no answer);
+    ``unacked``: with ``--consumer spark``, messages of the query's last batch the residual
+    check found (in the sink, not yet ACKed when the query stopped: the source ACKs a batch
+    once Spark has committed it and asks for the next); ``unacked_earlier``: those it found
+    that are in the sink from an earlier batch (their ACKs did not take effect: an error)."""
 
     hidden: dict[str, int]
     outbox: dict[str, Any] | None = None
+    unacked: int = 0
+    unacked_earlier: int = 0
 
 
 class Drill(DrillContext):
@@ -97,12 +104,12 @@ class Drill(DrillContext):
             spark = start_spark(self)
         with self.phase("load"):
             df, rows = load_rows(self, spark)
-        settings, listener = self.writer(producer)
+        settings = self.publish_settings(producer)
         base: BaselineReport | None = None
         source: dict[str, bytes] | None = None
         if self.options.baseline:
             base, source = run_baseline(self, spark, df, rows, settings)
-        traffic = self.plan(rows, producer, consumer, settings, listener)
+        traffic = self.plan(spark, rows, producer, consumer, settings)
         published = self.publish(df, traffic)
         drained, at_end = self.drain(rows, traffic)
         notes, fault_errors = self.settle_faults(traffic.faults)
@@ -129,42 +136,38 @@ class Drill(DrillContext):
         """Stop everything the drill started, newest first; never raises."""
         self.state.stop_all()
 
-    def writer(self, producer: SidecarProcess) -> tuple[WriterSettings, ProgressListener]:
-        """Needs the producer's sidecar; produces the writer's settings (its STOMP port, the
+    def publish_settings(self, producer: SidecarProcess) -> PublishSettings:
+        """Needs the producer's sidecar; produces the publish's settings (its STOMP port, the
         drill's queue and job, a receipt every ``--receipt-every`` SENDs, at most
-        ``--max-in-flight`` outstanding) and a listener for the tasks' progress reports (the
-        publish series with the outbox, the task attempts retried in every mode)."""
-        from pipeline.baseline import ProgressListener  # noqa: PLC0415
-        from pipeline.writer import WriterSettings  # noqa: PLC0415
-
-        listener = ProgressListener()
-        self.state.listeners.append(listener)
-        settings = WriterSettings(
+        ``--max-in-flight`` outstanding)."""
+        return PublishSettings(
             destination=self.destination,
             job=self.job,
             port=producer.port,
-            key="row",
             receipt_every=self.options.receipt_every,
             max_in_flight=self.options.max_in_flight,
-            progress_port=listener.port,
         )
-        return settings, listener
 
     def plan(
         self,
+        spark: SparkSession,
         rows: int,
         producer: SidecarProcess,
         consumer: SidecarProcess,
-        settings: WriterSettings,
-        listener: ProgressListener,
+        settings: PublishSettings,
     ) -> Traffic:
-        """Needs the ``rows`` to publish, the sidecars, the writer's ``settings`` and
-        ``listener``; subscribes the reader through the consumer's sidecar, plans the faults
-        (at 40 % of the rows by default) and makes the sampler that will follow the SENDs
-        (the producer sidecar's counter; with ``--outbox`` the writer's own reports and the
-        outbox's depth). Produces the :class:`Traffic`."""
+        """Needs the ``rows`` to publish, the sidecars and the publish's ``settings``; starts
+        the consuming app through the consumer's sidecar (``--consumer``: the stomp.py reader
+        subscribed, or the streaming query's driver running), plans the faults (at 40 % of
+        the rows by default) and makes the sampler that will follow the SENDs (the producer
+        sidecar's counter; with ``--outbox`` what its outbox took). Produces the
+        :class:`Traffic`."""
         opts = self.options
-        reader = open_reader(self, self.destination, "127.0.0.1", consumer.port)
+        reader: ConsumingApp
+        if opts.consumer == "spark":
+            reader = open_spark_consumer(self, self.destination, consumer.port, rows)
+        else:
+            reader = open_reader(self, self.destination, "127.0.0.1", consumer.port)
         kind = opts.fault_kind
         faults = FaultInjector(
             opts.fractions(),
@@ -182,7 +185,7 @@ class Drill(DrillContext):
             f"publishing {rows:,} rows to {self.destination} ({_plan(opts.downtime(), faults)})"
         )
         sampler = Sampler(
-            listener.total if opts.outbox else sidecar_sends(producer),
+            outbox_taken(producer) if opts.outbox else sidecar_sends(producer),
             reader,
             rows,
             faults,
@@ -190,21 +193,16 @@ class Drill(DrillContext):
             outbox=sidecar_outbox(producer) if opts.outbox else None,
         )
         self.state.sampler = sampler
-        return Traffic(producer, consumer, settings, listener, reader, faults, sampler)
+        progress = SparkProgress(spark, rows, self.job)
+        return Traffic(producer, consumer, settings, progress, reader, faults, sampler)
 
     def publish(self, df: DataFrame, traffic: Traffic) -> Published:
         """Phase ``publish``: needs the cached rows ``df`` and the :class:`Traffic`; Spark
-        publishes every row through the producer's sidecar while the reader drains and the
-        sampler makes the planned faults. Produces the :class:`Published` (``t0``, the
-        seconds it took, rows sent and confirmed); with ``--outbox`` it waits up to 2 s for
-        the writer's last progress reports."""
-        listener = traffic.listener
+        writes every row with the data source through the producer's sidecar while the
+        consuming app drains and the sampler makes the planned faults. Produces the
+        :class:`Published` (``t0``, the seconds it took, rows sent and confirmed)."""
         return publish(
-            self,
-            df,
-            traffic.settings,
-            traffic.sampler,
-            published=(lambda sent: listener.wait_for(sent, 2.0)) if self.options.outbox else None,
+            self, df, traffic.progress.rows, traffic.settings, traffic.sampler, group=self.job
         )
 
     def drain(self, rows: int, traffic: Traffic) -> tuple[Drained, AtDrainEnd]:
@@ -223,6 +221,10 @@ class Drill(DrillContext):
                 at_end.outbox = outbox_emptied(traffic.producer, opts.drain_idle_for_plan())
 
         drained = drain(self, traffic.reader, rows, traffic.sampler, before_close=before_close)
+        if isinstance(traffic.reader, SparkConsumer):
+            drained.residual, at_end.unacked, at_end.unacked_earlier = split_residual(
+                drained.residual, traffic.reader.snapshot(), traffic.reader.last_batch_ids()
+            )
         return drained, at_end
 
     def settle_faults(self, faults: FaultInjector) -> tuple[list[str], list[str]]:
@@ -254,7 +256,7 @@ class Drill(DrillContext):
         baseline's, else computed from ``df`` with a Spark job). Produces the
         :class:`~pipeline.verify.Reconciliation`."""
         if source is None:
-            source = expected(df, traffic.settings)
+            source = expected(df, self.job)
         received = traffic.reader.snapshot()
         received.merge(drained.residual)
         return reconcile(source, received)
@@ -308,7 +310,7 @@ class Drill(DrillContext):
                 faults.records(),
                 publish_rate,
                 outbox=outbox,
-                retried=traffic.listener.retried(),
+                retried=traffic.progress.retried(),
                 duplicates_hidden=at_end.hidden["duplicates_hidden"],
             )
         )
@@ -319,6 +321,7 @@ class Drill(DrillContext):
             overheads[mode] = overhead(mode, publish_rate, consume_rate, base, share)
             # Issue 18: a third pass on the same partitions (both modes in one run) puts
             # its report's rates in here the same way, under its own mode.
+        consumer = self._consumer_section(traffic.reader, at_end, notes, errors)
         self.phases["total"] = time.monotonic() - self.started
         return DrillReport(
             **delivery_fields(rows, published.sent, result, drained.residual),
@@ -338,7 +341,38 @@ class Drill(DrillContext):
             baseline=base,
             overhead=overheads,
             outbox=outbox,
+            consumer=consumer,
         )
+
+    def _consumer_section(
+        self, reader: ConsumingApp, at_end: AtDrainEnd, notes: list[str], errors: list[str]
+    ) -> dict[str, Any]:
+        """The report's ``consumer`` section; with ``--consumer spark`` also the streaming
+        consumer's errors (into ``errors``) and a note on the last batch's messages the
+        residual check found unacknowledged (into ``notes``)."""
+        if not isinstance(reader, SparkConsumer):
+            return {"kind": "stomp", "ack": self.options.ack}
+        section = reader.summary()
+        section["unacked_last_batch"] = at_end.unacked
+        section["unacked_earlier_batches"] = at_end.unacked_earlier
+        if at_end.unacked_earlier:
+            errors.append(
+                f"{at_end.unacked_earlier:,} message(s) already in the sink from an earlier "
+                "batch were still on the queue after the query stopped: their ACKs did not "
+                "take effect"
+            )
+        errors.extend(f"streaming consumer: {e}" for e in reader.errors)
+        share = self.options.driver_kill_share()
+        if share is not None and not reader.kills:
+            errors.append(f"the streaming driver was not killed (planned at {share:.0%})")
+        if at_end.unacked:
+            notes.append(
+                f"{at_end.unacked:,} message(s) of the query's last batch were still "
+                "unacknowledged when it stopped (the source ACKs a batch once Spark has "
+                "committed it and asks for the next one); each is in the sink once, and the "
+                "residual check took it"
+            )
+        return section
 
     def _settings(self, brokers: str, partitions: int, faults: FaultInjector) -> dict[str, object]:
         """The report's ``settings``: the job, its queue and brokers, Spark's master and
@@ -359,6 +393,14 @@ class Drill(DrillContext):
                 "max_in_flight": opts.max_in_flight,
             },
             "reader_ack": opts.ack,
+            "consumer": opts.consumer,
+            "publish": "df.write.format('stomp') (mq_sidecar_spark), id_columns=row, "
+            "id_prefix=<job>",
+            "publish_series": (
+                "the producer sidecar's outbox: frames held + forwarded"
+                if opts.outbox
+                else "the producer sidecar's relayed SENDs (/metrics)"
+            ),
             "sidecar": SIDECAR_OPTIONS,
             "producer_sidecar": self.sidecar_options("producer"),
             "options": {k: str(v) for k, v in asdict(opts).items()},

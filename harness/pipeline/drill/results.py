@@ -14,7 +14,7 @@ from pipeline.report.document import DrillReport
 from pipeline.report.png import write_png
 from pipeline.report.records import Delivery, FailoverIncident, FaultRecord
 from pipeline.report.timeline import Timeline
-from pipeline.verify import Reader, Received, Reconciliation
+from pipeline.verify import ConsumingApp, Received, Reconciliation
 
 __all__ = ["delivery_fields", "timeline_of", "write_files"]
 
@@ -22,7 +22,7 @@ __all__ = ["delivery_fields", "timeline_of", "write_files"]
 def timeline_of(
     *,
     sampler: Sampler,
-    reader: Reader,
+    reader: ConsumingApp,
     residual: Received,
     faults: FaultInjector,
     incidents: list[FailoverIncident],

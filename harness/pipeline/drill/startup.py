@@ -8,10 +8,12 @@ does not come up."""
 from __future__ import annotations
 
 import http.client
+import os
 import signal
+import sys
 import threading
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pipeline.drill.context import DrillContext
 from pipeline.faults import BrokerPair, broker_label
@@ -27,7 +29,9 @@ __all__ = [
     "DrillError",
     "load_rows",
     "open_reader",
+    "open_spark_consumer",
     "raise_interrupt",
+    "spark_target",
     "start_brokers",
     "start_sidecars",
     "start_spark",
@@ -127,15 +131,73 @@ def watch_restarted(ctx: DrillContext, sidecar: SidecarProcess) -> None:
     monitor.start()
 
 
+#: Per application on the drill's own cluster (``--master cluster``): two executors of one
+#: core each, one on each worker, so that the publishing session and the streaming consumer's
+#: driver (two applications at once) each get theirs (one application with every core would
+#: leave the other waiting for executors).
+CLUSTER_APP_CONF = {
+    "spark.executor.cores": "1",
+    "spark.executor.memory": "640m",
+    "spark.cores.max": "2",
+}
+
+
+def spark_target(ctx: DrillContext) -> tuple[str, dict[str, str]]:
+    """The Spark master URL and configuration of the drill's applications (the publishing
+    session and the streaming consumer's driver): ``--master cluster`` starts the drill's own
+    standalone cluster first (``testbed.spark_cluster.SparkCluster``, 2 workers of 2 cores and
+    1536 MiB, in ``workdir/spark-cluster``; up to 120 s; recorded in ``ctx.state.cluster``),
+    ``spark://...`` takes that cluster with this interpreter and ``PYTHONPATH`` on its
+    executors, a local master is taken as it is. Computed once. Raises :class:`DrillError`
+    when the cluster does not start."""
+    if ctx.state.target is not None:
+        return ctx.state.target
+    master = ctx.options.spark_master()
+    conf: dict[str, str] = {}
+    if ctx.options.cluster:
+        from testbed.spark_cluster import SparkCluster  # noqa: PLC0415
+
+        cluster = SparkCluster(
+            work_dir=ctx.workdir / "spark-cluster",
+            workers=2,
+            cores_per_worker=2,
+            memory_per_worker="1536m",
+        )
+        ctx.state.cluster = cluster
+        try:
+            cluster.start(timeout=120.0)
+        except Exception as exc:
+            raise DrillError(f"the Spark standalone cluster did not start: {exc}") from exc
+        master = cluster.master_url
+        conf = {**cluster.spark_conf(), **CLUSTER_APP_CONF}
+        ctx.say(
+            f"Spark standalone cluster at {master}: master pid {cluster.master_pid()}, workers "
+            f"{cluster.worker_pids()} (logs in {cluster.log_dir})"
+        )
+    elif master.startswith("spark://"):
+        python = sys.executable
+        conf = {
+            "spark.pyspark.python": python,
+            "spark.executorEnv.PYSPARK_PYTHON": python,
+        }
+        if os.environ.get("PYTHONPATH"):
+            conf["spark.executorEnv.PYTHONPATH"] = os.environ["PYTHONPATH"]
+    ctx.state.target = (master, conf)
+    return master, conf
+
+
 def start_spark(ctx: DrillContext) -> SparkSession:
-    """Start the local Spark session on the options' master (its JVM log in
-    ``workdir/spark.log``; about 5 s); from then on SIGINT raises KeyboardInterrupt."""
+    """Start the Spark session on the options' master (:func:`spark_target`; its JVM log in
+    ``workdir/spark.log``; about 5 s, more with a cluster's executors) and register the
+    ``stomp`` data source; from then on SIGINT raises KeyboardInterrupt."""
+    from pipeline.publish import register  # noqa: PLC0415
     from pipeline.spark import start_spark as start_session  # noqa: PLC0415
 
     log = ctx.workdir / "spark.log"
-    master = ctx.options.spark_master()
+    master, conf = spark_target(ctx)
     try:
-        spark = start_session("mq-sidecar-drill", master=master, log_file=log)
+        spark = start_session("mq-sidecar-drill", master=master, conf=conf, log_file=log)
+        register(spark)
     except Exception as exc:
         raise DrillError(f"Spark did not start (log: {log}): {exc}") from exc
     ctx.state.spark = spark
@@ -179,3 +241,37 @@ def open_reader(ctx: DrillContext, destination: str, host: str, port: int) -> Re
     except Exception as exc:  # ReadError, stomp.py's ConnectFailedException
         raise DrillError(f"the reader could not subscribe: {exc}") from exc
     return reader
+
+
+def open_spark_consumer(ctx: DrillContext, destination: str, port: int, rows: int) -> Any:
+    """The streaming consumer (``--consumer spark``, :mod:`pipeline.drill.streaming`) of
+    ``destination`` through the consumer's sidecar on ``port``, expecting ``rows`` rows, its
+    files in ``workdir/consumer``; started (its query runs). Raises :class:`DrillError` if
+    its query does not run."""
+    from pipeline.drill.streaming import SparkConsumer, StreamError  # noqa: PLC0415
+
+    master, conf = spark_target(ctx)
+    consumer = SparkConsumer(
+        destination,
+        host="127.0.0.1",
+        port=port,
+        workdir=ctx.workdir / "consumer",
+        master=master,
+        conf=conf,
+        rows=rows,
+        kill_at=ctx.options.driver_kill_share(),
+        batch_rows=ctx.options.read_batch,
+        prefetch=ctx.options.read_prefetch(),
+        say=ctx.say,
+    )
+    ctx.state.readers.append(consumer)
+    try:
+        consumer.start()
+    except (StreamError, OSError) as exc:
+        raise DrillError(f"the streaming consumer did not start: {exc}") from exc
+    assert consumer.proc is not None
+    ctx.say(
+        f"streaming consumer: driver pid {consumer.proc.pid} ({master}) reads {destination} "
+        f"into Parquet ({consumer.sink})"
+    )
+    return consumer

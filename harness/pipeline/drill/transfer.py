@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING
 
 from pipeline.drill.context import DrillContext
 from pipeline.faults import Sampler
-from pipeline.verify import Reader, Received
+from pipeline.verify import ConsumingApp, Reader, Received
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from pipeline.writer import WriterSettings
+    from pipeline.publish import PublishSettings
 
-__all__ = ["Drained", "Published", "drain", "publish", "residual"]
+__all__ = ["Drained", "Published", "drain", "publish", "residual", "split_residual"]
 
 
 @dataclass
@@ -48,18 +48,18 @@ class Drained:
 def publish(
     ctx: DrillContext,
     df: DataFrame,
-    settings: WriterSettings,
+    rows: int,
+    settings: PublishSettings,
     sampler: Sampler,
     *,
+    group: str,
     prefix: str = "",
-    published: Callable[[int], object] | None = None,
 ) -> Published:
-    """Start ``sampler`` (and its fault injector's clock) and publish ``df`` with
-    ``settings`` (:func:`pipeline.writer.publish`), timed as phase ``<prefix>publish``; a
-    failed Spark job is an error, not an exception (the rows are still reconciled).
-    ``published(sent)`` runs after the job (e.g. to wait for the writer's last progress
-    reports), before the sampler's last sample."""
-    from pipeline.writer import publish as write  # noqa: PLC0415
+    """Start ``sampler`` (and its fault injector's clock) and write the ``rows`` rows of
+    ``df`` with ``settings`` (:func:`pipeline.publish.stomp_write`, in Spark job group
+    ``group``), timed as phase ``<prefix>publish``; a failed Spark job is an error, not an
+    exception (the rows are still reconciled)."""
+    from pipeline.publish import stomp_write  # noqa: PLC0415
 
     errors: list[str] = []
     t0 = time.monotonic()
@@ -68,19 +68,18 @@ def publish(
     sent = 0
     with ctx.phase(f"{prefix}publish"):
         try:
-            sent = write(df, settings)
+            stomp_write(df, settings, group=group)
+            sent = rows
         except Exception as exc:  # the Spark job failed: report it, still reconcile
             errors.append(f"publish failed: {type(exc).__name__}: {_first_line(exc)}")
     end = time.monotonic() - t0
-    if published is not None:
-        published(sent)
     sampler.sample()
     return Published(t0, end, sent, errors)
 
 
 def drain(
     ctx: DrillContext,
-    reader: Reader,
+    reader: ConsumingApp,
     rows: int,
     sampler: Sampler,
     *,
@@ -111,7 +110,7 @@ def drain(
     return Drained(left, errors)
 
 
-def residual(ctx: DrillContext, reader: Reader) -> Received:
+def residual(ctx: DrillContext, reader: ConsumingApp) -> Received:
     """What a fresh session where ``reader`` was still finds on its queue after the drain
     (should be none): it takes what comes until the queue is quiet for ``settle`` seconds
     (at most 60 s)."""
@@ -129,10 +128,37 @@ def residual(ctx: DrillContext, reader: Reader) -> Received:
     return check.snapshot()
 
 
+def split_residual(
+    left: Received, sink: Received, last_batch: set[str]
+) -> tuple[Received, int, int]:
+    """Split what the residual check found (``left``) by what the streaming consumer's
+    ``sink`` holds. Returns the messages not in the sink (a :class:`Received`, its arrivals
+    the first of ``left``'s), the count of those of the query's last batch (``last_batch``:
+    its row ids; delivered and written but not yet ACKed when the query stopped: the source
+    ACKs a batch once Spark has committed it and asks for the next), and the count of those
+    in the sink from an
+    earlier batch (their ACKs did not take effect: an error)."""
+    kept = Received(anonymous=left.anonymous)
+    in_last = in_earlier = 0
+    for mid, count in left.counts.items():
+        if mid in sink.counts:
+            if mid in last_batch:
+                in_last += count
+            else:
+                in_earlier += count
+            continue
+        kept.counts[mid] = count
+        kept.digests[mid] = left.digests[mid]
+        if mid in left.conflicts:
+            kept.conflicts.add(mid)
+    kept.arrivals = sorted(left.arrivals)[: sum(kept.counts.values()) + kept.anonymous]
+    return kept, in_last, in_earlier
+
+
 def _first_line(exc: BaseException) -> str:
     """The line of a Spark job's failure that names the error (at most 500 characters)."""
     text = str(exc).strip()
     for line in text.splitlines():
-        if "PublishError" in line or "Error:" in line:
+        if "StompWriteError" in line or "Error:" in line:
             return line.strip()[:500]
     return (text.splitlines() or [""])[0][:500]

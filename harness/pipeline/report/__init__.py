@@ -18,9 +18,9 @@ to the broker, no sidecar, no fault) and, per mode that ran between the apps and
 (``sidecar``, or ``outbox`` with ``--outbox``), an overhead: the mode's publish and consume
 rates as a share of the baseline's, *overall* (the mode's whole run, kill, outage and replay
 included) and *before the kill* (the mode's rate up to its first kill against the baseline's
-rate over the same first share of the rows: the like-for-like figure). The baseline counts
-its SENDs from the writer's own reports (``WriterSettings.progress_port``), there being no
-sidecar to count them.
+rate over the same first share of the rows: the like-for-like figure). The baseline's
+publish series is Spark's own progress (the rows of the publish job's finished tasks,
+:class:`pipeline.publish.SparkProgress`), there being no sidecar to count the SENDs.
 
 The modules, one section of the report each (none imports Spark, a broker or a sidecar):
 

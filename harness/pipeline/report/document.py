@@ -45,6 +45,7 @@ class DrillReport(Delivery):
     baseline: BaselineReport | None = None
     overhead: dict[str, Overhead] = field(default_factory=dict)
     outbox: OutboxSummary | None = None
+    consumer: dict[str, Any] | None = None
 
     @property
     def failovers(self) -> int:
@@ -94,6 +95,7 @@ class DrillReport(Delivery):
             "baseline": self.baseline.to_dict() if self.baseline is not None else None,
             "overhead": {mode: o.to_dict() for mode, o in self.overhead.items()},
             "outbox": self.outbox.to_dict() if self.outbox is not None else None,
+            "consumer": self.consumer,
         }
 
     def write_json(self, path: Path) -> None:
@@ -133,6 +135,7 @@ class DrillReport(Delivery):
             )
         if self.outbox is not None:
             lines.append(f"  outbox        {self.outbox.describe()}")
+        lines.extend(self._consumer_lines())
         lines.extend(self._baseline_lines(rate))
         lines.append(f"  replayed      {self.frames_replayed:,} frame(s)")
         lines.append(
@@ -157,6 +160,26 @@ class DrillReport(Delivery):
         )
         lines.append(f"  result        {verdict}")
         return "\n".join(lines)
+
+    def _consumer_lines(self) -> list[str]:
+        """The streaming consumer's line and its driver kills (none for stomp.py)."""
+        c = self.consumer
+        if not c or c.get("kind") != "spark":
+            return []
+        lines = [
+            f"  consumer      streaming query (readStream.format('stomp') -> Parquet, "
+            f"{c['master']}): {c['batches']:,} batches of at most "
+            f"{c['max_messages_per_batch']:,}"
+        ]
+        for kill in c.get("driver_kills", []):
+            batch = "mid-batch" if kill.get("mid_batch") else "between batches"
+            after = kill.get("running_after_s")
+            lines.append(
+                f"    driver pid {kill['pid']} killed (SIGKILL) after {kill['rows_before']:,} "
+                f"rows, {batch}; pid {kill.get('new_pid')} ran the query again "
+                f"{'-' if after is None else f'{after:.1f}'} s later from the checkpoint"
+            )
+        return lines
 
     def _baseline_lines(self, rate: Callable[[float | None], str]) -> list[str]:
         """The baseline and the overhead of each mode (none without a baseline)."""
