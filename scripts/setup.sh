@@ -124,7 +124,7 @@ have="$(cat "$STAMP" 2>/dev/null || true)"
 if [ "$want" != "$have" ]; then
     say "installing mq-sidecar[test], mq-sidecar-harness and mq-sidecar-spark into $VENV"
     quiet "$VENV/bin/python" -m pip install --disable-pip-version-check --quiet \
-        -e "$REPO[test]" -e "$REPO/harness" -e "$REPO/spark"
+        -e "$REPO[test]" -e "$REPO/spark" -e "$REPO/harness"
     printf '%s\n' "$want" >"$STAMP"
 fi
 
