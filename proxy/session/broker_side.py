@@ -18,11 +18,9 @@ from proxy.session.acks import SidecarAcks
 from proxy.session.confirmations import Confirmations
 from proxy.session.core import ERROR_CLOSE_WINDOW, GOODBYE_TIMEOUT, SessionCore, log
 from proxy.session.ending import Ending
-from proxy.session.outcomes import unsettled
 from proxy.session.to_app import AppOutput
 from proxy.telemetry.events import FrameReport
 from proxy.telemetry.vocabulary import FailoverReason, OutcomeCause
-from proxy.tracking import StoredInOutbox
 
 __all__ = ["BrokerSide"]
 
@@ -96,18 +94,11 @@ class BrokerSide:
         still unconfirmed in the window is named to the app (OUTCOME, cause
         ``broker_closed``) and counted as lost, before the end (docs/behaviour.md, "Frame
         outcomes"). Frames the outbox holds are not lost: it forwards them later."""
-        core = self.core
-        lost = unsettled(
-            (e for e in core.flow.window if not isinstance(e.context, StoredInOutbox)),
-            OutcomeCause.BROKER_CLOSED,
-        )
-        core.flow.named = True
-        if lost:
-            core.metrics.frames_lost(len(lost))
-            with trio.move_on_after(GOODBYE_TIMEOUT):  # an app that stopped reading
-                await self.confirmations.control.report(
-                    lost, f"the broker closed the connection after an ERROR ({reason})"
-                )
+        with trio.move_on_after(GOODBYE_TIMEOUT):  # an app that stopped reading
+            await self.confirmations.control.name_unconfirmed(
+                OutcomeCause.BROKER_CLOSED,
+                f"the broker closed the connection after an ERROR ({reason})",
+            )
 
     async def _on_frame(self, upstream: Upstream, frame: Frame) -> None:
         command = frame.command

@@ -17,8 +17,11 @@ import trio
 from protocol import Command, Frame
 from proxy.session.core import SessionCore
 from proxy.session.ending import error_frame
+from proxy.session.outcomes import unsettled
 from proxy.session.to_app import AppOutput
 from proxy.telemetry.events import EventKind, FrameReport, SessionEvent
+from proxy.telemetry.vocabulary import OutcomeCause
+from proxy.tracking import StoredInOutbox
 
 __all__ = ["SCOPE_HEADER", "ControlChannel", "scope_refused"]
 
@@ -78,6 +81,20 @@ class ControlChannel:
                 EventKind.OUTCOME, core.id, reason, from_broker=broker, frames=tuple(frames)
             )
         )
+
+    async def name_unconfirmed(self, cause: OutcomeCause, reason: str) -> None:
+        """The session ends: every frame still unconfirmed in the window is named to the app
+        in one OUTCOME event with ``cause`` and ``reason``, and counted as lost; the window is
+        marked named (:attr:`FlowControl.named <proxy.session.flow.FlowControl.named>`).
+        Frames the outbox holds are not lost: the outbox forwards them later."""
+        core = self.core
+        core.flow.named = True
+        lost = unsettled(
+            (e for e in core.flow.window if not isinstance(e.context, StoredInOutbox)), cause
+        )
+        if lost:
+            core.metrics.frames_lost(len(lost))
+            await self.report(lost, reason)
 
     async def deliver(self, event: SessionEvent) -> None:
         """Write ``event`` to every control subscription of the app that wants it."""

@@ -76,7 +76,7 @@ from proxy.session.ending import (
 from proxy.session.handshake import accept_connect, connected_frame, local_connected_frame
 from proxy.session.link import Link
 from proxy.session.outbox import SessionOutbox
-from proxy.session.outcomes import report_of, report_of_frame, unsettled, unsettled_outcome
+from proxy.session.outcomes import report_of, report_of_frame, unsettled_outcome
 from proxy.session.phase import Phase
 from proxy.session.restore import Restorer
 from proxy.session.to_app import AppOutput
@@ -84,7 +84,7 @@ from proxy.telemetry.events import EventBus
 from proxy.telemetry.metrics import Metrics
 from proxy.telemetry.statistics import SessionStatistics
 from proxy.telemetry.vocabulary import DrainResult, FrameOutcome, OutcomeCause
-from proxy.tracking import StoredInOutbox, Transaction
+from proxy.tracking import Transaction
 from proxy.tracking.window import Entry
 
 __all__ = ["DRAIN_GOODBYE_MAX", "Session"]
@@ -352,16 +352,10 @@ class Session:
         core = self.core
         if core.flow.named:
             return
-        core.flow.named = True
-        lost = unsettled(
-            (e for e in core.flow.window if not isinstance(e.context, StoredInOutbox)),
-            OutcomeCause.SESSION_ENDED,
-        )
-        if not lost:
-            return
-        core.metrics.frames_lost(len(lost))
         why = ending.reason if ending is not None else "the session ended"
-        await self.control.report(lost, f"not confirmed when the session ended: {why}")
+        await self.control.name_unconfirmed(
+            OutcomeCause.SESSION_ENDED, f"not confirmed when the session ended: {why}"
+        )
 
     # -- serving ------------------------------------------------------------------------------
 
