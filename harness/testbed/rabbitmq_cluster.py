@@ -29,17 +29,24 @@ import secrets
 import shutil
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 from testbed.broker import BrokerError, BrokerProcess, BrokerTimeout, _listening
 from testbed.probe import free_port
 from testbed.rabbitmq import RabbitMQ
 
-__all__ = ["PrivateEpmd", "RabbitMQCluster", "cluster_leftovers"]
+__all__ = ["CLASSIC", "QUORUM", "PrivateEpmd", "RabbitMQCluster", "cluster_leftovers"]
+
+#: The STOMP headers that declare a quorum queue (RabbitMQ STOMP plugin guide, "Queue
+#: Arguments"); sent on SUBSCRIBE and SEND alike, so either may create it.
+QUORUM = {"x-queue-type": "quorum", "durable": "true", "auto-delete": "false"}
+#: A durable classic queue: it lives on the node where it was declared (its home node).
+CLASSIC = {"x-queue-type": "classic", "durable": "true", "auto-delete": "false"}
 
 
 def _epmd_binary() -> str:
@@ -359,6 +366,49 @@ class RabbitMQCluster:
             if any(row.get("name") == queue for row in rows):
                 return i
         return None
+
+    def declare_queue(
+        self, i: int, queue: str, headers: dict[str, str], timeout: float = 30.0
+    ) -> None:
+        """Declare ``/queue/QUEUE`` the STOMP way through a stomp.py connection straight to
+        node ``i``: a SUBSCRIBE carrying ``headers`` (e.g. :data:`QUORUM`), then UNSUBSCRIBE;
+        the queue stays (declare it with ``auto-delete:false``). With RabbitMQ's default
+        ``client-local`` locator, a quorum queue's leader (a classic queue's home) is then
+        node ``i`` (RabbitMQ STOMP plugin guide, "Queue Arguments"). Raises ``BrokerError``
+        when the node does not confirm both frames within ``timeout`` seconds."""
+        import stomp  # noqa: PLC0415 (a harness dependency; the broker classes need none)
+
+        node = self.nodes[i]
+        receipts: dict[str, threading.Event] = {"d": threading.Event(), "u": threading.Event()}
+        errors: list[str] = []
+
+        class Listener(stomp.ConnectionListener):  # type: ignore[misc]
+            def on_receipt(self, frame: Any) -> None:
+                event = receipts.get(frame.headers.get("receipt-id", ""))
+                if event is not None:
+                    event.set()
+
+            def on_error(self, frame: Any) -> None:
+                errors.append(str(frame.headers.get("message", frame.body)))
+
+        conn = stomp.Connection([(node.host, node.stomp_port)], vhost="/", heartbeats=(0, 0))
+        conn.set_listener("declare", Listener())
+        try:
+            conn.connect(wait=True)
+            for command, receipt in (("subscribe", "d"), ("unsubscribe", "u")):
+                if command == "subscribe":
+                    conn.subscribe(
+                        f"/queue/{queue}", id="d", headers={**headers, "receipt": receipt}
+                    )
+                else:
+                    conn.unsubscribe(id="d", headers={"receipt": receipt})
+                if not receipts[receipt].wait(timeout) or errors:
+                    raise BrokerError(
+                        f"{node.node}: /queue/{queue} not declared: {errors or 'no receipt'}"
+                    )
+        finally:
+            with contextlib.suppress(Exception):
+                conn.disconnect()
 
     def failover_url(self, first: int = 0, **options: object) -> str:
         """The sidecar's ``brokers`` URL for the cluster, node ``first`` first and the others

@@ -31,18 +31,13 @@ import pytest
 import stomp
 
 from testbed import rabbitmq_installed
-from testbed.rabbitmq_cluster import RabbitMQCluster, cluster_leftovers
+from testbed.rabbitmq_cluster import CLASSIC, QUORUM, RabbitMQCluster, cluster_leftovers
 from testbed.sidecar import SidecarProcess, metric_total
 from tests.integration.support import WAIT, Client, Received, wait_until
 
 pytestmark = pytest.mark.rabbitmq
 
 EVENTS = "/mq-sidecar/events"
-#: The STOMP headers that declare a quorum queue (RabbitMQ STOMP plugin guide, "Queue
-#: Arguments"); sent on SUBSCRIBE and SEND alike, so either may create it.
-QUORUM = {"x-queue-type": "quorum", "durable": "true", "auto-delete": "false"}
-#: A durable classic queue: it lives on the node where it was declared (its home node).
-CLASSIC = {"x-queue-type": "classic", "durable": "true", "auto-delete": "false"}
 #: Receipts a producer waits for at most at once (pipelining).
 IN_FLIGHT = 100
 #: Fast reconnect policy for tests (as tests/integration/test_failover.py's FAST).
@@ -98,21 +93,6 @@ def queue_name() -> str:
     """A queue name no other test uses (the AMQP name; the STOMP destination is
     ``/queue/NAME``)."""
     return f"c25-{uuid.uuid4().hex[:10]}"
-
-
-def declare_on(cluster: RabbitMQCluster, i: int, queue: str, headers: dict[str, str]) -> None:
-    """Declare ``/queue/QUEUE`` through a stomp.py connection straight to node ``i`` (a
-    quorum queue's leader, a classic queue's home is then that node: RabbitMQ's
-    ``client-local`` locator), then UNSUBSCRIBE (the queue stays: not auto-delete)."""
-    app = Client(("127.0.0.1", cluster.nodes[i].stomp_port))
-    app.connect()
-    try:
-        app.conn.subscribe(f"/queue/{queue}", id="d", headers={**headers, "receipt": "d"})
-        app.receipt("d")
-        app.conn.unsubscribe(id="d", headers={"receipt": "u"})
-        app.receipt("u")
-    finally:
-        app.close()
 
 
 class Consumer(stomp.ConnectionListener):  # type: ignore[misc]
@@ -357,7 +337,7 @@ def test_quorum_leader_killed_while_connected_elsewhere(
     to that node (no sidecar)."""
     cluster = all_up
     queue = queue_name()
-    declare_on(cluster, 2, f"{queue}", QUORUM)
+    cluster.declare_queue(2, f"{queue}", QUORUM)
     assert cluster.queue_leader(queue) == 2
     with sidecar_for(cluster, tmp_path, first=0) as sidecar:
         consumer, producer, killed = transfer(
@@ -378,7 +358,7 @@ def test_quorum_leader_killed_while_connected_elsewhere(
     # The same fault with stomp.py alone, straight to node 0 (measured, not asserted).
     cluster.restart_node(2)
     direct_queue = queue_name()
-    declare_on(cluster, 2, direct_queue, QUORUM)
+    cluster.declare_queue(2, direct_queue, QUORUM)
     node0 = ("127.0.0.1", cluster.nodes[0].stomp_port)
     consumer, producer, killed = transfer(
         node0, direct_queue, lambda: cluster.kill_node(2), n=5000, rate=500, timeout=60
@@ -473,7 +453,7 @@ def test_classic_home_node_down_consumer_resubscribed(
     asserted: it is printed."""
     cluster = all_up
     queue = queue_name()
-    declare_on(cluster, 2, queue, CLASSIC)
+    cluster.declare_queue(2, queue, CLASSIC)
     assert cluster.queue_home(queue) == 2
     with sidecar_for(cluster, tmp_path, first=0, call_timeout=2000) as sidecar:
         consumer = Consumer(sidecar.address, f"/queue/{queue}", CLASSIC)
@@ -538,7 +518,7 @@ def test_classic_home_node_down_frame_is_retried(
     an app would; its reconnects are counted."""
     cluster = all_up
     queue = queue_name()
-    declare_on(cluster, 2, queue, CLASSIC)
+    cluster.declare_queue(2, queue, CLASSIC)
     with sidecar_for(cluster, tmp_path, first=0) as sidecar:
         cluster.kill_node(2)
         direct = broker_answer_direct(cluster, 0, queue, command)
@@ -599,8 +579,8 @@ def test_session_ended_by_broker_error_names_its_window(
     issue 25 part 5 (before it, none of them was named: no event at all)."""
     cluster = all_up
     bad, good = queue_name(), queue_name()
-    declare_on(cluster, 1, bad, QUORUM)
-    declare_on(cluster, 1, good, QUORUM)
+    cluster.declare_queue(1, bad, QUORUM)
+    cluster.declare_queue(1, good, QUORUM)
     answer = broker_answer_direct(cluster, 0, bad, "SEND")
     with sidecar_for(cluster, tmp_path, first=0) as sidecar:
         before = sidecar.metrics()

@@ -1,5 +1,6 @@
 """What the drill reads from its sidecars' admin ports after the drain: ``/metrics``
-(:func:`metrics_of`), the live sessions' hidden copies on ``/status``
+(:func:`metrics_of`), the broker its sessions use (:func:`connected_broker`, for the
+RabbitMQ cluster's kills), the live sessions' hidden copies on ``/status``
 (:func:`session_totals`), the producer's outbox until it is empty (:func:`outbox_emptied`),
 and the monitors' FAILOVER events after the last kill (:func:`wait_failover_events`).
 Timeouts are seconds."""
@@ -14,7 +15,13 @@ from pipeline.faults import Fault
 from pipeline.monitor import EventMonitor
 from testbed.sidecar import Metrics, SidecarProcess
 
-__all__ = ["metrics_of", "outbox_emptied", "session_totals", "wait_failover_events"]
+__all__ = [
+    "connected_broker",
+    "metrics_of",
+    "outbox_emptied",
+    "session_totals",
+    "wait_failover_events",
+]
 
 
 def metrics_of(sidecar: SidecarProcess) -> Metrics:
@@ -24,6 +31,19 @@ def metrics_of(sidecar: SidecarProcess) -> Metrics:
         return sidecar.metrics()
     except OSError:
         return {}
+
+
+def connected_broker(sidecar: SidecarProcess) -> str | None:
+    """The broker (``host:port``) most of ``sidecar``'s sessions are connected to now
+    (``/status`` ``brokers[].sessions``); None when it does not answer or has no session."""
+    try:
+        brokers = sidecar.status(timeout=5.0).get("brokers", [])
+    except (OSError, ValueError):
+        return None
+    busiest = max(brokers, key=lambda b: int(b.get("sessions") or 0), default=None)
+    if busiest is None or not busiest.get("sessions"):
+        return None
+    return str(busiest.get("broker"))
 
 
 def session_totals(sidecar: SidecarProcess) -> dict[str, int]:

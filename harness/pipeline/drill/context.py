@@ -24,6 +24,7 @@ from testbed.sidecar import SidecarProcess
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from testbed.rabbitmq_cluster import RabbitMQCluster
     from testbed.spark_cluster import SparkCluster
 
 __all__ = ["DrillContext", "Started"]
@@ -42,6 +43,7 @@ class Started:
     faults: FaultInjector | None = None
     spark: SparkSession | None = None
     cluster: SparkCluster | None = None
+    rabbitmq: RabbitMQCluster | None = None
     target: tuple[str, dict[str, str]] | None = None
 
     def stop_all(self) -> None:
@@ -77,11 +79,15 @@ class Started:
         for broker in [*order, *self.brokers]:
             with contextlib.suppress(Exception):
                 broker.stop()
+        if self.rabbitmq is not None:
+            with contextlib.suppress(Exception):
+                self.rabbitmq.stop()
 
 
 class DrillContext:
     """One drill's shared state: ``options``; ``workdir`` (brokers' data, logs, the outbox);
-    ``job`` (``drill-<time>-<hex>``, in every row's id) and ``destination`` (its queue);
+    ``job`` (``drill-<time>-<hex>``, in every row's id) and ``destination`` (its queue:
+    ``/queue/QUEUE``, on the RabbitMQ cluster ``/amq/queue/QUEUE``, ``queue`` its name);
     ``started`` (monotonic seconds at the start); ``state`` (:class:`Started`); ``phases``
     (name: seconds, in the order they ran: the report's ``phases``)."""
 
@@ -89,7 +95,9 @@ class DrillContext:
         self.options = options
         self.workdir = workdir
         self.job = f"drill-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
-        self.destination = options.destination or f"/queue/mq-sidecar-drill.{self.job}"
+        self.queue = f"mq-sidecar-drill.{self.job}"
+        prefix = "/amq/queue/" if options.rabbitmq_cluster else "/queue/"
+        self.destination = options.destination or prefix + self.queue
         self.started = time.monotonic()
         self.state = Started()
         self.phases: dict[str, float] = {}

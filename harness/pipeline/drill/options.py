@@ -16,6 +16,7 @@ from pipeline.faults import FaultKind
 
 __all__ = [
     "ALL_DOWN",
+    "BROKER_KINDS",
     "CLUSTER",
     "CONSUMERS",
     "DOWN_FOR",
@@ -23,6 +24,8 @@ __all__ = [
     "KILL_SIDECAR_ID_CACHE",
     "MASTER",
     "MASTER_WITH_RETRIES",
+    "RABBITMQ_CLUSTER",
+    "ROLLING_RESTART_AT",
     "ROWS_PER_PARTITION",
     "SIDECAR_OPTIONS",
     "SPARK_UNACKED_FACTOR",
@@ -61,6 +64,16 @@ KILL_SIDECAR_ID_CACHE = 10 * ROWS_PER_PARTITION
 class DrillUsageError(ValueError):
     """Inconsistent options (exit status 2)."""
 
+
+#: ``--broker``: the drill's own brokers, an ActiveMQ primary and backup on one shared store
+#: (``activemq``) or a 3-node RabbitMQ cluster (:data:`RABBITMQ_CLUSTER`).
+RABBITMQ_CLUSTER = "rabbitmq-cluster"
+BROKER_KINDS = ("activemq", RABBITMQ_CLUSTER)
+#: ``--broker rabbitmq-cluster``: share of the rows published at which the rolling restart of
+#: the three nodes begins (after the kill(s) of the connected node, at 40 % by default). It
+#: lasts longer than the rest of the publish (about 20-40 s a node), so it goes on through the
+#: drain, and the drain waits for its end with the reader still subscribed.
+ROLLING_RESTART_AT = 0.8
 
 #: ``--faults all-down``: every broker killed for ``--down-for`` seconds.
 ALL_DOWN = "all-down"
@@ -120,7 +133,10 @@ class DrillOptions:
     straight to the broker first (:mod:`pipeline.drill`); ``consumer``: the consuming app,
     ``stomp`` (stomp.py) or ``spark`` (a streaming query whose driver is killed at
     ``kill_driver_at`` of the rows, :meth:`driver_kill_share`; ``read_batch`` its
-    ``max_messages_per_batch``); ``master`` may be :data:`CLUSTER`. Durations in seconds.
+    ``max_messages_per_batch``); ``master`` may be :data:`CLUSTER`; ``broker``: the drill's
+    own brokers (:data:`BROKER_KINDS`; with :data:`RABBITMQ_CLUSTER` the ``faults`` are kills
+    of the node the sessions are connected to, followed by a rolling restart at
+    :data:`ROLLING_RESTART_AT` of the rows). Durations in seconds.
     """
 
     rows: int | None = None
@@ -150,6 +166,12 @@ class DrillOptions:
     consumer: str = "stomp"
     kill_driver_at: float | None = None
     read_batch: int = READ_BATCH
+    broker: str = "activemq"
+
+    @property
+    def rabbitmq_cluster(self) -> bool:
+        """``--broker rabbitmq-cluster``: the drill's own 3-node RabbitMQ cluster."""
+        return self.broker == RABBITMQ_CLUSTER
 
     @property
     def cluster(self) -> bool:
@@ -271,6 +293,7 @@ class DrillOptions:
                 problems.append("--kill-driver-at must be 0 (no kill) or a share below 1")
         if self.read_batch < 1:
             problems.append("--read-batch must be at least 1")
+        problems.extend(self._cluster_problems())
         master = self.master
         if master is not None and not (
             master == CLUSTER or master.startswith(("local", "spark://"))
@@ -285,6 +308,29 @@ class DrillOptions:
                 problems.append(str(exc))
         if problems:
             raise DrillUsageError("; ".join(problems))
+
+    def _cluster_problems(self) -> list[str]:
+        """The inconsistencies of ``--broker``."""
+        if self.broker not in BROKER_KINDS:
+            return [f"--broker must be one of {', '.join(BROKER_KINDS)}"]
+        if not self.rabbitmq_cluster:
+            return []
+        problems = []
+        if self.brokers is not None:
+            problems.append(f"--broker {RABBITMQ_CLUSTER} starts its own nodes: drop --brokers")
+        if self.fault_kind != "broker":
+            problems.append(
+                f"--broker {RABBITMQ_CLUSTER} makes node kills and a rolling restart: drop "
+                "--faults all-down and --kill-sidecar"
+            )
+        if self.baseline:
+            problems.append(f"--baseline is not available with --broker {RABBITMQ_CLUSTER}")
+        if any(f >= ROLLING_RESTART_AT for f in self.fractions()):
+            problems.append(
+                f"--kill-at values must be below {ROLLING_RESTART_AT} with --broker "
+                f"{RABBITMQ_CLUSTER} (the rolling restart begins there)"
+            )
+        return problems
 
     def _fault_problems(self) -> list[str]:
         """The inconsistencies of ``--faults all-down``, ``--down-for``, ``--kill-sidecar``."""

@@ -10,7 +10,9 @@ import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from pipeline.cluster_faults import ROLLING_TIMEOUT, ClusterFaultInjector
 from pipeline.drill.admin import (
+    connected_broker,
     metrics_of,
     outbox_emptied,
     session_totals,
@@ -18,7 +20,7 @@ from pipeline.drill.admin import (
 )
 from pipeline.drill.context import DrillContext
 from pipeline.drill.direct import run_baseline
-from pipeline.drill.options import SIDECAR_OPTIONS
+from pipeline.drill.options import ROLLING_RESTART_AT, SIDECAR_OPTIONS
 from pipeline.drill.results import delivery_fields, timeline_of, write_files
 from pipeline.drill.startup import (
     load_rows,
@@ -169,17 +171,29 @@ class Drill(DrillContext):
         else:
             reader = open_reader(self, self.destination, "127.0.0.1", consumer.port)
         kind = opts.fault_kind
-        faults = FaultInjector(
-            opts.fractions(),
-            rows,
-            pair=self.state.pair,
-            pids=opts.kill_pids,
-            say=self.say,
-            kind=kind,
-            down_for=opts.downtime(),
-            sidecar=producer if kind == "sidecar" else None,
-            restarted=lambda sidecar: watch_restarted(self, sidecar),
-        )
+        faults: FaultInjector
+        if self.state.rabbitmq is not None:
+            faults = ClusterFaultInjector(
+                opts.fractions() if opts.fault_count() else (),
+                rows,
+                cluster=self.state.rabbitmq,
+                queue=self.queue,
+                connected=lambda: connected_broker(producer),
+                say=self.say,
+                rolling_at=ROLLING_RESTART_AT,
+            )
+        else:
+            faults = FaultInjector(
+                opts.fractions(),
+                rows,
+                pair=self.state.pair,
+                pids=opts.kill_pids,
+                say=self.say,
+                kind=kind,
+                down_for=opts.downtime(),
+                sidecar=producer if kind == "sidecar" else None,
+                restarted=lambda sidecar: watch_restarted(self, sidecar),
+            )
         self.state.faults = faults
         self.say(
             f"publishing {rows:,} rows to {self.destination} ({_plan(opts.downtime(), faults)})"
@@ -216,6 +230,11 @@ class Drill(DrillContext):
         at_end = AtDrainEnd(hidden={"duplicates_hidden": 0, "redeliveries_hidden": 0})
 
         def before_close() -> None:  # while the reader's session is still there
+            if self.state.rabbitmq is not None:  # the rolling restart goes on in the drain
+                self.say("drain: waiting for the rolling restart to end (reader subscribed)")
+                done = traffic.faults.wait_done(ROLLING_TIMEOUT + RESTART_TIMEOUT, published=rows)
+                if not done:
+                    self.say("drain: the planned faults did not end in time")
             at_end.hidden.update(session_totals(traffic.consumer))
             if opts.outbox:  # the residual check must not race the last forwards
                 at_end.outbox = outbox_emptied(traffic.producer, opts.drain_idle_for_plan())
@@ -240,7 +259,7 @@ class Drill(DrillContext):
             )
         faults.join(RESTART_TIMEOUT + self.options.downtime())
         errors = list(faults.errors)
-        if faults.kind == "broker" and self.options.brokers is None:
+        if faults.kind in ("broker", "node") and self.options.brokers is None:
             wait_failover_events(self.state.monitors, faults.faults)
         return notes, errors
 
@@ -386,6 +405,7 @@ class Drill(DrillContext):
             "master": opts.spark_master(),
             "partitions": partitions,
             "fault_kind": faults.kind,
+            "broker": opts.broker,
             "kill_at": list(faults.fractions),
             "down_for": opts.downtime() if faults.kind == "all-down" else None,
             "writer": {
@@ -415,4 +435,8 @@ def _plan(downtime: float, faults: FaultInjector) -> str:
         return f"every broker killed for {downtime:.0f} s at {at}"
     if faults.kind == "sidecar":
         return f"kill -9 of the producer's sidecar at {at}"
+    if faults.kind == "node":
+        *kills, rolling = faults.fractions
+        at = ", ".join(f"{f:.0%}" for f in kills) or "none"
+        return f"kill -9 of the connected node at: {at}; rolling restart at {rolling:.0%}"
     return f"kill -9 at: {at}"

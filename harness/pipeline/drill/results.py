@@ -32,14 +32,14 @@ def timeline_of(
     """The run's :class:`~pipeline.report.timeline.Timeline`: ``sampler``'s publish and
     outbox samples, the arrivals at ``reader`` and at the ``residual`` check relative to
     ``t0`` (monotonic seconds at the publish's start), the kills of ``faults`` and their
-    outages: for a broker kill the longest session outage of its ``incidents`` (else the
-    broker's takeover), for the other kinds until the service was back (or
-    ``publish_end``)."""
+    outages: for a broker (or cluster node) kill the longest session outage of its
+    ``incidents`` (else the broker's takeover), for the other kinds until the service was
+    back (or ``publish_end``)."""
     consumed = sorted(t - t0 for t in reader.snapshot().arrivals + residual.arrivals)
     kills = [f.at for f in faults.faults]
     outages: list[tuple[float, float]] = []
     for fault in faults.faults:
-        if fault.kind != "broker":  # until the service was back (or the publish's end)
+        if fault.kind not in ("broker", "node"):  # until the service was back (or the end)
             end = fault.restored_at if fault.restored_at is not None else publish_end
             outages.append((fault.at, max(fault.at, end)))
             continue
@@ -56,6 +56,7 @@ def timeline_of(
         outages=outages,
         outbox=list(sampler.outbox_samples),
         fault_kind=faults.kind,
+        kill_kinds=[f.kind for f in faults.faults],
     )
 
 
@@ -107,4 +108,7 @@ def _faults_title(faults: list[FaultRecord]) -> str:
         return "every broker down" + ("" if downtime is None else f" {downtime:.0f} s")
     if faults and faults[0].kind == "sidecar":
         return "kill -9 of the producer's sidecar"
-    return f"{len(faults)} kill -9"
+    kills = sum(1 for f in faults if f.kind != "rolling-restart")
+    if any(f.kind == "rolling-restart" for f in faults):
+        return f"RabbitMQ cluster: {kills} kill -9 of the connected node, a rolling restart"
+    return f"{kills} kill -9"

@@ -19,7 +19,7 @@ from pipeline.drill.context import DrillContext
 from pipeline.faults import BrokerPair, broker_label
 from pipeline.monitor import EventMonitor
 from pipeline.verify import Reader
-from testbed import BrokerError, activemq_installed, start_activemq_pair
+from testbed import BrokerError, activemq_installed, rabbitmq_installed, start_activemq_pair
 from testbed.sidecar import SidecarError, SidecarProcess
 
 if TYPE_CHECKING:
@@ -52,12 +52,15 @@ def raise_interrupt(signum: int, frame: FrameType | None) -> None:
 
 def start_brokers(ctx: DrillContext) -> str:
     """Start the drill's ActiveMQ pair in ``workdir/brokers`` (the primary serves, the backup
-    waits on the shared KahaDB lock; up to 120 s), or take ``--brokers`` as they are.
+    waits on the shared KahaDB lock; up to 120 s), or its RabbitMQ cluster
+    (:func:`start_rabbitmq_cluster`), or take ``--brokers`` as they are.
     Returns the sidecars' ``brokers`` (a failover URL); sets ``ctx.state.pair``."""
     opts = ctx.options
     if opts.brokers is not None:
         ctx.say(f"using existing brokers {opts.brokers}")
         return opts.brokers
+    if opts.rabbitmq_cluster:
+        return start_rabbitmq_cluster(ctx)
     if not activemq_installed():
         raise DrillError("ActiveMQ is not installed (Debian package activemq): run setup.sh")
     try:
@@ -79,6 +82,38 @@ def start_brokers(ctx: DrillContext) -> str:
         f"({broker_label(backup)})"
     )
     return f"failover:({primary.stomp_url},{backup.stomp_url})"
+
+
+def start_rabbitmq_cluster(ctx: DrillContext) -> str:
+    """``--broker rabbitmq-cluster``: start 3 RabbitMQ nodes clustered in ``workdir/brokers``
+    (one private epmd; 15-60 s, up to 300 s) and declare the drill's queue on node 1 as a
+    quorum queue, so that node 1 leads it; the drill's destination is ``/amq/queue/NAME``
+    (RabbitMQ's name for an existing queue: neither the writer nor the reader declares it
+    again). Returns the failover URL over the nodes, node 1 first; sets
+    ``ctx.state.rabbitmq``."""
+    from testbed.rabbitmq_cluster import QUORUM, RabbitMQCluster  # noqa: PLC0415
+
+    if not rabbitmq_installed():
+        raise DrillError("RabbitMQ is not installed (Debian package rabbitmq-server): run setup.sh")
+    cluster = RabbitMQCluster("drill", ctx.workdir / "brokers")
+    try:
+        took = cluster.start(timeout=300.0)
+    except BrokerError as exc:
+        raise DrillError(f"the RabbitMQ cluster did not start: {exc}") from exc
+    ctx.state.rabbitmq = cluster
+    try:
+        cluster.declare_queue(0, ctx.queue, QUORUM)
+        leader = cluster.queue_leader(ctx.queue)
+    except (BrokerError, OSError, ValueError) as exc:
+        raise DrillError(f"the drill's quorum queue was not declared: {exc}") from exc
+    nodes = ", ".join(
+        f"{n.name} pid {n.pid} (STOMP {n.host}:{n.stomp_port})" for n in cluster.nodes
+    )
+    ctx.say(
+        f"RabbitMQ cluster of 3 nodes in {took:.1f} s: {nodes}; quorum queue {ctx.queue} "
+        f"led by node {None if leader is None else leader + 1}"
+    )
+    return cluster.failover_url(first=0)
 
 
 def start_sidecars(ctx: DrillContext, brokers: str) -> tuple[SidecarProcess, SidecarProcess]:

@@ -122,7 +122,10 @@ class DrillReport(Delivery):
         for fault in self.faults:
             lines.append(f"    {fault.describe()}")
         for inc in self.incidents:
+            kinds = {f.index: f.kind for f in self.faults}
             cause = "unplanned" if inc.fault is None else f"after kill #{inc.fault + 1}"
+            if inc.fault is not None and kinds.get(inc.fault) == "rolling-restart":
+                cause = "during the rolling restart"
             lines.append(
                 f"    {cause}: {len(inc.sessions)} session(s) {inc.from_broker} -> "
                 f"{inc.to_broker}, outage {inc.outage_ms_min}-{inc.outage_ms_max} ms, "

@@ -31,7 +31,10 @@ def fault_notes(
 
     notes = []
     for fault in faults:
-        if fault.kind == "broker":
+        if fault.kind in ("broker", "node"):
+            continue
+        if fault.kind == "rolling-restart":
+            notes.append(_rolling_note(timeline, fault))
             continue
         end = fault.restored_at if fault.restored_at is not None else timeline.publish_end
         stall = timeline.longest_stall(fault.at, end)
@@ -75,3 +78,23 @@ def fault_notes(
                 )
         notes.append(text)
     return notes
+
+
+def _rolling_note(timeline: Timeline, fault: FaultRecord) -> str:
+    """The RabbitMQ cluster's rolling restart: when, against the publish's end, and what the
+    app received meanwhile (its reader stays subscribed until it ends)."""
+    end = fault.restored_at
+    if end is None:
+        return f"the rolling restart begun at t={fault.at:.1f} s did not end"
+    received = timeline.consumed_at(end) - timeline.consumed_at(fault.at)
+    publish_end = timeline.publish_end
+    when = (
+        "the publish ended during it"
+        if fault.at <= publish_end <= end
+        else f"the publish ended at t={publish_end:.1f} s"
+    )
+    return (
+        f"rolling restart from t={fault.at:.1f} s to t={end:.1f} s ({fault.detail}); {when}; "
+        f"the app received {received:,.0f} message(s) meanwhile and its reader stayed "
+        "subscribed until the last node was back"
+    )

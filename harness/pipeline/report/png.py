@@ -1,8 +1,8 @@
 """The drill's timeline as a PNG (``--png``), drawn with matplotlib's Agg backend (no display
 needed): messages per second of publish and consume in 1-second bins, each kill as a vertical
-line, each outage shaded; the baseline's publish and consume, when there is one, as dashed
-lines on the same axes; with the outbox, a lower panel shows its depth (frames) over the same
-seconds."""
+line, each outage shaded (a rolling restart in purple, from its start to its end); the
+baseline's publish and consume, when there is one, as dashed lines on the same axes; with
+the outbox, a lower panel shows its depth (frames) over the same seconds."""
 
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ def write_png(path: Path, timeline: Timeline, title: str, baseline: Timeline | N
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    kill_label, outage_label = FAULT_KINDS.get(timeline.fault_kind, FAULT_KINDS["broker"])
     if timeline.outbox:
         fig, (ax, low) = plt.subplots(
             2, 1, figsize=(12, 7), dpi=100, sharex=True, gridspec_kw={"height_ratios": [3, 1]}
@@ -49,12 +48,17 @@ def write_png(path: Path, timeline: Timeline, title: str, baseline: Timeline | N
             if axes is None:
                 continue
             first = axes is ax
+            labelled: set[str] = set()
             for i, (start, end) in enumerate(timeline.outages):
-                label = outage_label if i == 0 and first else None
-                axes.axvspan(start, end, color="red", alpha=0.15, label=label)
+                kind = timeline.kind_of(i)
+                label = _label(kind, 1) if first and "o" + kind not in labelled else None
+                labelled.add("o" + kind)
+                axes.axvspan(start, end, color=_color(kind), alpha=0.15, label=label)
             for i, t in enumerate(timeline.kills):
-                label = kill_label if i == 0 and first else None
-                axes.axvline(t, color="red", linestyle="--", label=label)
+                kind = timeline.kind_of(i)
+                label = _label(kind, 0) if first and "k" + kind not in labelled else None
+                labelled.add("k" + kind)
+                axes.axvline(t, color=_color(kind), linestyle="--", label=label)
             axes.grid(True, alpha=0.3)
         ax.set_ylabel("messages per second")
         ax.set_title(title)
@@ -84,3 +88,13 @@ def write_png(path: Path, timeline: Timeline, title: str, baseline: Timeline | N
         fig.savefig(path, format="png")
     finally:
         plt.close(fig)
+
+
+def _label(kind: str, which: int) -> str:
+    """The legend's label of a kill (``which`` 0) or an outage (1) of ``kind``."""
+    return FAULT_KINDS.get(kind, FAULT_KINDS["broker"])[which]
+
+
+def _color(kind: str) -> str:
+    """Red for kills; purple for the rolling restart, so that both show apart."""
+    return "purple" if kind == "rolling-restart" else "red"

@@ -12,12 +12,16 @@ __all__ = ["FAULT_KINDS", "Delivery", "FailoverIncident", "FaultRecord"]
 
 #: The drill's fault kinds: ``broker`` (kill -9 of the serving broker, ``--faults N``),
 #: ``all-down`` (kill -9 of every broker for a while, ``--faults all-down``) and ``sidecar``
-#: (kill -9 of the producer's sidecar, restarted at once, ``--kill-sidecar``); each with how
+#: (kill -9 of the producer's sidecar, restarted at once, ``--kill-sidecar``); on the RabbitMQ
+#: cluster (``--broker rabbitmq-cluster``) ``node`` (kill -9 of the node the sessions are on,
+#: restarted) and ``rolling-restart`` (every node stopped and started in turn); each with how
 #: the PNG labels its kill line and its shaded outage.
 FAULT_KINDS: dict[str, tuple[str, str]] = {
     "broker": ("kill -9 primary", "outage"),
     "all-down": ("kill -9 of every broker", "every broker down"),
     "sidecar": ("kill -9 of the producer's sidecar", "sidecar restarting"),
+    "node": ("kill -9 of the connected node", "sessions' longest outage"),
+    "rolling-restart": ("rolling restart begins", "rolling restart (one node down at a time)"),
 }
 
 
@@ -34,7 +38,9 @@ class FaultRecord:
     again; ``sidecar``: the sidecar was started again on its port and ``outbox_dir``);
     ``restored_at``: t when the service was back (``all-down``: the first broker restarted
     answers STOMP CONNECT; ``sidecar``: the restarted sidecar is ready), None when not
-    measured or it never came back; ``new_pid``: the restarted sidecar's PID.
+    measured or it never came back (``node``: the killed node rejoined; ``rolling-restart``:
+    the last node rejoined); ``new_pid``: the restarted sidecar's PID; ``detail``: a few
+    words (``node``: whether it led the queue; ``rolling-restart``: each node's downtime).
     """
 
     index: int
@@ -48,6 +54,7 @@ class FaultRecord:
     pids: tuple[int, ...] = ()
     restored_at: float | None = None
     new_pid: int | None = None
+    detail: str = ""
 
     @property
     def downtime(self) -> float | None:
@@ -75,6 +82,19 @@ class FaultRecord:
         if self.kind == "sidecar":
             again = f", restarted as pid {self.new_pid}" if self.new_pid is not None else ""
             return f"kill -9 {self.broker} (pid {self.pid}) {when}{again}{downtime}"
+        if self.kind == "node":
+            again = ", restarted and rejoined" if self.restarted else ""
+            return (
+                f"kill -9 #{self.index + 1} node {self.broker} (pid {self.pid}, "
+                f"{self.detail}) {when}{again}{downtime}"
+            )
+        if self.kind == "rolling-restart":
+            ended = f", ended after {self.downtime:.1f} s" if self.downtime is not None else ""
+            return (
+                f"rolling restart of {self.broker.replace('+', ', ')} from t={self.at:.1f} s, "
+                f"{self.fraction:.0%} published{ended}"
+                + (f" ({self.detail})" if self.detail else "")
+            )
         takeover = "" if self.takeover_ms is None else f", broker takeover {self.takeover_ms} ms"
         return f"kill -9 #{self.index + 1} {self.broker} (pid {self.pid}) {when}{takeover}" + (
             ", restarted as backup" if self.restarted else ""

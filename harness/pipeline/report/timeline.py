@@ -40,7 +40,9 @@ class Timeline:
     message the app received (sorted); ``publish_end`` / ``drain_end``: t of the end of each
     phase; ``outages``: ``(start, end)`` of each fault's outage; ``outbox``: ``(t, frames,
     bytes)`` samples of the producer sidecar's outbox depth (empty without the outbox);
-    ``fault_kind``: what the kills were (a key of :data:`pipeline.report.records.FAULT_KINDS`).
+    ``fault_kind``: what the kills were (a key of :data:`pipeline.report.records.FAULT_KINDS`);
+    ``kill_kinds``: each kill's own kind where they differ (the RabbitMQ cluster's node kill
+    and rolling restart; empty: every kill is ``fault_kind``).
     """
 
     published: list[tuple[float, float]] = field(default_factory=list)
@@ -51,6 +53,11 @@ class Timeline:
     outages: list[tuple[float, float]] = field(default_factory=list)
     outbox: list[tuple[float, float, float]] = field(default_factory=list)
     fault_kind: str = "broker"
+    kill_kinds: list[str] = field(default_factory=list)
+
+    def kind_of(self, i: int) -> str:
+        """The kind of kill ``i`` (and of its outage)."""
+        return self.kill_kinds[i] if i < len(self.kill_kinds) else self.fault_kind
 
     def published_at(self, t: float) -> float:
         """Cumulative SENDs at ``t`` (linear between samples)."""
@@ -131,6 +138,7 @@ class Timeline:
             "outages": [[round(a, 3), round(b, 3)] for a, b in self.outages],
             "peak_backlog": self.peak_backlog(),
             "fault_kind": self.fault_kind,
+            "kill_kinds": [self.kind_of(i) for i in range(len(self.kills))],
             "outbox_frames_per_second": self.outbox_frames() if self.outbox else None,
         }
 
