@@ -9,8 +9,11 @@ kill). The killed node is started again on its ports and data (it rejoins the cl
 the next fault. The rolling restart stops and restarts each node in turn, the way RabbitMQ's
 upgrade guide does it (:meth:`testbed.rabbitmq_cluster.RabbitMQCluster.rolling_restart`: a
 node is stopped only once no quorum queue would lose its majority); its record spans its
-whole duration (``restored_at`` is its end), and the FAILOVERs of sessions that left any
-node meanwhile are attributed to it.
+whole duration (``restored_at`` is its end). The FAILOVERs of sessions that left any node
+after a fault (and before the next) are attributed to it: in a cluster a kill disturbs the
+other nodes too (the survivors' STOMP adapter closes publishers while a quorum queue elects
+its new leader, docs/brokers.md "A RabbitMQ cluster": the sessions reattach to the node they
+were on).
 """
 
 from __future__ import annotations
@@ -97,6 +100,7 @@ class ClusterFaultInjector(FaultInjector):
             kind="node",
             pids=(pid,) if pid is not None else (),
             detail=f"the connected node, {leads}",
+            affects=tuple(node_label(self.cluster, i) for i in range(len(self.cluster.nodes))),
         )
         self.faults.append(fault)
         self.say(

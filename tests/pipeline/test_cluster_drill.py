@@ -116,7 +116,8 @@ def test_the_connected_node_is_killed_then_the_cluster_restarted_in_turn() -> No
     assert rolling.broker == "drill1+drill2+drill3"
     assert rolling.restored_at is not None
     assert "each node down 10.0 s, 11.0 s, 12.0 s" in rolling.describe()
-    assert faults.faults[1].affects == ("127.0.0.1:5000", "127.0.0.1:5001", "127.0.0.1:5002")
+    every_node = ("127.0.0.1:5000", "127.0.0.1:5001", "127.0.0.1:5002")
+    assert faults.faults[0].affects == faults.faults[1].affects == every_node
     assert faults.errors == []
 
 
