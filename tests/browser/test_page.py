@@ -18,6 +18,7 @@ to run/artifacts/browser/ (tests/browser/conftest.py).
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import threading
 import time
@@ -26,11 +27,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trustme
 from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.common.by import By
 
 from config import Config
-from testbed import ActiveMQ, free_port
+from testbed import ActiveMQ, free_port, write_server_files
 from tests.browser.conftest import find, screenshot, wait_for
 from tests.conftest import _require_activemq
 from tests.integration.support import Client, SidecarThread, client, sidecar_config, unique
@@ -39,6 +41,8 @@ from tests.integration.test_failover import FAST
 pytestmark = [pytest.mark.browser, pytest.mark.activemq, pytest.mark.timeout(180)]
 
 TOKEN = "page-7c1e5a90"
+#: B's certificate expires this many days after the test starts.
+CERT_DAYS = 90
 #: The page's feed must show a broker's fall within this many seconds of the kill (and its
 #: return within this many seconds of the broker answering again). Measured here: see the
 #: printed timings (well under 1 s on an idle machine); the bound leaves room for a loaded CI.
@@ -46,19 +50,24 @@ FEED_BOUND = 5.0
 
 
 class Brokers:
-    """Two ActiveMQ brokers, A (the first of the list) and B."""
+    """Two ActiveMQ brokers, A (the first of the list, plain STOMP) and B (STOMP over TLS, with
+    a certificate that expires in :data:`CERT_DAYS` days, for the page's TLS column)."""
 
     def __init__(self, tmp: Path) -> None:
+        not_after = datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=CERT_DAYS)
+        listener = write_server_files(trustme.CA(), tmp / "tls", not_after=not_after)
+        assert listener.server_ca is not None
+        self.ca = str(listener.server_ca)
         self.a = ActiveMQ("page-a", tmp / "a")
-        self.b = ActiveMQ("page-b", tmp / "b")
+        self.b = ActiveMQ("page-b", tmp / "b", tls=listener)
 
     @property
     def url(self) -> str:
-        return f"failover:({self.a.stomp_url},{self.b.stomp_url})"
+        return f"failover:({self.a.stomp_url},{self.b.stomp_ssl_url})"
 
     @property
     def labels(self) -> tuple[str, str]:
-        return (f"{self.a.host}:{self.a.stomp_port}", f"{self.b.host}:{self.b.stomp_port}")
+        return (f"{self.a.host}:{self.a.stomp_port}", f"{self.b.host}:{self.b.tls_port}")
 
     def ensure_running(self) -> None:
         for broker in (self.a, self.b):
@@ -147,6 +156,7 @@ def page_config(brokers: Brokers, admin_port: int, **overrides: object) -> Confi
         "admin_listen": f"127.0.0.1:{admin_port}",
         "broker_probe_interval": 200,
         "priority_backup": True,
+        "tls_ca_file": brokers.ca,
         **FAST,
         **overrides,
     }
@@ -168,6 +178,12 @@ def test_the_feed_shows_a_broker_go_down_and_come_back(chrome: WebDriver, broker
             )
             wait_for("a live event feed", lambda: find(chrome, '#feed-state[data-state="(live)"]'))
             assert link_state(chrome) == "up"
+            tls = wait_for(
+                "B's certificate",
+                lambda: find(chrome, f'#brokers tr[data-broker="{b}"] td.tls[data-expires]'),
+            )[0]
+            assert f"({CERT_DAYS - 1} days)" in tls.text or f"({CERT_DAYS} days)" in tls.text
+            assert find(chrome, f'#brokers tr[data-broker="{a}"] td.tls')[0].text == "plain STOMP"
             # A few samples, so the rate charts have a line.
             wait_for("the SEND chart", lambda: find(chrome, "#chart-sends polyline"))
             wait_for("a SEND rate", lambda: "/s" in chrome.find_element(By.ID, "rate-sends").text)
@@ -197,9 +213,11 @@ def test_the_feed_shows_a_broker_go_down_and_come_back(chrome: WebDriver, broker
             assert feed_entry(chrome, "broker-down", broker=a)
             screenshot(chrome, "failover")
 
+            restarting = time.monotonic()
             brokers.a.start()
             brokers.a.wait_ready()
             back = time.monotonic()
+            print(f"A answering again {back - restarting:.2f} s after its start")
             timed("FAILOVER back to A", back, chrome, "FAILOVER", **{"from": b, "to": a})
             wait_for("both sessions on A again", lambda: sessions_on(chrome, a) == 2)
             wait_for("A up again", lambda: feed_entry(chrome, "broker-up", broker=a))
@@ -280,7 +298,8 @@ def test_without_the_token_the_page_shows_nothing(
     brokers.ensure_running()
     a, _ = brokers.labels
     admin_port = free_port()
-    config = page_config(brokers, admin_port, admin_token_file=str(token_file(tmp_path)))
+    secret = token_file(tmp_path)
+    config = page_config(brokers, admin_port, admin_token_file=str(secret))
     with SidecarThread(config) as sidecar, client(sidecar.address):
         open_page(chrome, ("127.0.0.1", admin_port))
         wait_for("the token prompt", lambda: chrome.find_element(By.ID, "auth").is_displayed())
@@ -301,6 +320,24 @@ def test_without_the_token_the_page_shows_nothing(
         # Neither the cookie jar nor the URL carries it.
         assert chrome.get_cookies() == []
         assert TOKEN not in chrome.current_url
+        # The token rotated under the page: everything shown goes, the prompt comes back.
+        secret.write_text("rotated-" + TOKEN + "\n")
+        wait_for("the prompt again", lambda: chrome.find_element(By.ID, "auth").is_displayed())
+        assert_nothing_shown(chrome)
+
+
+def act_from_the_page(driver: WebDriver, action: str, broker: str) -> str:
+    """Click the broker's ``action`` button twice (arm, then act); the page's answer line."""
+    css = f'#brokers tr[data-broker="{broker}"] button[data-action="{action}"]'
+    driver.find_element(By.CSS_SELECTOR, css).click()
+    wait_for(
+        "the armed button",
+        lambda: driver.find_element(By.CSS_SELECTOR, css).text.startswith("Confirm"),
+    )
+    driver.find_element(By.CSS_SELECTOR, css).click()  # found again: the table is redrawn
+    message = driver.find_element(By.ID, "action-message")
+    wait_for(f"the answer to {action}", lambda: broker in message.text)
+    return str(message.text)
 
 
 def test_evacuating_a_broker_from_the_page_moves_its_sessions(
@@ -317,30 +354,25 @@ def test_evacuating_a_broker_from_the_page_moves_its_sessions(
     with SidecarThread(config) as sidecar, client(sidecar.address), client(sidecar.address):
         open_page(chrome, ("127.0.0.1", admin_port))
         wait_for("the token prompt", lambda: chrome.find_element(By.ID, "auth").is_displayed())
-        refused = post_without_token(chrome, "actions/evacuate", {"broker": a})
-        if refused == 404:
+        enter_token(chrome, TOKEN)
+        wait_for("two sessions on A", lambda: sessions_on(chrome, a) == 2)
+        clicked = time.monotonic()
+        answer = act_from_the_page(chrome, "evacuate", a)
+        if "(404)" in answer:
             pytest.skip(
                 "POST /actions/evacuate answers 404: the admin actions (issue 27 part 2, "
                 "proxy/admin/actions.py) are not in this build; the merge enables this test"
             )
-        assert refused == 401
-        enter_token(chrome, TOKEN)
-        wait_for("two sessions on A", lambda: sessions_on(chrome, a) == 2)
-        button = chrome.find_element(
-            By.CSS_SELECTOR, f'#brokers tr[data-broker="{a}"] button[data-action="evacuate"]'
-        )
-        button.click()
-        assert button.text.startswith("Confirm")
-        clicked = time.monotonic()
-        button.click()
-        wait_for(
-            "the action's answer",
-            lambda: chrome.find_element(By.ID, "action-message").get_attribute("data-ok"),
-        )
-        assert chrome.find_element(By.ID, "action-message").get_attribute("data-ok") == "true"
+        message = chrome.find_element(By.ID, "action-message")
+        assert message.get_attribute("data-ok") == "true", answer
         timed(
             "FAILOVER off the evacuated broker", clicked, chrome, "FAILOVER", **{"from": a, "to": b}
         )
         wait_for("both sessions on B", lambda: sessions_on(chrome, b) == 2)
         screenshot(chrome, "evacuated")
+        # Without the token: refused, and nothing moves.
+        assert post_without_token(chrome, "actions/evacuate", {"broker": b}) == 401
         assert post_without_token(chrome, "actions/restore", {"broker": a}) == 401
+        assert sessions_on(chrome, b) == 2
+        answer = act_from_the_page(chrome, "restore", a)
+        assert message.get_attribute("data-ok") == "true", answer

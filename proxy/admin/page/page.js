@@ -23,6 +23,7 @@
   let access = "unknown"; // unknown | ok | token (needs one) | forbidden | unreachable
   let unreachableSince = null;
   let lastEventId = null;
+  let eventReader = null; // the open /events stream's reader
   let lastUptime = null;
   let shown = false; // data is on the page
   const brokerStates = new Map(); // broker -> state last seen (the page's own observations)
@@ -128,6 +129,7 @@
     samples.length = 0;
     brokerStates.clear();
     lastEventId = null;
+    if (eventReader !== null) eventReader.cancel().catch(() => {}); // no event shown after this
   }
 
   function askToken(message) {
@@ -238,7 +240,8 @@
     const rows = [];
     for (const b of doc.brokers) {
       const before = brokerStates.get(b.broker);
-      if (before !== undefined && before !== b.state && b.state !== "unknown") {
+      // A change between up and down (not the first check's verdict) is worth a line.
+      if (before !== undefined && before !== "unknown" && before !== b.state && b.state !== "unknown") {
         addPageEntry(
           b.state === "up" ? "broker-up" : "broker-down",
           b.broker + " is " + b.state + (b.detail ? ": " + b.detail : ""),
@@ -270,8 +273,8 @@
   }
 
   function tlsCell(tls) {
-    if (!tls) return el("td", { class: "detail" }, "plain STOMP");
-    const cell = el("td", { class: "detail" });
+    if (!tls) return el("td", { class: "detail tls" }, "plain STOMP");
+    const cell = el("td", { class: "detail tls", "data-expires": tls.not_after || null });
     if (tls.not_after) {
       const days = tls.expires_in_seconds / 86400;
       const text = "expires " + tls.not_after.slice(0, 10) + " (" + (days < 2 ? fmtSeconds(tls.expires_in_seconds) : Math.floor(days) + " days") + ")";
@@ -408,26 +411,30 @@
   // -- actions (POST, with the token) ---------------------------------------------------------
   function actionButton(label, action, broker) {
     const button = el("button", { type: "button", "data-action": action, "data-broker": broker }, label);
-    armed(button, label, () => act("actions/" + action, { broker }, label + " " + broker));
+    arm(button, label, action + " " + broker, () => act("actions/" + action, { broker }, label + " " + broker));
     return button;
   }
 
-  // A dangerous button acts on a second click within ARM_MS (no modal dialog).
-  function armed(button, label, run) {
-    let timer = null;
+  // A dangerous button acts on a second click within ARM_MS (no modal dialog). The armed state
+  // is kept by key, not in the button: the broker table is drawn anew every second.
+  const armedUntil = new Map();
+
+  function arm(button, label, key, run) {
+    const isArmed = () => (armedUntil.get(key) || 0) > Date.now();
+    const show = () => {
+      button.textContent = isArmed() ? "Confirm " + label.toLowerCase().replace("…", "") + "?" : label;
+    };
+    show();
     button.addEventListener("click", () => {
-      if (timer === null) {
-        button.textContent = "Confirm " + label.toLowerCase() + "?";
-        timer = setTimeout(() => {
-          timer = null;
-          button.textContent = label;
-        }, ARM_MS);
+      if (isArmed()) {
+        armedUntil.delete(key);
+        show();
+        run();
         return;
       }
-      clearTimeout(timer);
-      timer = null;
-      button.textContent = label;
-      run();
+      armedUntil.set(key, Date.now() + ARM_MS);
+      show();
+      setTimeout(show, ARM_MS + 10);
     });
   }
 
@@ -469,8 +476,7 @@
     wake();
   }
 
-  const drain = $("drain");
-  armed(drain, "Drain the sidecar…", () => act("actions/drain", {}, "drain"));
+  arm($("drain"), "Drain the sidecar…", "drain", () => act("actions/drain", {}, "drain"));
 
   // -- /events: Server-Sent Events read with fetch() ------------------------------------------
   function feedState(text) {
@@ -501,11 +507,13 @@
       if (response !== null && response.ok && response.body) {
         delay = EVENT_RETRY_MIN_MS;
         feedState("(live)");
+        eventReader = response.body.getReader();
         try {
-          await readEvents(response.body.getReader());
+          await readEvents(eventReader);
         } catch (error) {
           // the connection broke: reconnect below
         }
+        eventReader = null;
       }
       if (access === "token") continue;
       feedState("(reconnecting…)");
@@ -523,11 +531,7 @@
     let data = [];
     for (;;) {
       const { value, done } = await reader.read();
-      if (done) return;
-      if (access === "token") {
-        reader.cancel();
-        return;
-      }
+      if (done || access === "token") return; // (refused: hideData cancelled the stream)
       buffer += decoder.decode(value, { stream: true });
       let end;
       while ((end = buffer.indexOf("\n")) >= 0) {
