@@ -135,11 +135,14 @@ def feed_entry(driver: WebDriver, kind: str, **attrs: str) -> bool:
     return bool(find(driver, selector))
 
 
-def timed(what: str, since: float, driver: WebDriver, kind: str, **attrs: str) -> float:
-    """Seconds from ``since`` until the feed shows ``kind`` (with ``attrs``); printed."""
+def timed(
+    what: str, since: float, driver: WebDriver, kind: str, after: str = "the fault", **attrs: str
+) -> float:
+    """Seconds from ``since`` (``after``) until the feed shows ``kind`` (with ``attrs``);
+    printed."""
     wait_for(what, lambda: feed_entry(driver, kind, **attrs), FEED_BOUND + 10)
     seconds = time.monotonic() - since
-    print(f"{what}: on the page {seconds:.2f} s after the fault")
+    print(f"{what}: on the page {seconds:.2f} s after {after}")
     assert seconds <= FEED_BOUND, f"{what} took {seconds:.2f} s to show"
     return seconds
 
@@ -218,7 +221,14 @@ def test_the_feed_shows_a_broker_go_down_and_come_back(chrome: WebDriver, broker
             brokers.a.wait_ready()
             back = time.monotonic()
             print(f"A answering again {back - restarting:.2f} s after its start")
-            timed("FAILOVER back to A", back, chrome, "FAILOVER", **{"from": b, "to": a})
+            timed(
+                "FAILOVER back to A",
+                back,
+                chrome,
+                "FAILOVER",
+                after="A answered again",
+                **{"from": b, "to": a},
+            )
             wait_for("both sessions on A again", lambda: sessions_on(chrome, a) == 2)
             wait_for("A up again", lambda: feed_entry(chrome, "broker-up", broker=a))
             screenshot(chrome, "failback")
@@ -256,6 +266,49 @@ def test_the_page_says_when_the_sidecar_is_gone_and_resumes(
         print(f"sidecar back: on the page {time.monotonic() - started:.2f} s after it started")
         assert feed_entry(chrome, "sidecar-up")
         wait_for("the new session", lambda: len(find(chrome, "#sessions tr[data-session]")) == 1)
+
+
+def test_the_outbox_panel_follows_a_spool_and_its_drain(
+    chrome: WebDriver, brokers: Brokers, tmp_path: Path
+) -> None:
+    """Outbox mode with its only broker (A) down: the app's SENDs are stored (SPOOLING in the
+    feed, the outbox's depth and the session's backlog on the page); A back: SPOOL_DRAINED,
+    the outbox empty, every frame forwarded."""
+    brokers.ensure_running()
+    brokers.a.kill()
+    admin_port = free_port()
+    config = sidecar_config(
+        brokers.a.stomp_url,
+        admin_listen=f"127.0.0.1:{admin_port}",
+        broker_probe_interval=200,
+        outbox="true",
+        outbox_dir=str(tmp_path / "outbox"),
+        **FAST,
+    )
+    n = 40
+    with SidecarThread(config) as sidecar, client(sidecar.address) as app:
+        open_page(chrome, ("127.0.0.1", admin_port))
+        outbox = chrome.find_element(By.ID, "outbox")
+        wait_for("the outbox panel", lambda: outbox.get_attribute("data-frames") == "0")
+        wait_for("a live event feed", lambda: find(chrome, '#feed-state[data-state="(live)"]'))
+        dest = unique("/queue/page-outbox")
+        for i in range(n):
+            app.conn.send(dest, f"o{i}", headers={"receipt": f"r{i}"})
+            app.receipt(f"r{i}")  # durable in the outbox: no broker is up
+        wait_for("SPOOLING", lambda: feed_entry(chrome, "SPOOLING"))
+        wait_for(f"{n} frames in the outbox", lambda: outbox.get_attribute("data-frames") == str(n))
+        assert f"{n} frames, " in outbox.text
+        backlog = "#sessions tr[data-session] td:nth-child(8)"
+        wait_for("the session's backlog", lambda: find(chrome, backlog)[0].text == str(n))
+        screenshot(chrome, "outbox-spooling")
+        restarted = time.monotonic()
+        brokers.a.start()
+        brokers.a.wait_ready()
+        timed("SPOOL_DRAINED", restarted, chrome, "SPOOL_DRAINED", after="A's start (JVM included)")
+        wait_for("an empty outbox", lambda: outbox.get_attribute("data-frames") == "0")
+        assert outbox.get_attribute("data-forwarded") == str(n)
+        assert f"\nforwarded\n{n} since start\n" in outbox.text
+        wait_for("no backlog", lambda: find(chrome, backlog)[0].text == "0")
 
 
 def token_file(tmp_path: Path) -> Path:
@@ -366,7 +419,12 @@ def test_evacuating_a_broker_from_the_page_moves_its_sessions(
         message = chrome.find_element(By.ID, "action-message")
         assert message.get_attribute("data-ok") == "true", answer
         timed(
-            "FAILOVER off the evacuated broker", clicked, chrome, "FAILOVER", **{"from": a, "to": b}
+            "FAILOVER off the evacuated broker",
+            clicked,
+            chrome,
+            "FAILOVER",
+            after="the first click",
+            **{"from": a, "to": b},
         )
         wait_for("both sessions on B", lambda: sessions_on(chrome, b) == 2)
         screenshot(chrome, "evacuated")

@@ -124,6 +124,8 @@
     for (const id of ["brokers", "sessions"]) $(id).tBodies[0].replaceChildren();
     $("feed").replaceChildren();
     $("outbox").replaceChildren();
+    delete $("outbox").dataset.frames;
+    delete $("outbox").dataset.forwarded;
     $("summary").replaceChildren();
     $("version").textContent = "";
     samples.length = 0;
@@ -325,8 +327,11 @@
     const list = $("outbox");
     if (!o) {
       list.replaceChildren(el("dt", {}, "outbox"), el("dd", {}, "off (outbox = false)"));
+      delete list.dataset.frames;
       return;
     }
+    list.dataset.frames = o.frames;
+    list.dataset.forwarded = o.forwarded_total;
     const pairs = [
       ["depth", [el("meter", { min: 0, max: o.max_bytes, value: Math.min(o.bytes, o.max_bytes), high: o.max_bytes * 0.8 }),
         o.frames + " frames, " + fmtBytes(o.bytes) + " / " + fmtBytes(o.max_bytes)]],
