@@ -427,6 +427,8 @@ def test_evacuating_a_broker_from_the_page_moves_its_sessions(
             **{"from": a, "to": b},
         )
         wait_for("both sessions on B", lambda: sessions_on(chrome, b) == 2)
+        evacuated = f'#brokers tr[data-broker="{a}"] [data-evacuated]'
+        wait_for("A marked evacuated", lambda: find(chrome, evacuated))
         screenshot(chrome, "evacuated")
         # Without the token: refused, and nothing moves.
         assert post_without_token(chrome, "actions/evacuate", {"broker": b}) == 401
@@ -434,3 +436,4 @@ def test_evacuating_a_broker_from_the_page_moves_its_sessions(
         assert sessions_on(chrome, b) == 2
         answer = act_from_the_page(chrome, "restore", a)
         assert message.get_attribute("data-ok") == "true", answer
+        wait_for("A no longer evacuated", lambda: not find(chrome, evacuated))

@@ -263,7 +263,7 @@
           "tr",
           { "data-broker": b.broker, "data-state": b.state },
           el("td", {}, el("code", {}, b.broker)),
-          el("td", {}, badge(b.state)),
+          el("td", {}, badge(b.state), evacuatedBadge(b.evacuated)),
           el("td", { class: "num" }, b.sessions ? badge(b.sessions + " in use", "in-use") : "0"),
           check,
           tlsCell(b.tls),
@@ -272,6 +272,15 @@
       );
     }
     $("brokers").tBodies[0].replaceChildren(...rows);
+  }
+
+  // /status's `evacuated` of a broker (the admin actions): null, or its reason and time left.
+  function evacuatedBadge(evacuation) {
+    if (!evacuation) return null;
+    const left = evacuation.seconds_left;
+    const until = left === null || left === undefined ? "until restored" : "for " + fmtSeconds(left) + " more";
+    const title = (evacuation.reason || "evacuated") + ", " + until;
+    return el("span", { class: "badge evacuated", title, "data-evacuated": "true" }, "evacuated " + until);
   }
 
   function tlsCell(tls) {
