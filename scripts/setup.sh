@@ -13,7 +13,9 @@
 #     (an HTTP client of the admin-token tests), openssl (the test bed turns PEM files into
 #     ActiveMQ's PKCS12 key store with `openssl pkcs12`; keytool comes with Java), socat (the
 #     C byte relay the benchmarks measure next to the sidecar, bench/relay.py), strace
-#     (`python -m bench.syscalls` counts system calls per round trip with `strace -c`), and
+#     (`python -m bench.syscalls` counts system calls per round trip with `strace -c`),
+#     chromium and chromium-driver (tests/browser load the admin page in headless Chromium
+#     through Selenium, which drives /usr/bin/chromedriver), and
 #     Debian's npm only when no `npm` is on PATH (a Node.js build that bundles npm, as
 #     nodesource's, conflicts with Debian's npm package).
 #  2. On a host running systemd, disables the services the packages enable on default
@@ -40,7 +42,7 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$REPO/.venv"
 STAMP="$VENV/.mq-sidecar-setup"
-PACKAGES=(activemq rabbitmq-server prometheus ruby-stomp curl openssl socat strace)
+PACKAGES=(activemq rabbitmq-server prometheus ruby-stomp curl openssl socat strace chromium chromium-driver)
 SERVICES=(rabbitmq-server epmd.socket epmd.service activemq prometheus)
 
 say() { printf 'setup.sh: %s\n' "$*" >&2; }

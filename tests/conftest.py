@@ -10,7 +10,7 @@ them for tests").
 Brokers run on free 127.0.0.1 ports in ``tmp_path_factory`` directories. A missing broker
 package FAILS the test (CI installs them): run ``scripts/setup.sh``. Tests that use these
 fixtures get the ``activemq`` / ``rabbitmq`` marker automatically, so ``-m "not rabbitmq"``
-deselects them.
+deselects them (and those using tests/browser's ``chrome`` the ``browser`` marker).
 
 Hypothesis runs without a per-example deadline (profile ``mq-sidecar``): a deadline is a timed
 assertion, which tests here never make (speed is measured by bench/); under coverage and a
@@ -45,6 +45,7 @@ _FIXTURE_MARKERS = {
     "activemq": "activemq",
     "activemq_pair": "activemq",
     "rabbitmq": "rabbitmq",
+    "chrome": "browser",  # tests/browser/conftest.py
 }
 
 

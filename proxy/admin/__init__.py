@@ -4,5 +4,6 @@
 - ``http``: one HTTP connection, reading a request's head, the bearer token.
 - ``status``: the ``/status`` document.
 - ``sse``: ``/events``, the session events as Server-Sent Events.
+- ``page``: ``/``, the live page for people (its files in ``page/``), or the text index.
 - ``health``: the broker prober and the ``/readyz`` verdict.
 """

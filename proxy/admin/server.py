@@ -13,12 +13,17 @@ Endpoints (all ``GET``; ``HEAD`` too, except ``/events``):
                 config digest and the redacted config. Never credentials.
 ``/events``     Server-Sent Events: every RECONNECTING/FAILOVER/DISCONNECT of every session, as
                 ``SessionEvent.to_json()``. Slow readers are dropped and counted.
+``/``           The live page for people when ``Accept`` names ``text/html`` (a browser), with
+                ``/page.css`` and ``/page.js`` (:mod:`proxy.admin.page`); the text index
+                otherwise.
+``/index.txt``  The text index: one line per endpoint.
 ==============  ===========================================================================
 
 With ``admin_token_file``, ``/status`` and ``/events`` (and ``/metrics`` with
 ``admin_token_metrics``) need ``Authorization: Bearer <token>``: 401 with a
 ``WWW-Authenticate`` challenge otherwise, 503 while the token file cannot be read
-(:class:`~proxy.admin.http.BearerToken`); ``/healthz``, ``/readyz`` and ``/`` never do
+(:class:`~proxy.admin.http.BearerToken`); ``/healthz``, ``/readyz``, ``/`` (the page and its
+files, which hold no data) and ``/index.txt`` never do
 (docs/operations.md, "Admin authentication").
 
 Shape (h11's ``examples/trio-server.py``): :class:`HTTPConnection` glues one
@@ -66,6 +71,7 @@ from proxy.admin.http import (
     header_value,
     peer_is_loopback,
 )
+from proxy.admin.page import ASSETS, AdminPage
 from proxy.admin.sse import EventStream
 from proxy.admin.status import status_document
 from proxy.telemetry.gauges import SidecarCollector
@@ -171,6 +177,7 @@ class AdminServer:
         self._started_at: float | None = None
         token_file = sidecar.config.admin_token_file
         self.token = BearerToken(token_file) if token_file is not None else None
+        self.page = AdminPage(self._index)
         self._routes: dict[str, _Route] = {
             "/metrics": _Route(
                 self._metrics, head=True, guarded=sidecar.config.admin_token_metrics
@@ -179,7 +186,8 @@ class AdminServer:
             "/readyz": _Route(self._readyz, head=True),
             "/status": _Route(self._status, head=True, guarded=True),
             "/events": _Route(self.sse.serve, head=False, guarded=True),
-            "/": _Route(self._index, head=True),
+            "/index.txt": _Route(self._index, head=True),
+            **{path: _Route(self.page.serve, head=True) for path in ASSETS},
         }
         sidecar.registry.register(SidecarCollector(sidecar, self))
 
@@ -436,6 +444,7 @@ class AdminServer:
             "outbox mode: the outbox open, not full)\n"
             "/status   JSON status\n/events   Server-Sent Events: RECONNECTING, FAILOVER, "
             "DISCONNECT, OUTCOME, SPOOLING, SPOOL_DRAINED\n"
+            "/         the live page (in a browser; this index otherwise: /index.txt)\n"
         ).encode()
         await http.respond(200, body)
         return 200

@@ -106,6 +106,8 @@ def status_document(
             "limit_bytes_per_session": config.confirmation_window_size,
         },
         "reconnects_in_progress": reconnecting,
+        # Counters since start, which the admin page samples for its rate charts.
+        "totals": sidecar.metrics.totals(),
         # The outbox (None when off): what it holds, how old its oldest frame is, what the
         # store's recovery found at start (docs/outbox.md).
         "outbox": stats.outbox.status() if stats.outbox is not None else None,

@@ -150,6 +150,8 @@ class Session:
         )
         self.core = core
         self.id = session_id
+        #: The app's ``host:port`` (``/status``; None when the stream is not a socket).
+        self.app_address = _peer_address(stream)
         self.acks = SidecarAcks(config.max_unacked)
         self.out = AppOutput(core, self.acks)
         self.control = ControlChannel(core, self.out)
@@ -301,6 +303,10 @@ class Session:
             redeliveries_hidden=st.redeliveries_hidden if st else 0,
             reconnecting_for=now - since if since is not None else None,
             oldest_unconfirmed_age=now - oldest.enqueued_at if oldest is not None else None,
+            app_address=self.app_address,
+            outbox_backlog=(
+                self.outbox.stored - self.outbox.forwarded if self.outbox is not None else None
+            ),
         )
 
     async def run(self) -> None:
@@ -480,3 +486,17 @@ def _left_open(entry: Entry) -> bool:
     "implicitly aborted if the client sends a DISCONNECT frame")."""
     tx = entry.context
     return isinstance(tx, Transaction) and tx.end is None
+
+
+def _peer_address(stream: trio.abc.Stream) -> str | None:
+    """``host:port`` of the peer of a socket stream (IPv6 in brackets); None for a stream
+    without a socket (memory streams in tests) or one already reset."""
+    sock = getattr(stream, "socket", None)
+    if sock is None:
+        return None
+    try:
+        peer = sock.getpeername()
+    except OSError:
+        return None
+    host, port = str(peer[0]), int(peer[1])
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -151,6 +151,8 @@ class Metrics:
             "replayed_frames",
             "Unconfirmed frames sent again to a new upstream leg after a reconnect.",
         )
+        #: The same count as a plain int, for ``/status`` (:meth:`totals`).
+        self.replayed_total = 0
         self._duplicates = counter(
             "duplicates_suppressed",
             "Messages recognised as redeliveries or duplicates and not shown to the app again.",
@@ -228,6 +230,16 @@ class Metrics:
         cell[0] += 1
         cell[1] += body_bytes
 
+    def totals(self) -> dict[str, int]:
+        """Counters since start for ``/status``'s ``totals`` (the admin page's rate charts
+        sample them): ``sends`` (SEND frames relayed app to broker), ``messages`` (MESSAGE
+        frames relayed broker to app), ``replayed_frames`` (sent again after a reconnect)."""
+        return {
+            "sends": self._to_broker[Command.SEND][0],
+            "messages": self._to_app[Command.MESSAGE][0],
+            "replayed_frames": self.replayed_total,
+        }
+
     # -- upstream legs ----------------------------------------------------------------------
 
     def connect_attempt(self, broker: str, outcome: ConnectOutcome) -> None:
@@ -280,6 +292,7 @@ class Metrics:
     def frames_replayed(self, count: int) -> None:
         """``count`` unconfirmed frames were sent again on a new leg."""
         self._replayed.inc(count)
+        self.replayed_total += count
 
     def duplicates_suppressed(self, count: int = 1) -> None:
         """``count`` messages were recognised as already seen and hidden from the app."""

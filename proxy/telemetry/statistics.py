@@ -27,7 +27,10 @@ class SessionStatistics:
     """Snapshot of one session for ``/status`` and metrics.
 
     ``state``: handshake, running, reconnecting, closing or closed. ``reconnect_attempts``:
-    attempts made in the reconnect now in progress (0 when running).
+    attempts made in the reconnect now in progress (0 when running). ``app_address``: the
+    app's ``host:port`` as the listener accepted it (None: not a socket). ``outbox_backlog``:
+    frames the session stored in the outbox that no broker has confirmed yet (None: the
+    outbox is off).
     """
 
     session_id: str
@@ -48,6 +51,8 @@ class SessionStatistics:
     redeliveries_hidden: int
     reconnecting_for: float | None = None  # seconds since the leg was lost, while reconnecting
     oldest_unconfirmed_age: float | None = None  # seconds the oldest window entry has waited
+    app_address: str | None = None
+    outbox_backlog: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
