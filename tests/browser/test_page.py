@@ -233,6 +233,10 @@ def test_the_feed_shows_a_broker_go_down_and_come_back(chrome: WebDriver, broker
             wait_for("A up again", lambda: feed_entry(chrome, "broker-up", broker=a))
             screenshot(chrome, "failback")
             assert console_problems(chrome) == []
+            # Every event's text is built from its JSON: a field the page reads that the event
+            # does not have shows as "undefined" (an OUTCOME's frame names once did).
+            feed_text = chrome.find_element(By.ID, "feed").text
+            assert "undefined" not in feed_text, feed_text
         finally:
             traffic.close()
 

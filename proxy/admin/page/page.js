@@ -592,7 +592,12 @@
       case "DISCONNECT":
         return session + " ended: " + e.reason + (e.attempts ? " after " + e.attempts + " attempt(s)" : "") + lost;
       case "OUTCOME": {
-        const frames = (e.frames || []).map((f) => f.label + " " + f.outcome).join(", ");
+        // A frame's name as FrameReport.label gives it (a property: not in the JSON).
+        const named = (e.frames || []).map(
+          (f) => (f.receipt || f.mq_sidecar_id || f.command + " #" + f.seq) + " " + f.outcome,
+        );
+        const more = named.length > 5 ? " and " + (named.length - 5) + " more" : "";
+        const frames = named.slice(0, 5).join(", ") + more;
         return session + ": " + (frames || e.reason) + (frames && e.reason ? " (" + e.reason + ")" : "");
       }
       case "SPOOLING":
