@@ -1,5 +1,5 @@
-"""Evacuating a broker under load through a running sidecar, with two real, independent ActiveMQ
-brokers (docs/operations.md, "Actions"): the operator's ``POST /actions/evacuate`` over real
+"""Evacuating a broker under load through a running sidecar, with two real, independent brokers
+of one kind, ActiveMQ then RabbitMQ (docs/operations.md, "Actions"): the operator's ``POST /actions/evacuate`` over real
 HTTP, every session moving at its next quiet point with a FAILOVER event whose reason says it
 was requested, and nothing lost or shown twice; then the other way round, so both brokers are
 evacuated in turn and the consumer goes back to the messages left on the first one.
@@ -24,7 +24,7 @@ import pytest
 import stomp
 from prometheus_client.parser import text_string_to_metric_families
 
-from testbed import ActiveMQ
+from testbed import ActiveMQ, RabbitMQ
 from tests.integration.support import (
     WAIT,
     Client,
@@ -45,13 +45,33 @@ from tests.integration.test_failover import (
 
 TOKEN = "evac-90c1d4"
 #: Messages of the transfer: the evacuation comes at a quarter of them.
-N = 5000
+N = 3000
 
 
-@pytest.fixture
-def second_activemq(tmp_path: Path) -> Iterator[ActiveMQ]:
-    with ActiveMQ("evac-b", tmp_path) as broker:
-        yield broker
+Broker = ActiveMQ | RabbitMQ
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("activemq", marks=pytest.mark.activemq),
+        pytest.param("rabbitmq", marks=pytest.mark.rabbitmq),
+    ]
+)
+def two_brokers(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Broker, Broker]]:
+    """Two independent brokers of one kind: the session's and one of this test's."""
+    if request.param == "activemq":
+        first: Broker = request.getfixturevalue("activemq")
+        with ActiveMQ("evac-b", tmp_path) as second:
+            yield first, second
+        return
+    first = request.getfixturevalue("rabbitmq")
+    other = RabbitMQ("rmq-evac", tmp_path)
+    other.start()
+    try:
+        other.wait_ready(90)
+        yield first, other
+    finally:
+        other.stop()
 
 
 def act(sidecar: SidecarThread, action: str, body: dict[str, object]) -> tuple[int, dict[str, Any]]:
@@ -100,7 +120,7 @@ def sample(metrics: str, name: str, **labels: str) -> float | None:
     return None
 
 
-def drain_directly(broker: ActiveMQ, destination: str, quiet: float = 1.0) -> list[str]:
+def drain_directly(broker: Broker, destination: str, quiet: float = 1.0) -> list[str]:
     """Every body left on ``destination`` of ``broker``, read by a direct client (ACKed),
     until ``quiet`` seconds pass without one (at most N + 100 bodies)."""
     bodies: list[str] = []
@@ -110,9 +130,11 @@ def drain_directly(broker: ActiveMQ, destination: str, quiet: float = 1.0) -> li
         def on_message(self, frame: Any) -> None:
             bodies.append(frame.body)
             last[0] = time.monotonic()
-            conn.ack(frame.headers["message-id"], frame.headers["subscription"])
+            conn.ack(frame.headers["ack"])
 
-    conn = stomp.Connection12([(broker.host, broker.stomp_port)], heartbeats=(0, 0))
+    conn = stomp.Connection12(
+        [(broker.host, broker.stomp_port)], heartbeats=(0, 0), vhost=broker.vhost
+    )
     conn.set_listener("drain", Listener())
     conn.connect(wait=True)
     try:
@@ -124,12 +146,8 @@ def drain_directly(broker: ActiveMQ, destination: str, quiet: float = 1.0) -> li
     return bodies
 
 
-@pytest.mark.activemq
 def test_evacuation_under_load_moves_every_session_and_loses_nothing(
-    activemq: ActiveMQ,
-    second_activemq: ActiveMQ,
-    tmp_path: Path,
-    caplog: pytest.LogCaptureFixture,
+    two_brokers: tuple[Broker, Broker], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A producer (persistent SENDs, each with a receipt) and a consumer (ACKing each
     MESSAGE) through the sidecar on broker A; at a third of the transfer the operator
@@ -140,15 +158,18 @@ def test_evacuation_under_load_moves_every_session_and_loses_nothing(
     and the sidecar hides what A redelivers of what the app already had. In the end the app
     has every body exactly once. Each action is logged with who asked."""
     caplog.set_level(logging.INFO, "mq_sidecar.admin")
+    first, second = two_brokers
     token_file = tmp_path / "admin-token"
     token_file.write_text(TOKEN + "\n")
-    a, b = f"127.0.0.1:{activemq.stomp_port}", f"127.0.0.1:{second_activemq.stomp_port}"
+    a, b = f"127.0.0.1:{first.stomp_port}", f"127.0.0.1:{second.stomp_port}"
     config = sidecar_config(
-        f"failover:({activemq.stomp_url},{second_activemq.stomp_url})",
+        f"failover:({first.stomp_url},{second.stomp_url})",
         admin_token_file=str(token_file),
         broker_probe_interval=200,
         client_login="ops",  # the control client watches every session (mq-sidecar-scope:all)
         client_passcode="ops-secret",
+        login="guest",  # RabbitMQ's default user; ActiveMQ takes anyone
+        passcode="guest",
         **FAST,
     )
     credentials = ("ops", "ops-secret")
@@ -190,7 +211,7 @@ def test_evacuation_under_load_moves_every_session_and_loses_nothing(
         consumer.close()
         producer.client.close()
         control.close()
-    left = {"A": drain_directly(activemq, dest), "B": drain_directly(second_activemq, dest)}
+    left = {"A": drain_directly(first, dest), "B": drain_directly(second, dest)}
     missing, duplicated = exactly_once(consumer.bodies, N)
     unseen = [body for bodies in left.values() for body in bodies if body not in consumer.bodies]
     print(
