@@ -1,8 +1,9 @@
 """Evacuating a broker under load through a running sidecar, with two real, independent brokers
-of one kind, ActiveMQ then RabbitMQ (docs/operations.md, "Actions"): the operator's ``POST /actions/evacuate`` over real
-HTTP, every session moving at its next quiet point with a FAILOVER event whose reason says it
-was requested, and nothing lost or shown twice; then the other way round, so both brokers are
-evacuated in turn and the consumer goes back to the messages left on the first one.
+of one kind, ActiveMQ then RabbitMQ (docs/operations.md, "Actions"): the operator's
+``POST /actions/evacuate`` over real HTTP, every session moving at its next quiet point with a
+FAILOVER event whose reason says it was requested, and nothing lost or shown twice; then the
+other way round, so both brokers are evacuated in turn and the consumer goes back to the
+messages left on the first one.
 
 The rules of the actions (405, 401, 403, 400, 409) are tested on memory streams in
 tests/proxy/test_admin_actions.py, the sessions' moves on scripted brokers in
