@@ -130,6 +130,7 @@ async def connect_by_policy(
     board: ReconnectBoard | None = None,
     identity: Callable[[Broker], bytes] | None = None,
     on_skip: Callable[[Broker, UpstreamRefused], None] | None = None,
+    evacuations: ReconnectBoard | None = None,
 ) -> tuple[Upstream, int, list[Attempt]]:
     """Connect to a broker: returns ``(upstream, broker index, attempts)``.
 
@@ -167,6 +168,8 @@ async def connect_by_policy(
         identity: the CONNECT identity ``connect_one`` presents to a broker
             (:meth:`ReconnectBoard.identity` of its CONNECT frame); None: one identity for all.
         on_skip: called for every broker skipped because its refusal stands (metrics).
+        evacuations: the board whose evacuated brokers are skipped, without the rest of the
+            board's sharing (the outbox forwarder); default: ``board``.
 
     Raises:
         ReconnectExhausted: every broker refused, or the policy's attempts or period ran out.
@@ -182,6 +185,7 @@ async def connect_by_policy(
         on_attempt=on_attempt,
         identity=identity,
         on_skip=on_skip,
+        evacuations=evacuations if evacuations is not None else board,
     )
     if board is None:
         return await walk.run(current)
@@ -211,6 +215,7 @@ class _Walk:
         on_attempt: Callable[[Attempt], None] | None,
         identity: Callable[[Broker], bytes] | None,
         on_skip: Callable[[Broker, UpstreamRefused], None] | None,
+        evacuations: ReconnectBoard | None,
     ) -> None:
         self.brokers = brokers
         self.policy = policy
@@ -219,7 +224,7 @@ class _Walk:
         self.initial = initial
         self.initial_period = initial_period if initial else None
         self.board = board if initial else None  # only a first connection waits on it
-        self.evacuations = board
+        self.evacuations = evacuations
         self.refusals: Refusals[RefusalKey, UpstreamRefused] = (
             board.refusals if board is not None else Refusals()
         )

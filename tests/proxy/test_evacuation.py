@@ -10,13 +10,17 @@ through a running sidecar and real brokers in tests/integration/test_evacuation.
 from __future__ import annotations
 
 import math
+import random
+from typing import cast
 
 import pytest
 import trio
 import trio.testing
 
+from config import Broker
 from protocol import Command
 from proxy.app import Sidecar
+from proxy.legs.broker import Upstream, UpstreamUnavailable
 from proxy.reconnect.board import ReconnectBoard
 from proxy.reconnect.evacuations import (
     MAX_EVACUATION_SECONDS,
@@ -26,6 +30,8 @@ from proxy.reconnect.evacuations import (
     UnknownBroker,
     stranded,
 )
+from proxy.reconnect.policy import ReconnectPolicy
+from proxy.reconnect.walk import connect_by_policy
 from tests.proxy.scripted_broker import (
     Network,
     Running,
@@ -328,3 +334,54 @@ async def test_a_timed_evacuation_ends_by_itself(
     assert late.session.statistics().broker == primary.label
     assert running.session.statistics().broker == backup.label
     assert board.evacuated(primary.label) is None
+
+
+# -- the walk -----------------------------------------------------------------------------------
+
+
+class _Leg:
+    """What connect_by_policy reads of a leg it returns."""
+
+    connected: dict[str, str] = {}  # noqa: RUF012 - read only
+
+
+@pytest.mark.parametrize("shared", [True, False])
+async def test_the_walk_skips_evacuated_brokers_unless_all_are(
+    autojump_clock: trio.testing.MockClock, shared: bool
+) -> None:
+    """A reconnect from the evacuated current broker tries the others only; with every broker
+    evacuated it walks them all. ``shared``: the board is the sessions' (``board=``), else
+    only its evacuations count (``evacuations=``, the outbox forwarder's way)."""
+    brokers = tuple(ScriptedBroker(n, "h", p).config for n, p in (("a", 1), ("b", 2), ("c", 3)))
+    board = ReconnectBoard()
+    tried: list[str] = []
+
+    async def connect_one(broker: Broker) -> Upstream:
+        tried.append(broker.label)
+        if broker.label != "h:1":
+            raise UpstreamUnavailable(broker, "connection refused")
+        return cast("Upstream", _Leg())
+
+    async def walk() -> int:
+        tried.clear()
+        policy = ReconnectPolicy(retry_interval=0.1, jitter=0.0)
+        _, index, _ = await connect_by_policy(
+            brokers,
+            policy,
+            random.Random(1),
+            connect_one,
+            current=1,
+            initial=False,
+            board=board if shared else None,
+            evacuations=None if shared else board,
+        )
+        return index
+
+    board.evacuate("h:1", REASON)
+    board.evacuate("h:2", REASON)
+    with trio.move_on_after(0.35):
+        await walk()
+    assert set(tried) == {"h:3"}  # only c, round after round
+    board.evacuate("h:3", REASON)
+    assert await walk() == 0  # every one evacuated: all walked
+    assert tried == ["h:2", "h:3", "h:1"]
