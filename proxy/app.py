@@ -15,7 +15,9 @@ seconds after that deadline. The admin plane answers during the drain (``/readyz
 
 The :class:`Sidecar` owns what sessions report into: the Prometheus ``registry`` (never the
 global one), the :class:`~proxy.telemetry.metrics.Metrics` recorded on it, and the
-:class:`~proxy.telemetry.events.EventBus` of session events.
+:class:`~proxy.telemetry.events.EventBus` of session events. Its operations on the brokers
+(:meth:`Sidecar.evacuate`, :meth:`Sidecar.restore`) are the admin plane's actions
+(:mod:`proxy.admin.actions`) and, later, what a change of the broker list does.
 
 At most ``max_sessions`` sessions are open at once (those still reading their CONNECT count). A
 connection beyond that gets no :class:`Session`: its CONNECT (a small frame, read within
@@ -43,6 +45,7 @@ from proxy.legs.stream import FrameStream, TransportLost
 from proxy.outbox.forwarder import OutboxForwarder
 from proxy.outbox.service import OutboxService, open_outbox
 from proxy.reconnect.board import ReconnectBoard
+from proxy.reconnect.evacuations import Evacuation, EvacuationRefused, UnknownBroker, stranded
 from proxy.session import Session
 from proxy.session.ending import error_frame
 from proxy.shutdown import drain_sessions, log_drain, shutdown_on_signals
@@ -146,6 +149,75 @@ class Sidecar:
         """Begin a graceful shutdown (what SIGTERM/SIGINT do)."""
         self.shutdown_requested.set()
 
+    def evacuate(
+        self, broker: str, reason: str, *, for_seconds: float | None = None, check: bool = True
+    ) -> Evacuation:
+        """Evacuate the broker labelled ``broker`` (``host:port``): out of the rotation until
+        :meth:`restore` or for ``for_seconds``, every session on it moving to another broker at
+        its next quiet point with a FAILOVER event (reason ``evacuated``, its words ending with
+        ``reason``); :meth:`ReconnectBoard.evacuate
+        <proxy.reconnect.board.ReconnectBoard.evacuate>`. Evacuating it again replaces the
+        reason and the end. Logged.
+
+        ``check``: refuse when no other broker can take the sessions
+        (:func:`~proxy.reconnect.evacuations.stranded`: another broker in the list, not
+        evacuated, ``up`` for the admin plane's prober). A broker that left the list is
+        evacuated without it: its sessions have to go.
+
+        Raises:
+            UnknownBroker: ``broker`` is not in the broker list.
+            EvacuationRefused: ``check`` and no other broker can take the sessions.
+            ValueError: ``for_seconds`` out of range.
+        """
+        labels = self._labels(broker)
+        board = self.reconnects
+        if check:
+            evacuated = [e.broker for e in self.evacuations()]
+            states = None
+            if self.admin is not None:
+                states = {h.broker: (h.state, h.detail) for h in self.admin.prober.statistics()}
+            why = stranded(broker, labels, evacuated, states)
+            if why is not None:
+                raise EvacuationRefused(why)
+        entry = board.evacuate(broker, reason, for_seconds=for_seconds)
+        on_it = sum(1 for s in self.sessions if s.statistics().broker == broker)
+        log.warning(
+            "broker %s evacuated (%s)%s: %d session(s) on it move at their next quiet point",
+            broker,
+            reason,
+            "" if for_seconds is None else f" for {for_seconds:g} s",
+            on_it,
+        )
+        return entry
+
+    def restore(self, broker: str) -> Evacuation | None:
+        """Put the broker labelled ``broker`` back into the rotation; returns the evacuation
+        it ends (None: it was not evacuated). Logged.
+
+        Raises:
+            UnknownBroker: ``broker`` is not in the broker list.
+        """
+        self._labels(broker)
+        entry = self.reconnects.restore(broker)
+        if entry is not None:
+            log.warning("broker %s restored to the rotation (evacuated: %s)", broker, entry.reason)
+        return entry
+
+    def evacuations(self) -> tuple[Evacuation, ...]:
+        """The brokers evacuated now, oldest first."""
+        return self.reconnects.evacuations.active(trio.current_time())
+
+    def _labels(self, broker: str) -> list[str]:
+        """The broker list's labels, ``broker`` among them.
+
+        Raises:
+            UnknownBroker: it is not.
+        """
+        labels = [b.label for b in self.config.brokers]
+        if broker not in labels:
+            raise UnknownBroker(f"{broker} is not in the broker list ({', '.join(labels)})")
+        return labels
+
     def statistics(self) -> SidecarStatistics:
         """Listener address and per-session statistics."""
         return SidecarStatistics(
@@ -176,7 +248,12 @@ class Sidecar:
             self.outbox = outbox
             # Frames no live session forwards: a previous process's, an ended session's.
             self.recovery = OutboxForwarder(
-                self.config, outbox, self.streams, self.metrics, self._prefix
+                self.config,
+                outbox,
+                self.streams,
+                self.metrics,
+                self._prefix,
+                reconnects=self.reconnects,
             )
             await nursery.start(self.recovery.run)
             try:

@@ -36,6 +36,7 @@ __all__ = [
     "has_body",
     "head_size",
     "header_value",
+    "peer_address",
     "peer_is_loopback",
     "read_token",
 ]
@@ -74,6 +75,20 @@ def peer_is_loopback(stream: trio.abc.Stream) -> bool:
     except OSError:
         return False
     return address_is_loopback(host)
+
+
+def peer_address(stream: trio.abc.Stream) -> str:
+    """``host:port`` of the client at the other end of ``stream`` (IPv6 in brackets), for the
+    log lines that say who asked; ``local`` for a stream with no socket (a memory stream inside
+    the process), ``unknown`` when the peer cannot be read (already reset)."""
+    sock = getattr(stream, "socket", None)
+    if sock is None:
+        return "local"
+    try:
+        peer = sock.getpeername()
+    except OSError:
+        return "unknown"
+    return format_address(str(peer[0]), int(peer[1]))
 
 
 def address_is_loopback(host: str) -> bool:

@@ -19,6 +19,9 @@ Endpoints (all ``GET``; ``HEAD`` too, except ``/events``):
 ``/index.txt``  The text index: one line per endpoint.
 ==============  ===========================================================================
 
+Actions (``POST /actions/evacuate``, ``/actions/restore``, ``/actions/drain``) are
+:mod:`proxy.admin.actions`': POST only, always with the bearer token.
+
 With ``admin_token_file``, ``/status`` and ``/events`` (and ``/metrics`` with
 ``admin_token_metrics``) need ``Authorization: Bearer <token>``: 401 with a
 ``WWW-Authenticate`` challenge otherwise, 503 while the token file cannot be read
@@ -58,6 +61,7 @@ from prometheus_client.exposition import choose_encoder
 from config import Config
 from proxy._errors import ListenError
 from proxy._version import VERSION
+from proxy.admin.actions import AdminActions
 from proxy.admin.health import BrokerProber, Readiness, evaluate_readiness
 from proxy.admin.http import (
     AUTHENTICATE,
@@ -76,6 +80,7 @@ from proxy.admin.sse import EventStream
 from proxy.admin.status import status_document
 from proxy.telemetry.gauges import SidecarCollector
 from proxy.telemetry.statistics import SidecarView
+from proxy.telemetry.vocabulary import AdminAction
 
 __all__ = ["AdminLimits", "AdminServer", "AdminStatistics"]
 
@@ -124,9 +129,10 @@ class AdminStatistics:
 
 
 class _Route:
-    """One endpoint: handler, whether HEAD is allowed, whether it needs the admin token."""
+    """One endpoint: handler, whether HEAD is allowed, whether it needs the admin token, and
+    whether it is an action (``post``: the handler checks method and token itself)."""
 
-    __slots__ = ("guarded", "handler", "head")
+    __slots__ = ("guarded", "handler", "head", "post")
 
     def __init__(
         self,
@@ -134,10 +140,12 @@ class _Route:
         *,
         head: bool,
         guarded: bool = False,
+        post: bool = False,
     ) -> None:
         self.handler = handler
         self.head = head
         self.guarded = guarded
+        self.post = post
 
 
 class AdminServer:
@@ -189,6 +197,10 @@ class AdminServer:
             "/index.txt": _Route(self._index, head=True),
             **{path: _Route(self.page.serve, head=True) for path in ASSETS},
         }
+        self.actions = AdminActions(sidecar, self.token)
+        for action in AdminAction:
+            route = _Route(self.actions.handler(action), head=False, post=True)
+            self._routes[f"/actions/{action}"] = route
         sidecar.registry.register(SidecarCollector(sidecar, self))
 
     # -- public -------------------------------------------------------------------------------
@@ -372,6 +384,9 @@ class AdminServer:
             await http.respond(404, f"no such endpoint: {path}\n".encode())
             return
         endpoint = "index" if path == "/" else path.lstrip("/")
+        if route.post:  # an action: POST only, the token always (proxy.admin.actions)
+            self._count(endpoint, await route.handler(http, request))
+            return
         allowed = b"GET, HEAD" if route.head else b"GET"
         if request.method not in (b"GET", b"HEAD") or (
             request.method == b"HEAD" and not route.head

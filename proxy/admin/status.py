@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import trio
 
 from proxy._version import VERSION
+from proxy.admin.actions import evacuation_status
 from proxy.admin.health import BrokerHealth, Readiness, stuck_for
 from proxy.admin.http import format_address
 from proxy.telemetry.statistics import SidecarView
@@ -72,9 +73,12 @@ def status_document(
         record = sidecar.streams.tracker.get(label)
         return None if record is None else record.as_status(wall)
 
+    evacuated = {e.broker: evacuation_status(e, now, wall) for e in sidecar.evacuations()}
     brokers = [
         {
             "broker": b.broker,
+            # None, or why and until when it is out of the rotation (docs/operations.md, Actions)
+            "evacuated": evacuated.get(b.broker),
             "state": b.state,
             "sessions": legs.get(b.broker, 0),
             "last_check_age_seconds": age(b.last_check),

@@ -34,6 +34,7 @@ from proxy.legs.opening import StreamOpener
 from proxy.legs.stream import TransportLost
 from proxy.outbox import OutboxError, StoredFrame
 from proxy.outbox.service import OutboxService
+from proxy.reconnect.board import ReconnectBoard
 from proxy.reconnect.policy import ReconnectPolicy
 from proxy.reconnect.walk import ReconnectExhausted, connect_by_policy
 from proxy.session.outbox import FETCH_FRAMES, FetchSize, parse
@@ -63,6 +64,7 @@ class OutboxForwarder:
         open_stream: opens the byte stream to a broker (the sidecar's ``BrokerStreams``).
         metrics: ``mq_sidecar_outbox_forwarded_total`` is counted there.
         prefix: the sidecar's id prefix: its receipt ids are ``<prefix>-o<seq>``.
+        reconnects: the sidecar's board: the brokers evacuated there are skipped.
     """
 
     def __init__(
@@ -72,12 +74,15 @@ class OutboxForwarder:
         open_stream: StreamOpener,
         metrics: Metrics,
         prefix: str,
+        *,
+        reconnects: ReconnectBoard | None = None,
     ) -> None:
         self.config = config
         self.outbox = outbox
         self.open_stream = open_stream
         self.metrics = metrics
         self.prefix = prefix
+        self.reconnects = reconnects
         # Without end, as the sessions' in outbox mode (proxy.session.core).
         self.policy = dataclasses.replace(
             ReconnectPolicy.from_config(config), reconnect_attempts=-1, reconnect_period=None
@@ -136,7 +141,13 @@ class OutboxForwarder:
         while True:
             try:
                 upstream, _, _ = await connect_by_policy(
-                    config.brokers, self.policy, self.rng, connect_one, current=None, initial=False
+                    config.brokers,
+                    self.policy,
+                    self.rng,
+                    connect_one,
+                    current=None,
+                    initial=False,
+                    evacuations=self.reconnects,
                 )
             except ReconnectExhausted as exc:  # every broker refused the sidecar's login
                 log.warning("outbox: outbox forwarder cannot connect: %s", exc)

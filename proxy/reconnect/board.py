@@ -1,8 +1,10 @@
-"""What the sessions of one sidecar share about their brokers during an outage: the reconnects
-in progress (a first connection waits for their outcome instead of racing them) and the
-brokers' refusals of a CONNECT (docs/behaviour.md, "Broker list and reconnect policy").
+"""What the sessions of one sidecar share about their brokers: the reconnects in progress (a
+first connection waits for their outcome instead of racing them), the brokers' refusals of a
+CONNECT (docs/behaviour.md, "Broker list and reconnect policy") and the brokers evacuated
+(docs/operations.md, "Actions").
 
-The counting is pure (:mod:`proxy.reconnect.tally`); this adds the waiting (one trio Event).
+The counting is pure (:mod:`proxy.reconnect.tally`, :mod:`proxy.reconnect.evacuations`); this
+adds the waiting (trio Events) and the clock.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import trio
 
 from protocol import Frame
 from proxy.legs.broker import Upstream, UpstreamRefused, UpstreamUnavailable
+from proxy.reconnect.evacuations import Evacuation, Evacuations
 from proxy.reconnect.policy import ReconnectPolicy
 from proxy.reconnect.tally import ReconnectTally, Refusals
 
@@ -37,14 +40,21 @@ class ReconnectBoard:
     brokers' refusals are a :class:`~proxy.reconnect.tally.Refusals` (at most 256 entries) keyed
     by broker index and :meth:`identity`. The sidecar owns one
     (``proxy.app.Sidecar.reconnects``); a Session built alone gets its own.
+
+    The evacuated brokers are an :class:`~proxy.reconnect.evacuations.Evacuations` (one entry
+    per broker) read with :meth:`evacuated`, changed with :meth:`evacuate` and :meth:`restore`;
+    each session's link waits with :meth:`wait_evacuated` for its broker to be evacuated
+    (proxy.session.link).
     """
 
     def __init__(self) -> None:
         self.tally = ReconnectTally()
         self.refusals: Refusals[RefusalKey, UpstreamRefused] = Refusals()
+        self.evacuations = Evacuations()
         self._changed = trio.Event()
         self._waiters = 0
         self._identity_key = secrets.token_bytes(32)
+        self._evacuations_changed = trio.Event()
 
     def identity(self, connect: Frame) -> bytes:
         """What makes two sessions' CONNECTs to a broker the same for its refusals: a keyed
@@ -144,6 +154,45 @@ class ReconnectBoard:
         finally:
             self._waiters -= 1
         return None
+
+    # -- evacuations ----------------------------------------------------------------------
+
+    def evacuate(self, broker: str, reason: str, *, for_seconds: float | None = None) -> Evacuation:
+        """Put the broker labelled ``broker`` out of the rotation, for ``for_seconds`` (None:
+        until :meth:`restore`), and wake the sessions on it: each moves to another broker at
+        its next quiet point (proxy.session.link). ``reason`` goes into their FAILOVER events.
+        The caller checks the label and whether the sessions have somewhere to go
+        (:func:`proxy.reconnect.evacuations.stranded`).
+
+        Raises:
+            ValueError: ``for_seconds`` out of range (:meth:`Evacuations.evacuate`).
+        """
+        entry = self.evacuations.evacuate(
+            broker, reason, trio.current_time(), for_seconds=for_seconds
+        )
+        self._evacuations_changed.set()
+        self._evacuations_changed = trio.Event()
+        return entry
+
+    def restore(self, broker: str) -> Evacuation | None:
+        """Put ``broker`` back into the rotation; returns the evacuation it ends (None: it
+        was not evacuated). Sessions that moved away stay where they are (with
+        ``priority_backup`` those on a backup go back to the first broker, as after an
+        outage)."""
+        entry = self.evacuations.restore(broker, trio.current_time())
+        self._evacuations_changed.set()
+        self._evacuations_changed = trio.Event()
+        return entry
+
+    def evacuated(self, broker: str) -> Evacuation | None:
+        """The evacuation of the broker labelled ``broker`` now, or None."""
+        return self.evacuations.get(broker, trio.current_time())
+
+    async def wait_evacuated(self, broker: str) -> Evacuation:
+        """Wait until ``broker`` is evacuated (at once if it is); returns the evacuation."""
+        while (entry := self.evacuated(broker)) is None:  # each pass follows a change
+            await self._evacuations_changed.wait()
+        return entry
 
 
 #: First words of the body of ActiveMQ's ERROR to a CONNECT whose ``client-id`` it still holds

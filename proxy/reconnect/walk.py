@@ -14,8 +14,12 @@ connection at once with the broker's reason; a round in which some broker was on
 goes on by the policy, the refusing ones tried again as each cool-down ends (docs/behaviour.md,
 "Broker list and reconnect policy").
 
+An evacuated broker (:mod:`proxy.reconnect.evacuations`) is out of the rotation: the walk
+skips it, unless every broker of the list is evacuated (then it walks them all: a broker that
+answers beats none).
+
 What the sessions of one sidecar share while they walk (their reconnects in progress, the
-brokers' refusals) is the :class:`~proxy.reconnect.board.ReconnectBoard`.
+brokers' refusals, the evacuations) is the :class:`~proxy.reconnect.board.ReconnectBoard`.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from proxy.reconnect.board import ReconnectBoard, RefusalKey, lasting_refusal
 from proxy.reconnect.policy import ReconnectPolicy
 from proxy.reconnect.tally import Refusals
 
-__all__ = ["Attempt", "ReconnectExhausted", "connect_by_policy"]
+__all__ = ["Attempt", "ReconnectExhausted", "attempt_outcome", "connect_by_policy"]
 
 log = logging.getLogger("mq_sidecar.failover")
 
@@ -102,7 +106,8 @@ def _more_words(error: Frame) -> str:
     return line[:200]
 
 
-def _outcome(exc: UpstreamUnavailable) -> str:
+def attempt_outcome(exc: UpstreamUnavailable) -> str:
+    """The :attr:`Attempt.outcome` of a failed attempt that raised ``exc``."""
     if isinstance(exc, UpstreamRefused):
         return "refused"
     if isinstance(exc, TlsConnectFailed):
@@ -125,6 +130,7 @@ async def connect_by_policy(
     board: ReconnectBoard | None = None,
     identity: Callable[[Broker], bytes] | None = None,
     on_skip: Callable[[Broker, UpstreamRefused], None] | None = None,
+    evacuations: ReconnectBoard | None = None,
 ) -> tuple[Upstream, int, list[Attempt]]:
     """Connect to a broker: returns ``(upstream, broker index, attempts)``.
 
@@ -138,7 +144,8 @@ async def connect_by_policy(
     cool-down, the policy gives up at once (``ReconnectExhausted.refused``); a round in
     which any broker was unreachable goes on by the policy.
 
-    With a ``board``, a reconnect is counted on it while it runs and every success is
+    With a ``board``, evacuated brokers are skipped (all are walked when all are), a
+    reconnect is counted on it while it runs and every success is
     reported to it; a first connection (``initial``) consults it: while other sessions are
     reconnecting it first waits for their outcome (at most ``max_retry_interval``, the
     longest any of them waits between rounds, and never past the give-up point), and any of
@@ -161,6 +168,8 @@ async def connect_by_policy(
         identity: the CONNECT identity ``connect_one`` presents to a broker
             (:meth:`ReconnectBoard.identity` of its CONNECT frame); None: one identity for all.
         on_skip: called for every broker skipped because its refusal stands (metrics).
+        evacuations: the board whose evacuated brokers are skipped, without the rest of the
+            board's sharing (the outbox forwarder); default: ``board``.
 
     Raises:
         ReconnectExhausted: every broker refused, or the policy's attempts or period ran out.
@@ -176,6 +185,7 @@ async def connect_by_policy(
         on_attempt=on_attempt,
         identity=identity,
         on_skip=on_skip,
+        evacuations=evacuations if evacuations is not None else board,
     )
     if board is None:
         return await walk.run(current)
@@ -205,6 +215,7 @@ class _Walk:
         on_attempt: Callable[[Attempt], None] | None,
         identity: Callable[[Broker], bytes] | None,
         on_skip: Callable[[Broker, UpstreamRefused], None] | None,
+        evacuations: ReconnectBoard | None,
     ) -> None:
         self.brokers = brokers
         self.policy = policy
@@ -213,6 +224,7 @@ class _Walk:
         self.initial = initial
         self.initial_period = initial_period if initial else None
         self.board = board if initial else None  # only a first connection waits on it
+        self.evacuations = evacuations
         self.refusals: Refusals[RefusalKey, UpstreamRefused] = (
             board.refusals if board is not None else Refusals()
         )
@@ -275,7 +287,7 @@ class _Walk:
                     first = reached
                 self._give_up_if_exhausted()
             refused = True
-            for index in policy.order(len(self.brokers), first, self.rng):
+            for index in self._in_rotation(policy.order(len(self.brokers), first, self.rng)):
                 broker = self.brokers[index]
                 key = (index, b"" if self.identity is None else self.identity(broker))
                 standing = self.refusals.claim(key, trio.current_time())
@@ -301,10 +313,18 @@ class _Walk:
             self.refused = refused
             first = current
 
+    def _in_rotation(self, order: list[int]) -> list[int]:
+        """``order`` without the evacuated brokers; all of it when every one is evacuated."""
+        board = self.evacuations
+        if board is None:
+            return order
+        kept = [i for i in order if board.evacuated(self.brokers[i].label) is None]
+        return kept or order
+
     def _failed(self, key: RefusalKey, broker: Broker, exc: UpstreamUnavailable) -> None:
         """Record a failed attempt; a lasting refusal starts (or joins) the broker's
         cool-down."""
-        self._record(Attempt(broker.label, _outcome(exc), exc.reason))
+        self._record(Attempt(broker.label, attempt_outcome(exc), exc.reason))
         self.last_failure = exc
         if not isinstance(exc, UpstreamRefused) or not lasting_refusal(exc):
             self.refusals.settled(key)

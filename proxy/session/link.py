@@ -1,15 +1,19 @@
 """The upstream link of one session: connect by policy, and on the loss of a leg reconnect
-(reattach or fail over), restore and relay again, until the session ends; ``priority_backup``
-failback within a bounded time, holding the app briefly; the goodbye to the broker.
+(reattach or fail over), restore and relay again, until the session ends; a move to another
+broker at a quiet point, holding the app briefly: the ``priority_backup`` failback, and the
+move off an evacuated broker (:mod:`proxy.reconnect.evacuations`); the goodbye to the broker.
 
 The link task is the only reader of the current leg. Each leg gets a nursery of its own for its
-heart-beats, the sidecar's ACK writer, the restore and the failback watch; the leg is gone when
-that nursery is.
+heart-beats, the sidecar's ACK writer, the restore, the failback watch and the evacuation watch;
+the leg is gone when that nursery is.
 """
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import trio
 
@@ -21,7 +25,7 @@ from proxy.legs.connect_frame import connect_frame
 from proxy.legs.opening import StreamOpener
 from proxy.legs.stream import TransportLost
 from proxy.reconnect.board import ReconnectBoard
-from proxy.reconnect.walk import Attempt, ReconnectExhausted, connect_by_policy
+from proxy.reconnect.walk import Attempt, ReconnectExhausted, attempt_outcome, connect_by_policy
 from proxy.session.acks import SidecarAcks
 from proxy.session.broker_side import BrokerSide
 from proxy.session.control import ControlChannel
@@ -40,6 +44,18 @@ __all__ = ["FAILBACK_HOLD", "Link"]
 FAILBACK_HOLD = 2.0
 #: Seconds between looks at the session while a failback waits for its moment.
 _FAILBACK_POLL = 0.005
+
+
+@dataclass(frozen=True, slots=True)
+class _Move:
+    """A leg the session moves to at a quiet point: the next leg of :meth:`Link._loop`, in
+    place of a reconnect (a failback, a move off an evacuated broker)."""
+
+    upstream: Upstream
+    index: int
+    reason: str
+    kind: FailoverReason
+    attempts: tuple[Attempt, ...] = ()
 
 
 class Link:
@@ -65,8 +81,9 @@ class Link:
         #: The sidecar's board: reconnects are reported there, and a first connection waits
         #: there for the outcome of other sessions' reconnects (proxy.reconnect.walk).
         self.reconnects = reconnects
-        self._relay_scope = trio.CancelScope()  # per leg; cancelled to fail back
-        self._failback: Upstream | None = None
+        self._relay_scope = trio.CancelScope()  # per leg; cancelled to move
+        self._move: _Move | None = None
+        self._moving = trio.Lock()  # one move at a time (failback, evacuation)
         self._held_since: float | None = None  # a failback holds the app (trio seconds)
         self._started = False  # the first connection was reported to the caller
         #: Set once a whole first round failed (every broker tried or skipped, none answered):
@@ -159,16 +176,16 @@ class Link:
         assert state is not None
         first = True
         loss = Loss(0.0, None, "")
-        failback: Upstream | None = None
+        move: _Move | None = None
         end = LinkEnd()
         while True:
             core.leg.reconnect_attempts = []
             attempts: list[Attempt] = []
-            if core.leg.unstable and failback is None and not await self._pace(loss):
+            if core.leg.unstable and move is None and not await self._pace(loss):
                 return
-            if failback is not None:  # priority_backup found the first broker again
-                upstream, index = failback, 0
-                failback = None
+            if move is not None:  # a failback, or the move off an evacuated broker
+                upstream, index, attempts = move.upstream, move.index, list(move.attempts)
+                move = None
             else:
                 try:
                     upstream, index, attempts = await connect_by_policy(
@@ -221,24 +238,25 @@ class Link:
                     leg.start_soon(self._restore, upstream, attempts, loss, end)
                 if core.policy.priority_backup and index != 0:
                     leg.start_soon(self._watch_first_broker)
+                leg.start_soon(self._watch_evacuation, index)
                 self._relay_scope = trio.CancelScope()
                 loss_reason, loss_kind = "relay stopped", FailoverReason.CONNECTION_LOST
                 with self._relay_scope:
                     loss_reason, loss_kind = await self.broker_side.relay(upstream)
-                failback, self._failback = self._failback, None
-                if failback is not None:
-                    loss_reason, loss_kind = "failback to the first broker", FailoverReason.FAILBACK
+                move, self._move = self._move, None
+                if move is not None:
+                    loss_reason, loss_kind = move.reason, move.kind
                 leg.cancel_scope.cancel()
-            # The leg is gone (or left for the first broker): stop the world (Qpid draft).
+            # The leg is gone (or left for another broker): stop the world (Qpid draft).
             core.leg.ready = False
             core.leg.upstream = None
-            if failback is not None:
+            if move is not None:
                 with trio.move_on_after(GOODBYE_TIMEOUT, shield=True):
                     await self.disconnect(upstream)
             await upstream.aclose()
             if core.ending is not None:
-                if failback is not None:
-                    await failback.aclose()
+                if move is not None:
+                    await move.upstream.aclose()
                 return
             core.leg.note_loss(
                 trio.current_time(),
@@ -311,43 +329,131 @@ class Link:
 
     async def _watch_first_broker(self) -> None:
         """``priority_backup`` (ActiveMQ priorityBackup): while on a backup, try the first
-        broker every ``max_retry_interval``; once it accepts, move there at a frame boundary
-        with the window drained (:meth:`_hold_app`), and that connection becomes the session's
+        broker every ``max_retry_interval`` (not while it is evacuated); once it accepts, move
+        there at a quiet point (:meth:`_move_to`), and that connection becomes the session's
         next leg (RECONNECTING and FAILOVER events with reason "failback to the first
         broker"). A session that keeps sending moves too: its app is held for the time the
         backup takes to confirm what it was sent, at most :data:`FAILBACK_HOLD`."""
         core = self.core
         first = core.config.brokers[0]
         key = (0, self._identity(first))
+
+        def wanted() -> bool:
+            return self.reconnects.evacuated(first.label) is None
+
         while True:
             await trio.sleep(core.policy.max_retry_interval)
+            if not wanted():
+                continue
             try:  # a first broker that refuses the login is skipped for its cool-down
                 candidate = await self.reconnects.attempt_alone(
                     key, lambda: self._connect_one(first), core.policy
                 )
             except UpstreamUnavailable:
                 continue
-            moving = False
-            try:
-                moving = await self._hold_app()
-            finally:
-                if not moving:  # goodbye to the first broker; tried again later
-                    with trio.move_on_after(GOODBYE_TIMEOUT, shield=True):
-                        await self.disconnect(candidate)
-                    await candidate.aclose()
-            if not moving:
-                continue
-            log.info("session %s: first broker %s is back; failing back", core.id, first.label)
-            self._failback = candidate
-            await self._leave_backup()
-            return
+            move = _Move(candidate, 0, "failback to the first broker", FailoverReason.FAILBACK)
+            if await self._move_to(move, wanted):
+                return
 
-    async def _leave_backup(self) -> None:
-        """End the backup leg for a failback: a DISCONNECT, after which the broker answers
-        and closes, and the relay ends with it, having handed the app every frame it had
-        begun (cancelling it in the middle of a write to the app would end the app's
-        session: proxy.legs.stream). A backup that does not close within ``GOODBYE_TIMEOUT``
-        is cut."""
+    async def _watch_evacuation(self, index: int) -> None:
+        """While on broker ``index``: once it is evacuated (:meth:`ReconnectBoard.evacuate
+        <proxy.reconnect.board.ReconnectBoard.evacuate>`), connect to another broker not
+        evacuated (in the policy's order, under the refusal rules) and move there at a quiet
+        point, as a failback does (:meth:`_move_to`): RECONNECTING and FAILOVER events with
+        reason ``evacuated`` and the evacuation's words. When no other broker answers, or
+        the window does not drain in time, it tries again ``max_retry_interval`` later, for
+        as long as the evacuation holds."""
+        core = self.core
+        label = core.config.brokers[index].label
+        while True:
+            evacuation = await self.reconnects.wait_evacuated(label)
+            move = await self._other_broker(index, f"broker {label} evacuated: {evacuation.reason}")
+            if move is not None:
+                target = core.config.brokers[move.index].label
+                wanted = functools.partial(self._evacuation_holds, label, target)
+                if await self._move_to(move, wanted):
+                    return
+            await trio.sleep(core.policy.max_retry_interval)
+
+    def _evacuation_holds(self, label: str, target: str) -> bool:
+        """Whether a move off ``label`` to ``target`` is still wanted: ``label`` still
+        evacuated, ``target`` not."""
+        board = self.reconnects
+        return board.evacuated(label) is not None and board.evacuated(target) is None
+
+    async def _other_broker(self, index: int, reason: str) -> _Move | None:
+        """One pass over the brokers but ``index`` and the evacuated ones, in the policy's
+        order, each under the sidecar's refusal rules (:meth:`ReconnectBoard.attempt_alone
+        <proxy.reconnect.board.ReconnectBoard.attempt_alone>`): the first that accepts, as a
+        move with ``reason``, or None when none does."""
+        core = self.core
+        brokers = core.config.brokers
+        attempts: list[Attempt] = []
+        for other in core.policy.order(len(brokers), index, core.rng)[1:]:
+            broker = brokers[other]
+            if self.reconnects.evacuated(broker.label) is not None:
+                continue
+            key = (other, self._identity(broker))
+            try:
+                candidate = await self.reconnects.attempt_alone(
+                    key, functools.partial(self._connect_one, broker), core.policy
+                )
+            except UpstreamUnavailable as exc:
+                attempt = Attempt(broker.label, attempt_outcome(exc), exc.reason)
+                attempts.append(attempt)
+                core.metrics.connect_attempt(broker.label, ConnectOutcome(attempt.outcome))
+                continue
+            server = candidate.connected.get("server") or ""
+            attempts.append(Attempt(broker.label, "connected", server))
+            core.metrics.connect_attempt(broker.label, ConnectOutcome.CONNECTED)
+            return _Move(candidate, other, reason, FailoverReason.EVACUATED, tuple(attempts))
+        log.warning(
+            "session %s: %s; no other broker answered (%s), trying again in %g s",
+            core.id,
+            reason,
+            "; ".join(f"{a.broker}: {a.outcome}" for a in attempts) or "none left",
+            core.policy.max_retry_interval,
+        )
+        return None
+
+    async def _move_to(self, move: _Move, wanted: Callable[[], bool]) -> bool:
+        """Move the session to ``move``'s leg at a quiet point: hold the app
+        (:meth:`_hold_app`); if the window drained and the move is still ``wanted`` (an
+        evacuation not restored meanwhile), it becomes the session's next leg and the current
+        one ends (:meth:`_leave_leg`): True. Else the new leg gets its goodbye and the app
+        goes on: False. One move at a time: a second one waits for the first, then finds the
+        session moved (its leg's nursery cancels it) or not."""
+        core = self.core
+        held = moving = False
+        try:
+            async with self._moving:
+                if self._move is None:  # else the session is leaving for another move
+                    held = await self._hold_app()
+                    moving = held and wanted()
+            if moving:
+                log.info(
+                    "session %s: moving to %s: %s",
+                    core.id,
+                    core.config.brokers[move.index].label,
+                    move.reason,
+                )
+                self._move = move
+                await self._leave_leg()
+        finally:
+            if not moving:  # goodbye to the new leg; tried again later
+                if held:
+                    self._release_app()
+                with trio.move_on_after(GOODBYE_TIMEOUT, shield=True):
+                    await self.disconnect(move.upstream)
+                await move.upstream.aclose()
+        return moving
+
+    async def _leave_leg(self) -> None:
+        """End the current leg for a move (a failback, an evacuation): a DISCONNECT, after
+        which the broker answers and closes, and the relay ends with it, having handed the app
+        every frame it had begun (cancelling it in the middle of a write to the app would end
+        the app's session: proxy.legs.stream). A broker that does not close within
+        ``GOODBYE_TIMEOUT`` is cut."""
         core = self.core
         upstream, state = core.leg.upstream, core.state
         if upstream is not None and state is not None:

@@ -66,6 +66,12 @@ class _Families:
             "Live upstream legs (one per connected session) per broker.",
             labels=["broker"],
         )
+        self.evacuated = GaugeMetricFamily(
+            f"{p}_broker_evacuated",
+            "1 while a broker is evacuated (out of the rotation, its sessions moving away), by "
+            "broker.",
+            labels=["broker"],
+        )
         self.window_frames = GaugeMetricFamily(
             f"{p}_window_frames", "Frames awaiting broker confirmation, summed over all sessions."
         )
@@ -177,6 +183,9 @@ class SidecarCollector:
         f.sessions_accepted.add_metric([], stats.sessions_total)
         for broker, n in per_broker.items():
             f.upstream_connected.add_metric([broker], n)
+        evacuated = {e.broker for e in sidecar.evacuations()}
+        for label in (b.label for b in sidecar.config.brokers):
+            f.evacuated.add_metric([label], 1 if label in evacuated else 0)
         f.window_frames.add_metric([], window_frames)
         f.window_bytes.add_metric([], window_bytes)
         f.window_bytes_max.add_metric([], window_max)

@@ -34,6 +34,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from protocol import Command
 from proxy.telemetry.vocabulary import (
+    ActionResult,
+    AdminAction,
     ClientErrorReason,
     ConnectOutcome,
     DrainResult,
@@ -211,6 +213,12 @@ class Metrics:
             "admin_unauthorized",
             "Admin plane requests refused with 401: no or a wrong bearer token (admin_token_file).",
         )
+        self._actions = counter(
+            "admin_actions",
+            "Actions asked of the admin plane (POST /actions/...), by action and result.",
+            ["action", "result"],
+        )
+        self._action = _children(self._actions, AdminAction, ActionResult)
 
     # -- hot path -------------------------------------------------------------------------
 
@@ -339,6 +347,10 @@ class Metrics:
     def admin_unauthorized(self) -> None:
         """The admin plane refused a request without the admin token (401)."""
         self._unauthorized.inc()
+
+    def admin_action(self, action: AdminAction, result: ActionResult) -> None:
+        """An operator's action on the admin plane ended with ``result``."""
+        self._action[action, result].inc()
 
 
 def _children(metric: Counter, *label_values: Iterable[str]) -> dict[tuple[str, ...], Counter]:

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from config import Config
 from proxy.legs.opening import BrokerStreams
+from proxy.reconnect.evacuations import Evacuation
 from proxy.telemetry.events import EventBus
 from proxy.telemetry.metrics import Metrics
 from proxy.tracking.window import WindowStatistics
@@ -126,7 +127,8 @@ class SidecarStatistics:
 
 class SidecarView(Protocol):
     """What the admin plane and the gauges read of the running daemon
-    (:class:`proxy.app.Sidecar`)."""
+    (:class:`proxy.app.Sidecar`), and the operations the admin plane's actions call
+    (:mod:`proxy.admin.actions`)."""
 
     @property
     def config(self) -> Config: ...
@@ -141,3 +143,9 @@ class SidecarView(Protocol):
     @property
     def streams(self) -> BrokerStreams: ...
     def statistics(self) -> SidecarStatistics: ...
+    def evacuations(self) -> tuple[Evacuation, ...]: ...
+    def evacuate(
+        self, broker: str, reason: str, *, for_seconds: float | None = None, check: bool = True
+    ) -> Evacuation: ...
+    def restore(self, broker: str) -> Evacuation | None: ...
+    def request_shutdown(self) -> None: ...

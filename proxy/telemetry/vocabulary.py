@@ -11,6 +11,8 @@ from __future__ import annotations
 import enum
 
 __all__ = [
+    "ActionResult",
+    "AdminAction",
     "ClientErrorReason",
     "ConnectOutcome",
     "DrainResult",
@@ -78,6 +80,10 @@ class FailoverReason(enum.StrEnum):
     #: (:data:`proxy.legs.dialect.RETRYABLE_ERRORS`, e.g. RabbitMQ's ``not_found`` for a
     #: classic queue whose home node is down) and closes: retried as a reconnect.
     QUEUE_UNAVAILABLE = "queue_unavailable"
+    #: The broker was evacuated (an operator's ``POST /actions/evacuate``; later a broker that
+    #: left the broker list): the session moved to another broker at a quiet point, as a
+    #: failback does (not a failure; :mod:`proxy.reconnect.evacuations`).
+    EVACUATED = "evacuated"
 
 
 class OutageOutcome(enum.StrEnum):
@@ -196,3 +202,33 @@ class DrainResult(enum.StrEnum):
     #: Something was still unconfirmed at ``drain_timeout``: named to the app as ``unknown``
     #: or ``lost``.
     DEADLINE = "deadline"
+
+
+class AdminAction(enum.StrEnum):
+    """An operator's action on the admin plane (label ``action`` of
+    ``mq_sidecar_admin_actions_total``; docs/operations.md, "Actions")."""
+
+    #: Move every session off a broker and keep it out of the rotation.
+    EVACUATE = "evacuate"
+    #: Put an evacuated broker back into the rotation.
+    RESTORE = "restore"
+    #: Begin the drain SIGTERM begins (the sidecar stops once it is done).
+    DRAIN = "drain"
+
+
+class ActionResult(enum.StrEnum):
+    """How an admin action ended (label ``result`` of ``mq_sidecar_admin_actions_total``)."""
+
+    #: Done (200).
+    DONE = "done"
+    #: Refused for what the sidecar knows (409): no other broker can take the sessions, a
+    #: drain already under way, a broker not evacuated.
+    REFUSED = "refused"
+    #: A body that is not what the action takes, or a broker not in the list (400).
+    BAD_REQUEST = "bad_request"
+    #: No or a wrong bearer token (401).
+    UNAUTHORIZED = "unauthorized"
+    #: No ``admin_token_file``: actions are refused whatever the address (403).
+    FORBIDDEN = "forbidden"
+    #: The token file cannot be read (503).
+    UNAVAILABLE = "unavailable"

@@ -400,8 +400,9 @@ def act_from_the_page(driver: WebDriver, action: str, broker: str) -> str:
 def test_evacuating_a_broker_from_the_page_moves_its_sessions(
     chrome: WebDriver, brokers: Brokers, tmp_path: Path
 ) -> None:
-    """Needs POST /actions/evacuate (issue 27, part 2: proxy/admin/actions.py): skipped while
-    the sidecar answers 404 to it, which the merge of that part ends."""
+    """Evacuate from the page (POST /actions/evacuate with the token, issue 27 part 2): the
+    sessions move off A within the feed's bound, the page refuses the action without the
+    token, and Restore brings A back into the rotation."""
     brokers.ensure_running()
     a, b = brokers.labels
     admin_port = free_port()
@@ -415,11 +416,6 @@ def test_evacuating_a_broker_from_the_page_moves_its_sessions(
         wait_for("two sessions on A", lambda: sessions_on(chrome, a) == 2)
         clicked = time.monotonic()
         answer = act_from_the_page(chrome, "evacuate", a)
-        if "(404)" in answer:
-            pytest.skip(
-                "POST /actions/evacuate answers 404: the admin actions (issue 27 part 2, "
-                "proxy/admin/actions.py) are not in this build; the merge enables this test"
-            )
         message = chrome.find_element(By.ID, "action-message")
         assert message.get_attribute("data-ok") == "true", answer
         timed(

@@ -49,6 +49,7 @@ ALLOWED_LABELS = {
     "code",
     "version",
     "result",
+    "action",
     "le",
 }
 

@@ -22,6 +22,7 @@ PURE = [
     "reconnect/__init__.py",
     "reconnect/tally.py",
     "reconnect/policy.py",
+    "reconnect/evacuations.py",
     "legs/__init__.py",
     "legs/dialect.py",
     "telemetry/__init__.py",

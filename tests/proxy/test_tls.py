@@ -26,7 +26,7 @@ from protocol import Command, Frame
 from proxy.legs.broker import ConnectFailed, TlsConnectFailed, connect_upstream
 from proxy.legs.opening import BrokerStreams
 from proxy.legs.tls import TlsTracker, looks_like_tls
-from proxy.reconnect.walk import _outcome
+from proxy.reconnect.walk import attempt_outcome
 
 CONNECTED = b"CONNECTED\nversion:1.2\nserver:tls-test\n\n\x00"
 NOW = datetime.datetime.now(datetime.UTC)
@@ -204,7 +204,7 @@ async def test_mutual_tls_with_an_encrypted_key(files: Files) -> None:
 
 def _reason(failure: object) -> str:
     assert isinstance(failure, TlsConnectFailed), failure
-    assert _outcome(failure) == "tls_error"
+    assert attempt_outcome(failure) == "tls_error"
     assert "\n" not in failure.reason
     return failure.reason
 
