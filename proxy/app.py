@@ -146,6 +146,11 @@ class Sidecar:
         """Begin a graceful shutdown (what SIGTERM/SIGINT do)."""
         self.shutdown_requested.set()
 
+    @property
+    def draining(self) -> bool:
+        """Whether the sessions were asked to drain (the listener is closed)."""
+        return self._drain_deadline is not None
+
     def statistics(self) -> SidecarStatistics:
         """Listener address and per-session statistics."""
         return SidecarStatistics(

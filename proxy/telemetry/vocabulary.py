@@ -169,7 +169,9 @@ class OutcomeCause(enum.StrEnum):
     RECONNECT_EXHAUSTED = "reconnect_exhausted"
     #: Still unconfirmed when ``drain_timeout`` ran out (SIGTERM).
     DRAIN_DEADLINE = "drain_deadline"
-    #: Open when the session ended on SIGTERM: the broker rolls it back at DISCONNECT.
+    #: The drain on SIGTERM: a transaction open when the session ended (``rolled_back``: the
+    #: broker rolls it back at DISCONNECT), or a frame the app wrote after the drain stopped
+    #: taking its frames (``refused``: never forwarded).
     DRAIN = "drain"
     #: Still unconfirmed when the app's DISCONNECT ended the session.
     APP_DISCONNECT = "app_disconnect"

@@ -52,11 +52,11 @@ def metric(running: Running, name: str, **labels: str) -> float | None:
 async def test_a_drain_hands_over_the_receipts_in_flight_then_disconnects(
     autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, network: Network
 ) -> None:
-    """Three SENDs the broker has not confirmed yet when the drain starts: the app is no
-    longer read (a SEND it writes afterwards never reaches the broker), the broker still is:
-    the three RECEIPTs it sends 2 s later reach the app, then the sidecar's DISCONNECT goes
-    upstream and the app gets the ERROR that ends the session, saying every frame was
-    confirmed. Nothing is named in an OUTCOME event."""
+    """Three SENDs the broker has not confirmed yet when the drain starts: the app's frames are
+    no longer taken (a SEND it writes afterwards never reaches the broker: the wait under way
+    reads it, and it is named ``refused``), the broker is still read: the three RECEIPTs it
+    sends 2 s later reach the app, then the sidecar's DISCONNECT goes upstream and the app gets
+    the ERROR that ends the session, naming the SEND it did not take."""
     broker = network.add("broker", 61001)
     running = await connected(nursery, network, broker)
     app = running.app
@@ -74,10 +74,14 @@ async def test_a_drain_hands_over_the_receipts_in_flight_then_disconnects(
 
     assert app.receipt_ids() == ["events-sub", "r1", "r2", "r3"]
     (error,) = app.errors()
-    assert error.get("message") == "mq-sidecar is shutting down; reconnect to continue"
-    assert b"every frame it took from this connection was confirmed" in error.body
+    assert error.get("message") == (
+        "mq-sidecar is shutting down; 1 frame(s) not confirmed: late: refused"
+    )
     assert app.arrival(lambda f: f.command is Command.ERROR) == pytest.approx(released_at)
-    assert app.events("OUTCOME") == []
+    (outcome,) = app.events("OUTCOME")
+    assert [(f["receipt"], f["outcome"], f["cause"]) for f in outcome["frames"]] == [
+        ("late", "refused", "drain")
+    ]
     assert broker.link.commands()[-1] is Command.DISCONNECT
     assert len(broker.link.received(Command.SEND)) == 3  # "late" was never taken
     assert running.session.drain_result == "completed"
