@@ -177,7 +177,7 @@ class Sidecar:
         if not self.config.outbox:
             await self._serve(task_status)
             return
-        async with open_outbox(self.config) as outbox, trio.open_nursery() as nursery:
+        async with open_outbox(self.config, self.metrics) as outbox, trio.open_nursery() as nursery:
             self.outbox = outbox
             # Frames no live session forwards: a previous process's, an ended session's.
             self.recovery = OutboxForwarder(

@@ -50,6 +50,8 @@ from proxy.outbox.errors import (
 )
 from proxy.outbox.records import (
     Append,
+    Expire,
+    Expired,
     OutboxDepth,
     OutboxFrame,
     RecordSeen,
@@ -181,6 +183,14 @@ class GroupCommitter:
         assert isinstance(result, Removed)
         return result
 
+    async def expire(self, max_age: float, limit: int) -> Expired:
+        """Remove up to ``limit`` frames stored more than ``max_age`` seconds ago that no
+        reader was handed (:class:`~proxy.outbox.records.Expire`), with the next transaction;
+        their room goes to waiting appends. Raises OutboxWriteError, OutboxClosed."""
+        result = await self._submit(_Request(Expire(max_age, limit), 0, 0))
+        assert isinstance(result, Expired)
+        return result
+
     async def record_seen(self, destination: str, sidecar_ids: Iterable[str]) -> int:
         """Remember ``sidecar_ids`` as seen on ``destination`` (consumer-side duplicate
         suppression), durable when this returns. Raises OutboxWriteError, OutboxClosed."""
@@ -266,7 +276,7 @@ class GroupCommitter:
         freed = 0
         for r, result in zip(batch, results, strict=True):
             r.result = result
-            if isinstance(result, Removed):
+            if isinstance(result, Removed | Expired):
                 freed += result.bytes
             else:
                 self._frames_committed += r.frames

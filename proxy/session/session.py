@@ -333,7 +333,7 @@ class Session:
                 with trio.move_on_after(GOODBYE_TIMEOUT, shield=True):
                     await self.outbox.remove_settled()
                 self.outbox.outbox.forget(core.id)
-                if self.outbox.stored > self.outbox.forwarded:
+                if self.outbox.stored > self.outbox.settled:
                     self.outbox.outbox.leave_unowned(core.id)  # the outbox forwarder takes them
             with trio.move_on_after(GOODBYE_TIMEOUT, shield=True):
                 # What the relays queued before the end (the RECEIPT of the app's DISCONNECT)

@@ -68,6 +68,7 @@ class OutboxStatistics:
         seen_recorded: consumer-side duplicate-suppression ids persisted since start
             (docs/behaviour.md, "Duplicate detection"); seen_failed: ids a write error lost.
         room_waiters: appends waiting for room now (the outbox is full for them).
+        expired_total: frames dropped unforwarded since start, older than ``outbox_max_age``.
     """
 
     frames: int
@@ -83,6 +84,7 @@ class OutboxStatistics:
     seen_recorded: int = 0
     seen_failed: int = 0
     room_waiters: int = 0
+    expired_total: int = 0
 
     def status(self) -> dict[str, object]:
         """``/status``'s ``outbox`` object (ages rounded to ms)."""
@@ -94,6 +96,7 @@ class OutboxStatistics:
             "oldest_age_seconds": None if age is None else round(age, 3),
             "sessions": self.sessions,
             "forwarded_total": self.forwarded_total,
+            "expired_total": self.expired_total,
             "commits": self.commits,
             "unowned_sessions": self.unowned_sessions,
             "seen_recorded": self.seen_recorded,

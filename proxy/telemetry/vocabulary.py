@@ -155,6 +155,9 @@ class FrameOutcome(enum.StrEnum):
     #: Refused: the broker answered it with an ERROR (passed on to the app), or the sidecar
     #: did (a stale ack id, a limit): it did not take effect.
     REFUSED = "refused"
+    #: Dropped from the outbox unforwarded: it waited longer than ``outbox_max_age``. It did
+    #: not take effect (no forwarder had read it; the app had its RECEIPT when it was stored).
+    EXPIRED = "expired"
 
 
 class OutcomeCause(enum.StrEnum):
@@ -183,6 +186,8 @@ class OutcomeCause(enum.StrEnum):
     #: Still unconfirmed when the broker closed the connection just after an ERROR and the
     #: session ended with it.
     BROKER_CLOSED = "broker_closed"
+    #: It waited in the outbox longer than ``outbox_max_age``.
+    OUTBOX_MAX_AGE = "outbox_max_age"
     #: Still unconfirmed when the session ended for another reason (the app's connection
     #: lost, a protocol error of the app's, an internal error).
     SESSION_ENDED = "session_ended"
