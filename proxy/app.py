@@ -41,7 +41,7 @@ from proxy.admin.server import AdminLimits, AdminServer
 from proxy.legs.opening import BrokerStreams
 from proxy.legs.stream import FrameStream, TransportLost
 from proxy.outbox.forwarder import OutboxForwarder
-from proxy.outbox.service import OutboxService, open_outbox
+from proxy.outbox.service import OutboxService, forward_before_exit, open_outbox
 from proxy.reconnect.board import ReconnectBoard
 from proxy.session import Session
 from proxy.session.ending import error_frame
@@ -176,6 +176,7 @@ class Sidecar:
         """
         if not self.config.outbox:
             await self._serve(task_status)
+            self._stopped()
             return
         async with open_outbox(self.config, self.metrics) as outbox, trio.open_nursery() as nursery:
             self.outbox = outbox
@@ -186,9 +187,16 @@ class Sidecar:
             await nursery.start(self.recovery.run)
             try:
                 await self._serve(task_status)
+                assert self._drain_deadline is not None
+                await forward_before_exit(outbox, self._drain_deadline)
             finally:
                 nursery.cancel_scope.cancel()
                 self.outbox = None
+        self._stopped()
+
+    def _stopped(self) -> None:
+        log.info("shutdown complete")
+        self.stopped.set()
 
     async def _serve(self, task_status: trio.TaskStatus[tuple[str, int]]) -> None:
         host, port = self.config.listen
@@ -216,8 +224,6 @@ class Sidecar:
                 draining, self.config.durations.drain_timeout, sessions_nursery.cancel_scope
             )
         log_drain(draining)
-        log.info("shutdown complete")
-        self.stopped.set()
 
     async def _accept_loop(
         self, listener: trio.SocketListener, sessions_nursery: trio.Nursery

@@ -198,6 +198,11 @@ class GroupCommitter:
         assert isinstance(result, int)
         return result
 
+    async def wait_freed(self) -> None:
+        """Wait until frames leave the outbox (a removal, an expiry) or the committer
+        closes; read :meth:`statistics` then."""
+        await self._room.wait()
+
     async def _reserve(self, size: int, deadline: float) -> None:
         started = trio.current_time()
         while self._reserved + size > self.max_bytes:

@@ -51,6 +51,7 @@ __all__ = [
     "ExpiryListener",
     "OutboxService",
     "SeenRecorder",
+    "forward_before_exit",
     "open_outbox",
 ]
 
@@ -205,6 +206,9 @@ class OutboxService:
         #: session that ended), oldest first: the outbox forwarder's (proxy.outbox.forwarder).
         self.unowned: deque[str] = deque()
         self._unowned = trio.Event()
+        #: When the sidecar stops forwarding the outbox before it exits (trio seconds): set
+        #: on SIGTERM (:func:`forward_before_exit`); None while it runs.
+        self.drain_deadline: float | None = None
         #: The consumer side's persisted duplicate-suppression ids (:class:`SeenRecorder`).
         self.seen = SeenRecorder(committer)
 
@@ -325,6 +329,11 @@ class OutboxService:
             seen_failed=self.seen.failed,
             room_waiters=stats.room_waiters,
             expired_total=self.expired_total,
+            drain_left_seconds=(
+                None
+                if self.drain_deadline is None
+                else max(0.0, self.drain_deadline - trio.current_time())
+            ),
         )
 
     async def watch_depth(self) -> None:
@@ -335,6 +344,40 @@ class OutboxService:
             except (OutboxError, sqlite3.Error) as exc:
                 log.warning("outbox: cannot read its depth: %s", exc)
             await trio.sleep(DEPTH_REFRESH)
+
+
+async def forward_before_exit(outbox: OutboxService, deadline: float) -> None:
+    """SIGTERM in outbox mode (docs/outbox.md, "Outbox mode in the daemon"): once every
+    session has ended, every session key the outbox holds is the outbox forwarder's, and the
+    sidecar waits until the outbox is empty or ``deadline`` (trio seconds: the drain's, after
+    ``drain_timeout``), so that a pod deleted with a broker up leaves nothing in an
+    ``emptyDir``. What is left at the deadline stays in ``outbox_dir`` for the next start
+    (logged: frames, bytes). ``/readyz`` says why it is not ready meanwhile
+    (:attr:`OutboxService.drain_deadline`)."""
+    outbox.drain_deadline = deadline
+    committer = outbox.committer
+    with trio.move_on_at(deadline):
+        for backlog in await committer.backlog():
+            outbox.leave_unowned(backlog.session_key)
+        if committer.statistics().frames:
+            log.info(
+                "outbox: forwarding %d frame(s) before exit (until it is empty or the drain "
+                "deadline)",
+                committer.statistics().frames,
+            )
+        while committer.statistics().frames:
+            await committer.wait_freed()
+    stats = committer.statistics()
+    if stats.frames:
+        log.warning(
+            "outbox: %d frame(s), %d byte(s) not forwarded by the drain deadline "
+            "(drain_timeout): they stay in %s for the next start",
+            stats.frames,
+            stats.bytes,
+            outbox.config.outbox_dir,
+        )
+    else:
+        log.info("outbox: empty; every frame it held was forwarded before exit")
 
 
 def _open_store(config: Config) -> OutboxStore:

@@ -69,6 +69,8 @@ class OutboxStatistics:
             (docs/behaviour.md, "Duplicate detection"); seen_failed: ids a write error lost.
         room_waiters: appends waiting for room now (the outbox is full for them).
         expired_total: frames dropped unforwarded since start, older than ``outbox_max_age``.
+        drain_left_seconds: on SIGTERM, the seconds left for forwarding the outbox before
+            the sidecar exits (the drain's deadline); None while it runs.
     """
 
     frames: int
@@ -85,6 +87,7 @@ class OutboxStatistics:
     seen_failed: int = 0
     room_waiters: int = 0
     expired_total: int = 0
+    drain_left_seconds: float | None = None
 
     def status(self) -> dict[str, object]:
         """``/status``'s ``outbox`` object (ages rounded to ms)."""
@@ -102,6 +105,9 @@ class OutboxStatistics:
             "seen_recorded": self.seen_recorded,
             "seen_failed": self.seen_failed,
             "room_waiters": self.room_waiters,
+            "drain_left_seconds": (
+                None if self.drain_left_seconds is None else round(self.drain_left_seconds, 3)
+            ),
             "recovery": {
                 "frames": self.recovered_frames,
                 "clean": not self.recovery_problems,

@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from config import Config
 from protocol import Command
-from testbed import ActiveMQ, BrokerProcess
+from testbed import ActiveMQ, BrokerProcess, free_port
+from testbed.sidecar import SidecarProcess
 from tests.integration.support import (
     WAIT,
     Client,
@@ -36,7 +39,7 @@ def outbox_config(brokers: str, directory: Path, **overrides: object) -> Config:
     )
 
 
-def producer(sidecar: SidecarThread, *, events: bool = True) -> RawClient:
+def producer(sidecar: SidecarThread | SidecarProcess, *, events: bool = True) -> RawClient:
     """An app connected to ``sidecar`` (answered by the sidecar when no broker is up),
     subscribed to its own session's events."""
     raw = RawClient(sidecar.address)
@@ -137,3 +140,87 @@ def test_frames_older_than_outbox_max_age_expire_named_logged_and_counted(
             wait_until(lambda: sidecar.status()["outbox"]["forwarded_total"] == 1, timeout=60)
             assert on_broker(broker, destination, 1) == ["late"]
         app_a.close()
+
+
+def outbox_process(name: str, tmp_path: Path, brokers: str, **options: object) -> SidecarProcess:
+    """A ``mq-sidecar run`` process in outbox mode on ``tmp_path / "ob"``, ready when /readyz
+    answers (no broker needed), with :data:`FAST` reconnects."""
+    sidecar = SidecarProcess(
+        name,
+        tmp_path,
+        brokers=brokers,
+        options={
+            "outbox": True,
+            "outbox_dir": str(tmp_path / "ob"),
+            **{k: int(v) for k, v in FAST.items()},
+            **options,
+        },
+        readiness="readyz",
+    )
+    sidecar.start()
+    sidecar.wait_ready()
+    return sidecar
+
+
+@pytest.mark.activemq
+def test_sigterm_forwards_the_outbox_before_exit_when_a_broker_comes(tmp_path: Path) -> None:
+    """A real SIGTERM to a sidecar whose outbox holds 50 frames of a connected app while
+    ActiveMQ is down: the session ends at once (nothing in its window), /readyz says the
+    outbox is forwarded before exit, ActiveMQ starts a second later, and the process exits 0
+    only once all 50 reached it (in order, once each), well within drain_timeout."""
+    broker = ActiveMQ("amq-outbox-sigterm", tmp_path / "amq")
+    destination = unique("/queue/outbox-exit")
+    bodies = [f"x{n}" for n in range(50)]
+    sidecar = outbox_process(
+        "exit", tmp_path, broker.stomp_url, drain_timeout=20_000, connect_timeout=1000
+    )
+    try:
+        app = producer(sidecar, events=False)
+        send_stored(app, destination, bodies)
+        stopper = threading.Thread(target=sidecar.stop, daemon=True)
+        started = time.monotonic()
+        stopper.start()
+        wait_until(lambda: b"forwarding the outbox" in sidecar.get("/readyz")[1])
+        status, readyz = sidecar.get("/readyz")
+        assert app.frame().command is Command.ERROR  # the session drained at once
+        time.sleep(1.0)  # the sidecar keeps trying: the outbox is not empty
+        assert stopper.is_alive()
+        with broker:
+            stopper.join(WAIT)
+            took = time.monotonic() - started
+            assert not stopper.is_alive()
+            assert on_broker(broker, destination, len(bodies)) == bodies
+        app.close()
+    finally:
+        sidecar.stop()
+    log = sidecar.log_text()
+    assert status == 503
+    assert "50 frame(s) left, until it is empty or the drain deadline" in readyz.decode()
+    assert sidecar.returncode == 0
+    assert took < 20.0, took
+    assert "outbox: forwarding 50 frame(s) before exit" in log
+    assert "outbox: empty; every frame it held was forwarded before exit" in log
+    print(f"\nSIGTERM to exit with 50 frames forwarded, ActiveMQ up 1 s after: {took:.2f} s")
+
+
+def test_sigterm_with_no_broker_exits_at_the_deadline_leaving_the_outbox(tmp_path: Path) -> None:
+    """No broker at all: the process exits 0 at drain_timeout (1.5 s), logging what it could
+    not forward, and the next sidecar on the same outbox_dir finds every frame."""
+    nowhere = f"stomp://127.0.0.1:{free_port()}"
+    destination = unique("/queue/outbox-exit")
+    sidecar = outbox_process("exit-nowhere", tmp_path, nowhere, drain_timeout=1500)
+    try:
+        app = producer(sidecar, events=False)
+        send_stored(app, destination, ["n0", "n1", "n2"])
+        started = time.monotonic()
+        sidecar.stop()
+        took = time.monotonic() - started
+        app.close()
+    finally:
+        sidecar.stop()
+    assert sidecar.returncode == 0
+    assert 1.5 <= took < 1.5 + 4.5, took
+    assert "outbox: 3 frame(s)" in sidecar.log_text()
+    assert "not forwarded by the drain deadline" in sidecar.log_text()
+    with SidecarThread(outbox_config(nowhere, tmp_path / "ob")) as again:
+        assert again.status()["outbox"]["recovery"]["frames"] == 3
