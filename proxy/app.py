@@ -182,7 +182,7 @@ class Sidecar:
             self.outbox = outbox
             # Frames no live session forwards: a previous process's, an ended session's.
             self.recovery = OutboxForwarder(
-                self.config, outbox, self.streams, self.metrics, self._prefix
+                self.config, outbox, self.streams, self.metrics, self._prefix, events=self.events
             )
             await nursery.start(self.recovery.run)
             try:

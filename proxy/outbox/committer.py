@@ -338,6 +338,10 @@ class GroupCommitter:
         """:meth:`OutboxStore.backlog <proxy.outbox.store.OutboxStore.backlog>`."""
         return await self._read(self.store.backlog)
 
+    async def count(self, session_key: str) -> int:
+        """:meth:`OutboxStore.count <proxy.outbox.store.OutboxStore.count>`."""
+        return await self._read(partial(self.store.count, session_key))
+
     async def depth(self) -> OutboxDepth:
         """:meth:`OutboxStore.depth <proxy.outbox.store.OutboxStore.depth>`."""
         return await self._read(self.store.depth)

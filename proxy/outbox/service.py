@@ -40,7 +40,7 @@ from proxy.outbox import (
     open_group_committer,
 )
 from proxy.telemetry.metrics import Metrics
-from proxy.telemetry.statistics import OutboxStatistics
+from proxy.telemetry.statistics import ForwarderStatistics, OutboxStatistics
 from proxy.telemetry.vocabulary import FrameOutcome
 from proxy.tracking import SessionState
 
@@ -209,6 +209,9 @@ class OutboxService:
         #: When the sidecar stops forwarding the outbox before it exits (trio seconds): set
         #: on SIGTERM (:func:`forward_before_exit`); None while it runs.
         self.drain_deadline: float | None = None
+        #: The outbox forwarder's progress (set by :class:`~proxy.outbox.forwarder.
+        #: OutboxForwarder`), in :meth:`statistics`.
+        self.forwarder_statistics: Callable[[], ForwarderStatistics] | None = None
         #: The consumer side's persisted duplicate-suppression ids (:class:`SeenRecorder`).
         self.seen = SeenRecorder(committer)
 
@@ -329,6 +332,9 @@ class OutboxService:
             seen_failed=self.seen.failed,
             room_waiters=stats.room_waiters,
             expired_total=self.expired_total,
+            forwarder=(
+                self.forwarder_statistics() if self.forwarder_statistics is not None else None
+            ),
             drain_left_seconds=(
                 None
                 if self.drain_deadline is None

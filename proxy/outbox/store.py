@@ -57,7 +57,7 @@ class OutboxStore:
     Writes go through :meth:`write` (a list of ops, one transaction, one fsync), with
     :meth:`append`, :meth:`remove`, :meth:`expire` and :meth:`record_seen` as one-op
     shorthands. Reads:
-    :meth:`pending`, :meth:`backlog`, :meth:`depth`, :meth:`seen_ids`.
+    :meth:`pending`, :meth:`backlog`, :meth:`count`, :meth:`depth`, :meth:`seen_ids`.
 
     Attributes:
         directory: the ``outbox_dir``.
@@ -396,6 +396,13 @@ class OutboxStore:
             "GROUP BY session_key ORDER BY MIN(seq)"
         )
         return tuple(SessionBacklog(k, n, b, first) for k, n, b, first in rows)
+
+    def count(self, session_key: str) -> int:
+        """Frames of ``session_key`` held (through the ``(session_key, seq)`` index)."""
+        row = self.conn.execute(
+            "SELECT COUNT(*) FROM frames WHERE session_key = ?", (session_key,)
+        ).fetchone()
+        return int(row[0])
 
     def depth(self) -> OutboxDepth:
         """Frames, bytes, sessions held, and the oldest frame's time and age (seconds)."""

@@ -224,3 +224,53 @@ def test_sigterm_with_no_broker_exits_at_the_deadline_leaving_the_outbox(tmp_pat
     assert "not forwarded by the drain deadline" in sidecar.log_text()
     with SidecarThread(outbox_config(nowhere, tmp_path / "ob")) as again:
         assert again.status()["outbox"]["recovery"]["frames"] == 3
+
+
+@pytest.mark.activemq
+def test_the_outbox_forwarder_tells_its_progress_in_events_and_status(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An app stores 5 frames while ActiveMQ is down and leaves: its session key is the
+    outbox forwarder's (/status: ``connecting``, 1 left). ActiveMQ starts: a monitor subscribed
+    with ``mq-sidecar-scope:all`` gets OUTBOX_FORWARDING (the key, 5 frames, the broker) then
+    OUTBOX_FORWARDED (5 forwarded); /status says ``idle``, 1 done, 5 forwarded; the event log
+    has both lines."""
+    caplog.set_level(logging.INFO, logger="mq_sidecar.events")
+    broker = ActiveMQ("amq-outbox-forwarder", tmp_path / "amq")
+    destination = unique("/queue/outbox-fwd")
+    login = {"login": "ops", "passcode": "ops-pw-31"}
+    config = outbox_config(
+        broker.stomp_url, tmp_path / "ob", client_login="ops", client_passcode="ops-pw-31"
+    )
+    with SidecarThread(config) as sidecar:
+        monitor = RawClient(sidecar.address)
+        monitor.connect(**login, **{"heart-beat": "0,0"})
+        monitor.send_frame("SUBSCRIBE", {**EVENTS, "mq-sidecar-scope": "all", "receipt": "all"})
+        assert monitor.frame().get("receipt-id") == "all"
+        app = RawClient(sidecar.address)
+        key = app.connect(**login, **{"heart-beat": "0,0"}).get("session")
+        send_stored(app, destination, [f"f{n}" for n in range(5)])
+        app.close()
+        wait_until(lambda: sidecar.status()["outbox"]["forwarder"]["state"] == "connecting")
+        assert sidecar.status()["outbox"]["forwarder"]["sessions_left"] == 1
+        with broker:
+            forwarding = next_event(monitor, "OUTBOX_FORWARDING")
+            forwarded = next_event(monitor, "OUTBOX_FORWARDED")
+            wait_until(lambda: sidecar.status()["outbox"]["forwarder"]["state"] == "idle")
+            forwarder = sidecar.status()["outbox"]["forwarder"]
+            assert on_broker(broker, destination, 5) == [f"f{n}" for n in range(5)]
+        monitor.close()
+    label = f"{broker.host}:{broker.stomp_port}"
+    assert (forwarding["session_id"], forwarding["spooled_frames"]) == (key, 5)
+    assert forwarding["to_broker"] == label
+    assert forwarding["reason"] == "forwarding what an ended session of this process stored"
+    assert (forwarded["session_id"], forwarded["forwarded_frames"]) == (key, 5)
+    assert forwarded["frames"] == []
+    assert forwarder["sessions_done"] == 1
+    assert forwarder["forwarded_total"] == 5
+    assert forwarder["session"] is None
+    logged = [r.getMessage() for r in caplog.records if r.name == "mq_sidecar.events"]
+    assert f"session {key}: OUTBOX_FORWARDING: 5 stored frame(s) to {label}" in "\n".join(logged)
+    assert f"session {key}: OUTBOX_FORWARDED: 5 stored frame(s) forwarded to {label}" in (
+        "\n".join(logged)
+    )
