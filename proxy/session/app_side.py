@@ -98,8 +98,7 @@ class AppSide:
         self._waiting = False
         #: Set when the drain has stopped the reading: every frame read is in the window.
         self.reading_stopped = trio.Event()
-        #: Frames a wait under way read after the drain stopped the reading, with receipt ids:
-        #: not taken, named ``refused`` as the session ends (docs/behaviour.md, "Drain").
+        #: Frames (and receipt ids) a read under way brought after the drain stopped: refused.
         self.after_stop: list[tuple[Frame, str | None]] = []
         #: The frame read ahead of the one being handled (None between bursts).
         self._upcoming: Frame | RawFrame | HeartBeat | ConnectionClosed | None = None
@@ -196,6 +195,7 @@ class AppSide:
                 # brought is not taken but named; what the app writes after it stays unread.
                 self._upcoming = event
                 self.after_stop = self.not_taken()
+                self._upcoming = None  # named once: not again by the drain's deadline
                 return
             # Handle the burst already read; the last frame of it gets a receipt (idle).
             while True:

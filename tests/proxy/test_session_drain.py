@@ -217,6 +217,42 @@ async def test_a_session_still_reconnecting_at_the_deadline_names_unknown_and_lo
     assert running.session.drain_result == "deadline"
 
 
+async def test_a_frame_written_after_the_drain_began_is_named_once_at_the_deadline(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, network: Network
+) -> None:
+    """A session reconnecting at SIGTERM until the deadline, its app waiting between bursts:
+    the SEND the app writes after the drain began is read by the wait under way, not taken,
+    and named once, ``refused`` (cause ``drain``), after the window's ``lost`` one at the
+    deadline (not again as ``lost`` by the deadline's walk of what the app side read)."""
+    primary = network.add("primary", 61001)
+    running = await connected(
+        nursery, network, primary, reconnect_attempts=-1, max_retry_interval=200
+    )
+    app = running.app
+    primary.reachable = False
+    await primary.link.drop("reset")
+    await app.wait_event("RECONNECTING")
+    await app.send(Command.SEND, {"destination": QUEUE, "receipt": "r1"}, b"during")
+    await trio.sleep(0.1)
+
+    running.session.request_drain()
+    await trio.sleep(0.1)
+    await app.send(Command.SEND, {"destination": QUEUE, "receipt": "late"}, b"late")
+    await app.wait_closed()
+    named = [
+        (f["receipt"], f["outcome"], f["cause"])
+        for event in app.events("OUTCOME")
+        for f in event["frames"]
+    ]
+    assert named == [("r1", "lost", "drain_deadline"), ("late", "refused", "drain")]
+    (error,) = app.errors()
+    assert error.get("message") == (
+        "mq-sidecar is shutting down; 2 frame(s) not confirmed: r1 (mq-sidecar-id s1-1): lost, "
+        "late: refused"
+    )
+    assert running.session.drain_result == "deadline"
+
+
 async def test_messages_arriving_during_the_drain_are_held_back_and_not_acknowledged(
     autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, network: Network
 ) -> None:
