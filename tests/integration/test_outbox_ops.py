@@ -234,7 +234,7 @@ def test_sigterm_with_no_broker_exits_at_the_deadline_leaving_the_outbox(tmp_pat
     assert 1.5 <= took < 1.5 + 4.5, took
     assert "outbox: 3 frame(s)" in sidecar.log_text()
     assert "not forwarded by the drain deadline" in sidecar.log_text()
-    with SidecarThread(outbox_config(nowhere, tmp_path / "ob")) as again:
+    with SidecarThread(outbox_config(nowhere, tmp_path / "ob", drain_timeout="500")) as again:
         assert again.status()["outbox"]["recovery"]["frames"] == 3
 
 
