@@ -393,6 +393,7 @@ def _validate(cfg: Config, settings: Mapping[str, _Setting], skip: set[str]) -> 
     if not {"outbox", "outbox_dir"} & skip and cfg.outbox and not cfg.outbox_dir:
         problems.append(f"outbox_dir: required when outbox is true {where('outbox')}")
     check("outbox_dir", cfg.outbox_dir != "", "must not be empty")
+    check("outbox_max_age", cfg.outbox_max_age >= 0, "must be >= 0 (0 = no age limit)")
     check(
         "outbox_destinations",
         cfg.outbox_destinations is None or all(cfg.outbox_destinations),

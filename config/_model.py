@@ -291,6 +291,10 @@ class Config:
         outbox_max_bytes: Frame bytes the outbox may hold, > 0 (1 GiB; disk use is about
             1.4-1.7 times that, docs/outbox.md). Full: the app is not read until there is
             room; a SEND that waits past ``call_timeout`` gets an ERROR naming this option.
+        outbox_max_age: ms a frame may wait in the outbox, >= 0 (0: no age limit). An older
+            frame that no forwarder has read yet is dropped with the outcome ``expired``:
+            named to its app in an OUTCOME event when its session is connected, logged
+            otherwise, counted in ``mq_sidecar_outbox_expired_total`` (docs/outbox.md).
     """
 
     listen: tuple[str, int] = ("127.0.0.1", 61613)
@@ -346,6 +350,7 @@ class Config:
     outbox_dir: str | None = None
     outbox_destinations: tuple[str, ...] | None = None
     outbox_max_bytes: int = 1 << 30  # 1 GiB
+    outbox_max_age: int = 0
 
     def __post_init__(self) -> None:
         # The mode options arrive as text from TOML, environment and flags: a known value
@@ -397,8 +402,8 @@ class Durations:
 
     Users write milliseconds (Artemis' convention); trio counts seconds. Built once per
     consumer from :attr:`Config.durations`, so no ``/ 1000`` is scattered through the code.
-    ``reconnect_period`` and ``initial_connect_period`` are None when the option is 0 (no
-    time bound).
+    ``reconnect_period``, ``initial_connect_period`` and ``outbox_max_age`` are None when the
+    option is 0 (no time bound).
     """
 
     handshake_timeout: float
@@ -410,6 +415,7 @@ class Durations:
     max_retry_interval: float
     reconnect_period: float | None
     initial_connect_period: float | None
+    outbox_max_age: float | None
 
     @classmethod
     def of(cls, config: Config) -> Durations:
@@ -426,6 +432,7 @@ class Durations:
             initial_connect_period=(
                 config.initial_connect_period / 1000 if config.initial_connect_period > 0 else None
             ),
+            outbox_max_age=config.outbox_max_age / 1000 if config.outbox_max_age > 0 else None,
         )
 
 

@@ -269,6 +269,13 @@ _ROWS = (
         "frame bytes the outbox may hold, > 0; full = the app waits, then ERROR at call_timeout",
         "bytes",
     ),
+    Option(
+        "outbox_max_age",
+        "int",
+        "frames not forwarded within this long are dropped (outcome expired), ms, >= 0, "
+        "0 = no age limit",
+        "ms",
+    ),
 )
 
 #: The option table, read-only: ``Config`` field name -> :class:`Option`, in field order.

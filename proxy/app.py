@@ -43,7 +43,7 @@ from proxy.admin.server import AdminLimits, AdminServer
 from proxy.legs.opening import BrokerStreams
 from proxy.legs.stream import FrameStream, TransportLost
 from proxy.outbox.forwarder import OutboxForwarder
-from proxy.outbox.service import OutboxService, open_outbox
+from proxy.outbox.service import OutboxService, forward_before_exit, open_outbox
 from proxy.reconnect.board import ReconnectBoard
 from proxy.reconnect.evacuations import Evacuation, EvacuationRefused, UnknownBroker, stranded
 from proxy.session import Session
@@ -218,6 +218,11 @@ class Sidecar:
             raise UnknownBroker(f"{broker} is not in the broker list ({', '.join(labels)})")
         return labels
 
+    @property
+    def draining(self) -> bool:
+        """Whether the sessions were asked to drain (the listener is closed)."""
+        return self._drain_deadline is not None
+
     def statistics(self) -> SidecarStatistics:
         """Listener address and per-session statistics."""
         return SidecarStatistics(
@@ -243,8 +248,9 @@ class Sidecar:
         """
         if not self.config.outbox:
             await self._serve(task_status)
+            self._stopped()
             return
-        async with open_outbox(self.config) as outbox, trio.open_nursery() as nursery:
+        async with open_outbox(self.config, self.metrics) as outbox, trio.open_nursery() as nursery:
             self.outbox = outbox
             # Frames no live session forwards: a previous process's, an ended session's.
             self.recovery = OutboxForwarder(
@@ -254,13 +260,21 @@ class Sidecar:
                 self.metrics,
                 self._prefix,
                 reconnects=self.reconnects,
+                events=self.events,
             )
             await nursery.start(self.recovery.run)
             try:
                 await self._serve(task_status)
+                assert self._drain_deadline is not None
+                await forward_before_exit(outbox, self._drain_deadline)
             finally:
                 nursery.cancel_scope.cancel()
                 self.outbox = None
+        self._stopped()
+
+    def _stopped(self) -> None:
+        log.info("shutdown complete")
+        self.stopped.set()
 
     async def _serve(self, task_status: trio.TaskStatus[tuple[str, int]]) -> None:
         host, port = self.config.listen
@@ -288,8 +302,6 @@ class Sidecar:
                 draining, self.config.durations.drain_timeout, sessions_nursery.cancel_scope
             )
         log_drain(draining)
-        log.info("shutdown complete")
-        self.stopped.set()
 
     async def _accept_loop(
         self, listener: trio.SocketListener, sessions_nursery: trio.Nursery

@@ -136,8 +136,18 @@ def evaluate_readiness(
         outbox: the open outbox's statistics (None: not open, or off).
     """
     reasons: list[str] = []
-    if shutting_down:
+    forwarding = ""  # outbox mode, SIGTERM: the outbox is forwarded before exit
+    if shutting_down and outbox is not None and outbox.frames:
+        left = outbox.drain_left_seconds
+        until = "the drain deadline" if left is None else f"the drain deadline, {left:.1f} s"
+        forwarding = (
+            f"shutting down: forwarding the outbox before exit: {outbox.frames} frame(s) "
+            f"left, until it is empty or {until} (drain_timeout)"
+        )
+    if shutting_down and (sessions or not forwarding):
         reasons.append("shutting down: draining sessions")
+    if forwarding:
+        reasons.append(forwarding)
     up = tuple(b.broker for b in brokers if b.state == "up")
     held: str | None = None
     if outbox_mode:

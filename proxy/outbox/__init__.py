@@ -30,6 +30,8 @@ from proxy.outbox.lock import DirectoryLock
 from proxy.outbox.records import (
     Append,
     DamagedFrame,
+    Expire,
+    Expired,
     OutboxDepth,
     OutboxFrame,
     RecordSeen,
@@ -47,6 +49,8 @@ __all__ = [
     "CommitterStatistics",
     "DamagedFrame",
     "DirectoryLock",
+    "Expire",
+    "Expired",
     "GroupCommitter",
     "OutboxClosed",
     "OutboxDepth",

@@ -50,6 +50,8 @@ from proxy.outbox.errors import (
 )
 from proxy.outbox.records import (
     Append,
+    Expire,
+    Expired,
     OutboxDepth,
     OutboxFrame,
     RecordSeen,
@@ -181,12 +183,25 @@ class GroupCommitter:
         assert isinstance(result, Removed)
         return result
 
+    async def expire(self, max_age: float, limit: int) -> Expired:
+        """Remove up to ``limit`` frames stored more than ``max_age`` seconds ago that no
+        reader was handed (:class:`~proxy.outbox.records.Expire`), with the next transaction;
+        their room goes to waiting appends. Raises OutboxWriteError, OutboxClosed."""
+        result = await self._submit(_Request(Expire(max_age, limit), 0, 0))
+        assert isinstance(result, Expired)
+        return result
+
     async def record_seen(self, destination: str, sidecar_ids: Iterable[str]) -> int:
         """Remember ``sidecar_ids`` as seen on ``destination`` (consumer-side duplicate
         suppression), durable when this returns. Raises OutboxWriteError, OutboxClosed."""
         result = await self._submit(_Request(RecordSeen(destination, tuple(sidecar_ids)), 0, 0))
         assert isinstance(result, int)
         return result
+
+    async def wait_freed(self) -> None:
+        """Wait until frames leave the outbox (a removal, an expiry) or the committer
+        closes; read :meth:`statistics` then."""
+        await self._room.wait()
 
     async def _reserve(self, size: int, deadline: float) -> None:
         started = trio.current_time()
@@ -266,7 +281,7 @@ class GroupCommitter:
         freed = 0
         for r, result in zip(batch, results, strict=True):
             r.result = result
-            if isinstance(result, Removed):
+            if isinstance(result, Removed | Expired):
                 freed += result.bytes
             else:
                 self._frames_committed += r.frames
@@ -322,6 +337,10 @@ class GroupCommitter:
     async def backlog(self) -> tuple[SessionBacklog, ...]:
         """:meth:`OutboxStore.backlog <proxy.outbox.store.OutboxStore.backlog>`."""
         return await self._read(self.store.backlog)
+
+    async def count(self, session_key: str) -> int:
+        """:meth:`OutboxStore.count <proxy.outbox.store.OutboxStore.count>`."""
+        return await self._read(partial(self.store.count, session_key))
 
     async def depth(self) -> OutboxDepth:
         """:meth:`OutboxStore.depth <proxy.outbox.store.OutboxStore.depth>`."""

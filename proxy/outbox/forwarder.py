@@ -14,6 +14,11 @@ confirmed when the connection is lost is sent again on the next one (the consume
 recognises the copy by its ``mq-sidecar-id``). A broker ERROR answering one of them (a
 destination refused) settles that frame: it is logged with its ``mq-sidecar-id`` and removed,
 since no app is left to hear of it.
+
+Its progress is told (issue 28): an OUTBOX_FORWARDING event when it begins a session key's
+frames and an OUTBOX_FORWARDED event when it is done with them (on the sidecar's bus: ``GET
+/events``, the event log, apps subscribed with ``mq-sidecar-scope:all``; ``session_id`` is the
+key), and :meth:`OutboxForwarder.statistics` in ``/status``'s ``outbox.forwarder``.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import dataclasses
 import logging
 import random
 import sqlite3
+from typing import Any
 
 import trio
 
@@ -38,7 +44,11 @@ from proxy.reconnect.board import ReconnectBoard
 from proxy.reconnect.policy import ReconnectPolicy
 from proxy.reconnect.walk import ReconnectExhausted, connect_by_policy
 from proxy.session.outbox import FETCH_FRAMES, FetchSize, parse
+from proxy.session.outcomes import report_of_frame
+from proxy.telemetry.events import EventBus, EventKind, FrameReport, SessionEvent
 from proxy.telemetry.metrics import Metrics
+from proxy.telemetry.statistics import ForwarderStatistics
+from proxy.telemetry.vocabulary import FrameOutcome, OutcomeCause
 
 __all__ = ["IN_FLIGHT", "OutboxForwarder"]
 
@@ -65,6 +75,8 @@ class OutboxForwarder:
         metrics: ``mq_sidecar_outbox_forwarded_total`` is counted there.
         prefix: the sidecar's id prefix: its receipt ids are ``<prefix>-o<seq>``.
         reconnects: the sidecar's board: the brokers evacuated there are skipped.
+        events: where its OUTBOX_FORWARDING and OUTBOX_FORWARDED events go (the sidecar's
+            bus; a private one when None).
     """
 
     def __init__(
@@ -76,6 +88,7 @@ class OutboxForwarder:
         prefix: str,
         *,
         reconnects: ReconnectBoard | None = None,
+        events: EventBus | None = None,
     ) -> None:
         self.config = config
         self.outbox = outbox
@@ -83,14 +96,42 @@ class OutboxForwarder:
         self.metrics = metrics
         self.prefix = prefix
         self.reconnects = reconnects
+        self.events = events if events is not None else EventBus()
+        outbox.forwarder_statistics = self.statistics
         # Without end, as the sessions' in outbox mode (proxy.session.core).
         self.policy = dataclasses.replace(
             ReconnectPolicy.from_config(config), reconnect_attempts=-1, reconnect_period=None
         )
         self.rng = random.Random()
-        #: Frames forwarded and removed by this forwarder since start.
+        #: Frames forwarded and removed by this forwarder since start; refused by a broker.
         self.forwarded = 0
+        self.refused = 0
         self._fetch = FetchSize(config.confirmation_window_size)
+        #: Progress (:meth:`statistics`): the leg's broker, the key in progress and its frames
+        #: forwarded so far, keys finished, why the last leg ended.
+        self._broker: str | None = None
+        self._key: str | None = None
+        self._key_forwarded = 0
+        self._keys_done = 0
+        self._last_error: str | None = None
+        #: Frames of the key in progress a broker refused (named in its OUTBOX_FORWARDED).
+        self._key_refused: list[FrameReport] = []
+
+    def statistics(self) -> ForwarderStatistics:
+        """Its progress now (``/status``'s ``outbox.forwarder``)."""
+        left = len(self.outbox.unowned)
+        state = "forwarding" if self._broker is not None else "connecting" if left else "idle"
+        return ForwarderStatistics(
+            state=state,
+            broker=self._broker,
+            session=self._key,
+            session_forwarded=self._key_forwarded,
+            sessions_left=left,
+            sessions_done=self._keys_done,
+            forwarded_total=self.forwarded,
+            refused_total=self.refused,
+            last_error=self._last_error,
+        )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Take the keys the outbox holds at start (``backlog()``: none is of this process
@@ -108,6 +149,7 @@ class OutboxForwarder:
         while True:
             await outbox.wait_unowned()
             upstream = await self._connect()
+            self._broker = upstream.broker.label
             try:
                 async with trio.open_nursery() as leg:
                     leg.start_soon(upstream.keep_alive)
@@ -115,12 +157,15 @@ class OutboxForwarder:
                     leg.cancel_scope.cancel()
                 await self._goodbye(upstream)
             except (_LegLost, TransportLost, protocol.ProtocolError) as exc:
+                self._last_error = f"lost {upstream.broker.label}: {exc}"
                 log.warning("outbox: outbox forwarder lost %s: %s", upstream.broker.label, exc)
             except (OutboxError, sqlite3.Error) as exc:
                 # The store failed a read or a removal: not this process's end; try later.
+                self._last_error = f"the store: {exc}"
                 log.error("outbox: outbox forwarder stopped by the store: %s", exc)
                 await trio.sleep(self.policy.max_retry_interval)
             finally:
+                self._broker = None
                 await upstream.aclose()
 
     async def _connect(self) -> Upstream:
@@ -150,6 +195,7 @@ class OutboxForwarder:
                     evacuations=self.reconnects,
                 )
             except ReconnectExhausted as exc:  # every broker refused the sidecar's login
+                self._last_error = f"cannot connect: {exc}"
                 log.warning("outbox: outbox forwarder cannot connect: %s", exc)
                 await trio.sleep(self.policy.max_retry_interval)
                 continue
@@ -161,9 +207,58 @@ class OutboxForwarder:
         outbox = self.outbox
         while outbox.unowned:
             key = outbox.unowned[0]
+            await self._forward_key(upstream, key)
+            outbox.unowned.popleft()
+            self._keys_done += 1
+
+    async def _forward_key(self, upstream: Upstream, key: str) -> None:
+        """Forward every frame of ``key``, between its OUTBOX_FORWARDING and OUTBOX_FORWARDED
+        events (none when it has no frame left). A leg lost half way raises; the next leg
+        begins the key again, with an OUTBOX_FORWARDING of what is left."""
+        label = upstream.broker.label
+        frames = await self.outbox.committer.count(key)
+        if not frames:
+            return
+        mine = key.startswith(f"{self.prefix}-")
+        whose = "an ended session of this process" if mine else "a previous process"
+        self._key, self._key_forwarded, self._key_refused = key, 0, []
+        started = trio.current_time()
+        self._publish(
+            EventKind.OUTBOX_FORWARDING,
+            key,
+            f"forwarding what {whose} stored",
+            to_broker=label,
+            spooled_frames=frames,
+        )
+        try:
             while await self._forward_some(upstream, key):
                 pass
-            outbox.unowned.popleft()
+        finally:
+            self._key = None
+        self._publish(
+            EventKind.OUTBOX_FORWARDED,
+            key,
+            f"every frame {whose} stored was forwarded",
+            to_broker=label,
+            forwarded_frames=self._key_forwarded,
+            spooled_ms=round((trio.current_time() - started) * 1000),
+            frames=tuple(self._key_refused),
+        )
+
+    def _publish(self, kind: EventKind, key: str, reason: str, **fields: Any) -> None:
+        """An event of the outbox forwarder about session ``key``, with the outbox's depth."""
+        stats = self.outbox.committer.statistics()
+        self.events.publish(
+            SessionEvent(
+                kind,
+                key,
+                reason,
+                outbox_frames=stats.frames,
+                outbox_bytes=stats.bytes,
+                outbox_max_bytes=stats.max_bytes,
+                **fields,
+            )
+        )
 
     async def _forward_some(self, upstream: Upstream, key: str) -> bool:
         """Send a read of ``key``'s frames (:class:`~proxy.session.outbox.FetchSize`), wait for
@@ -213,6 +308,12 @@ class OutboxForwarder:
                     item.destination,
                     event.get("message"),
                 )
+                self.refused += 1
+                self._key_refused.append(
+                    report_of_frame(
+                        parse(item.frame), None, FrameOutcome.REFUSED, OutcomeCause.BROKER_ERROR
+                    )
+                )
                 return item.seq
 
     async def _remove(self, key: str, stored: tuple[StoredFrame, ...], settled: set[int]) -> None:
@@ -234,6 +335,7 @@ class OutboxForwarder:
                 log.warning("outbox: removal failed (forwarded again later): %s", exc)
                 return
             self.forwarded += count
+            self._key_forwarded += count
             self.outbox.forwarded_total += count
             self.metrics.outbox_forwarded(count)
 

@@ -11,6 +11,8 @@ from proxy.outbox.wal import WalScan
 __all__ = [
     "Append",
     "DamagedFrame",
+    "Expire",
+    "Expired",
     "OutboxDepth",
     "OutboxFrame",
     "RecordSeen",
@@ -82,6 +84,25 @@ class Remove:
 
 
 @dataclass(frozen=True, slots=True)
+class Expire:
+    """Write op: remove the frames stored more than ``max_age`` seconds ago (the store's
+    clock) that no reader has been handed yet (``outbox_max_age``), oldest first, at most
+    ``limit`` of them. Result: :class:`Expired`."""
+
+    max_age: float
+    limit: int
+
+
+@dataclass(frozen=True, slots=True)
+class Expired:
+    """What an :class:`Expire` took out: the ``frames`` (their bytes left empty: ``b""``),
+    oldest first, and their ``bytes``."""
+
+    frames: tuple[StoredFrame, ...]
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class RecordSeen:
     """Write op: remember ``sidecar_ids`` as seen on ``destination`` (consumer-side duplicate
     suppression). Result: ``int``, how many were recorded."""
@@ -99,9 +120,9 @@ class Removed:
 
 
 #: One operation of a write transaction.
-WriteOp = Append | Remove | RecordSeen
+WriteOp = Append | Remove | RecordSeen | Expire
 #: What one :data:`WriteOp` returns, in the same place.
-WriteResult = tuple[StoredFrame, ...] | Removed | int
+WriteResult = tuple[StoredFrame, ...] | Removed | int | Expired
 
 
 @dataclass(frozen=True, slots=True)

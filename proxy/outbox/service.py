@@ -20,8 +20,8 @@ from __future__ import annotations
 import fnmatch
 import logging
 import sqlite3
-from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections import defaultdict, deque
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -36,12 +36,24 @@ from proxy.outbox import (
     OutboxError,
     OutboxStore,
     RecoveryReport,
+    StoredFrame,
     open_group_committer,
 )
-from proxy.telemetry.statistics import OutboxStatistics
+from proxy.telemetry.metrics import Metrics
+from proxy.telemetry.statistics import ForwarderStatistics, OutboxStatistics
+from proxy.telemetry.vocabulary import FrameOutcome
 from proxy.tracking import SessionState
 
-__all__ = ["DEPTH_REFRESH", "SEEN_PENDING_MAX", "OutboxService", "SeenRecorder", "open_outbox"]
+__all__ = [
+    "DEPTH_REFRESH",
+    "EXPIRE_BATCH",
+    "SEEN_PENDING_MAX",
+    "ExpiryListener",
+    "OutboxService",
+    "SeenRecorder",
+    "forward_before_exit",
+    "open_outbox",
+]
 
 log = logging.getLogger("mq_sidecar.outbox")
 
@@ -52,6 +64,14 @@ DEPTH_REFRESH = 1.0
 #: destinations): past it, handing more waits for the writer (back-pressure on the session's
 #: relay). One burst of a session holds at most ``max_unacked`` of them.
 SEEN_PENDING_MAX = 65_536
+#: Frames one ``outbox_max_age`` sweep removes at most (one transaction); a full sweep is
+#: followed by the next at once.
+EXPIRE_BATCH = 4096
+#: Expired frames a log line names by ``mq-sidecar-id`` at most (the count says the rest).
+_EXPIRED_NAMED = 20
+
+#: Called with the frames of one session key that expired (:meth:`OutboxService.on_expiry`).
+ExpiryListener = Callable[[Sequence[StoredFrame]], None]
 
 
 class SeenRecorder:
@@ -154,22 +174,30 @@ class OutboxService:
     """What the sessions of one sidecar share of its outbox.
 
     Args:
-        config: the sidecar's configuration (``outbox_destinations``, ``call_timeout``).
+        config: the sidecar's configuration (``outbox_destinations``, ``call_timeout``,
+            ``outbox_max_age``).
         committer: the running group committer over the opened store.
+        metrics: where expired frames are counted (a private registry when None).
 
     Attributes:
         committer: where sessions append, remove and read (:class:`GroupCommitter`).
         recovery: what opening ``outbox_dir`` found (:class:`RecoveryReport`).
         forwarded_total: frames forwarded and confirmed by a broker, then removed, since start.
+        expired_total: frames dropped unforwarded since start (``outbox_max_age``).
         max_bytes: ``outbox_max_bytes``.
         depth: the last depth read (:data:`DEPTH_REFRESH`), None before the first.
     """
 
-    def __init__(self, config: Config, committer: GroupCommitter) -> None:
+    def __init__(
+        self, config: Config, committer: GroupCommitter, metrics: Metrics | None = None
+    ) -> None:
         self.config = config
         self.committer = committer
+        self.metrics = metrics if metrics is not None else Metrics()
         self.recovery: RecoveryReport = committer.store.recovery
         self.forwarded_total = 0
+        self.expired_total = 0
+        self._expiry_listeners: dict[str, ExpiryListener] = {}
         self.max_bytes = config.outbox_max_bytes
         self.depth: OutboxDepth | None = None
         self._patterns = config.outbox_destinations
@@ -178,6 +206,12 @@ class OutboxService:
         #: session that ended), oldest first: the outbox forwarder's (proxy.outbox.forwarder).
         self.unowned: deque[str] = deque()
         self._unowned = trio.Event()
+        #: When the sidecar stops forwarding the outbox before it exits (trio seconds): set
+        #: on SIGTERM (:func:`forward_before_exit`); None while it runs.
+        self.drain_deadline: float | None = None
+        #: The outbox forwarder's progress (set by :class:`~proxy.outbox.forwarder.
+        #: OutboxForwarder`), in :meth:`statistics`.
+        self.forwarder_statistics: Callable[[], ForwarderStatistics] | None = None
         #: The consumer side's persisted duplicate-suppression ids (:class:`SeenRecorder`).
         self.seen = SeenRecorder(committer)
 
@@ -207,8 +241,63 @@ class OutboxService:
             event.set()
 
     def forget(self, key: str) -> None:
-        """The session ``key`` ended: drop its wake-up (its frames stay in the outbox)."""
+        """The session ``key`` ended: drop its wake-up and expiry listener (its frames stay
+        in the outbox)."""
         self._wakeups.pop(key, None)
+        self._expiry_listeners.pop(key, None)
+
+    def on_expiry(self, key: str, listener: ExpiryListener) -> None:
+        """Call ``listener`` with ``key``'s frames that expire (``outbox_max_age``) while
+        the session lives (until :meth:`forget`); it names them to its app. Never blocks."""
+        self._expiry_listeners[key] = listener
+
+    async def expire(self) -> None:
+        """Every :data:`DEPTH_REFRESH` seconds, drop the frames older than ``outbox_max_age``
+        that no forwarder has read (:meth:`GroupCommitter.expire
+        <proxy.outbox.committer.GroupCommitter.expire>`, :data:`EXPIRE_BATCH` a transaction),
+        until cancelled; returns at once without the option. Each is counted
+        (``mq_sidecar_outbox_expired_total``) and handed to its live session's listener,
+        which names it to the app; those of no live session are logged here by
+        ``mq-sidecar-id`` and counted as outcomes (``expired``). A write error is logged and
+        the sweep tried again later."""
+        max_age = self.config.durations.outbox_max_age
+        if max_age is None:
+            return
+        while True:
+            try:
+                expired = await self.committer.expire(max_age, EXPIRE_BATCH)
+            except OutboxError as exc:
+                log.warning("outbox: expiry (outbox_max_age) failed: %s", exc)
+                expired = None
+            if expired is not None and expired.frames:
+                self._expired(expired.frames)
+            if expired is None or len(expired.frames) < EXPIRE_BATCH:
+                await trio.sleep(DEPTH_REFRESH)
+
+    def _expired(self, frames: Sequence[StoredFrame]) -> None:
+        """Count ``frames`` and hand them out per session key (see :meth:`expire`)."""
+        self.expired_total += len(frames)
+        self.metrics.outbox_expired(len(frames))
+        by_key: defaultdict[str, list[StoredFrame]] = defaultdict(list)
+        for frame in frames:
+            by_key[frame.session_key].append(frame)
+        for key, group in by_key.items():
+            listener = self._expiry_listeners.get(key)
+            if listener is not None:
+                listener(group)
+                continue
+            self.metrics.frame_outcome(FrameOutcome.EXPIRED, len(group))
+            named = ", ".join(f.sidecar_id for f in group[:_EXPIRED_NAMED])
+            more = len(group) - _EXPIRED_NAMED
+            log.warning(
+                "outbox: %d frame(s) of session %s not forwarded within outbox_max_age "
+                "(%d ms), dropped (expired): mq-sidecar-id %s%s",
+                len(group),
+                key,
+                self.config.outbox_max_age,
+                named,
+                f" and {more} more" if more > 0 else "",
+            )
 
     def leave_unowned(self, key: str) -> None:
         """Leave ``key``'s frames to the outbox forwarder (no session forwards them)."""
@@ -242,6 +331,15 @@ class OutboxService:
             seen_recorded=self.seen.recorded,
             seen_failed=self.seen.failed,
             room_waiters=stats.room_waiters,
+            expired_total=self.expired_total,
+            forwarder=(
+                self.forwarder_statistics() if self.forwarder_statistics is not None else None
+            ),
+            drain_left_seconds=(
+                None
+                if self.drain_deadline is None
+                else max(0.0, self.drain_deadline - trio.current_time())
+            ),
         )
 
     async def watch_depth(self) -> None:
@@ -252,6 +350,40 @@ class OutboxService:
             except (OutboxError, sqlite3.Error) as exc:
                 log.warning("outbox: cannot read its depth: %s", exc)
             await trio.sleep(DEPTH_REFRESH)
+
+
+async def forward_before_exit(outbox: OutboxService, deadline: float) -> None:
+    """SIGTERM in outbox mode (docs/outbox.md, "Outbox mode in the daemon"): once every
+    session has ended, every session key the outbox holds is the outbox forwarder's, and the
+    sidecar waits until the outbox is empty or ``deadline`` (trio seconds: the drain's, after
+    ``drain_timeout``), so that a pod deleted with a broker up leaves nothing in an
+    ``emptyDir``. What is left at the deadline stays in ``outbox_dir`` for the next start
+    (logged: frames, bytes). ``/readyz`` says why it is not ready meanwhile
+    (:attr:`OutboxService.drain_deadline`)."""
+    outbox.drain_deadline = deadline
+    committer = outbox.committer
+    with trio.move_on_at(deadline):
+        for backlog in await committer.backlog():
+            outbox.leave_unowned(backlog.session_key)
+        if committer.statistics().frames:
+            log.info(
+                "outbox: forwarding %d frame(s) before exit (until it is empty or the drain "
+                "deadline)",
+                committer.statistics().frames,
+            )
+        while committer.statistics().frames:
+            await committer.wait_freed()
+    stats = committer.statistics()
+    if stats.frames:
+        log.warning(
+            "outbox: %d frame(s), %d byte(s) not forwarded by the drain deadline "
+            "(drain_timeout): they stay in %s for the next start",
+            stats.frames,
+            stats.bytes,
+            outbox.config.outbox_dir,
+        )
+    else:
+        log.info("outbox: empty; every frame it held was forwarded before exit")
 
 
 def _open_store(config: Config) -> OutboxStore:
@@ -280,10 +412,14 @@ def log_recovery(report: RecoveryReport) -> None:
 
 
 @asynccontextmanager
-async def open_outbox(config: Config) -> AsyncIterator[OutboxService]:
-    """Open ``outbox_dir`` and run the outbox for the body of the ``async with``.
+async def open_outbox(
+    config: Config, metrics: Metrics | None = None
+) -> AsyncIterator[OutboxService]:
+    """Open ``outbox_dir`` and run the outbox for the body of the ``async with``
+    (``metrics``: the sidecar's, where expired frames are counted).
 
-    The group committer's writer and the depth watch run in this context's nurseries;
+    The group committer's writer, the depth watch and the expiry (``outbox_max_age``) run in
+    this context's nurseries;
     leaving it writes what is queued, stops them and closes the store (the lock goes with it).
 
     Raises:
@@ -295,9 +431,10 @@ async def open_outbox(config: Config) -> AsyncIterator[OutboxService]:
     try:
         log_recovery(store.recovery)
         async with open_group_committer(store) as committer:
-            service = OutboxService(config, committer)
+            service = OutboxService(config, committer, metrics)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(service.watch_depth)
+                nursery.start_soon(service.expire)
                 nursery.start_soon(service.seen.run)
                 try:
                     yield service

@@ -29,6 +29,8 @@ from proxy.outbox.errors import OutboxError, OutboxFull
 from proxy.outbox.lock import DirectoryLock
 from proxy.outbox.records import (
     Append,
+    Expire,
+    Expired,
     OutboxDepth,
     OutboxFrame,
     RecordSeen,
@@ -53,8 +55,9 @@ class OutboxStore:
     :meth:`close`.
 
     Writes go through :meth:`write` (a list of ops, one transaction, one fsync), with
-    :meth:`append`, :meth:`remove` and :meth:`record_seen` as one-op shorthands. Reads:
-    :meth:`pending`, :meth:`backlog`, :meth:`depth`, :meth:`seen_ids`.
+    :meth:`append`, :meth:`remove`, :meth:`expire` and :meth:`record_seen` as one-op
+    shorthands. Reads:
+    :meth:`pending`, :meth:`backlog`, :meth:`count`, :meth:`depth`, :meth:`seen_ids`.
 
     Attributes:
         directory: the ``outbox_dir``.
@@ -65,6 +68,11 @@ class OutboxStore:
         crc_failures: frames :meth:`pending` skipped since open because their bytes no longer
             match their CRC32 (damaged on disk while running; the next open removes and
             reports them).
+
+    Frames handed out by :meth:`pending` are *claimed*: an :class:`Expire` never takes them
+    (a forwarder may have sent them to a broker; a failover replays them). The claim of a
+    session key is the highest ``seq`` read of it, kept until the store closes (as the
+    per-key order counters are).
     """
 
     def __init__(
@@ -94,6 +102,8 @@ class OutboxStore:
         self._orders: dict[str, int] = dict(
             conn.execute("SELECT session_key, MAX(session_order) FROM frames GROUP BY session_key")
         )
+        #: Per session key, the highest seq :meth:`pending` handed out (claimed).
+        self._claimed: dict[str, int] = {}
         self._seen_counts: Counter[str] = Counter(
             dict(conn.execute("SELECT destination, COUNT(*) FROM seen_ids GROUP BY destination"))
         )
@@ -200,7 +210,8 @@ class OutboxStore:
         """Apply ``ops`` in order in one transaction (one fsync of the WAL at COMMIT): all of
         them or, on an error, none. Returns one result per op, in order: the
         ``tuple[StoredFrame, ...]`` of an :class:`Append`, the :class:`Removed` of a
-        :class:`Remove`, the count of a :class:`RecordSeen`.
+        :class:`Remove`, the count of a :class:`RecordSeen`, the :class:`Expired` of an
+        :class:`Expire`.
 
         An Append is checked against ``max_bytes`` after the ops before it (a Remove earlier
         in the list makes room for it).
@@ -225,6 +236,11 @@ class OutboxStore:
                     frames -= removed.frames
                     size -= removed.bytes
                     results.append(removed)
+                elif isinstance(op, Expire):
+                    expired = self._expire(conn, op, now)
+                    frames -= len(expired.frames)
+                    size -= expired.bytes
+                    results.append(expired)
                 elif isinstance(op, Append):
                     if size + op.size > self.max_bytes:
                         raise OutboxFull(op.size, size, self.max_bytes)
@@ -281,6 +297,29 @@ class OutboxStore:
             conn.execute(f"DELETE {where}", args)
         return Removed(count, size)
 
+    def _expire(self, conn: sqlite3.Connection, op: Expire, now: float) -> Expired:
+        """Remove the frames stored before ``now - op.max_age`` and not claimed, oldest
+        first (by seq), at most ``op.limit``. The walk stops at the first frame not old
+        enough: frames are stored in time order (a wall clock set back delays the expiry
+        of the frames stored after it, never hastens it)."""
+        cutoff = now - op.max_age
+        claimed = self._claimed
+        out: list[StoredFrame] = []
+        size = 0
+        rows = conn.execute(
+            "SELECT seq, session_key, session_order, sidecar_id, destination, created_at, "
+            "length(frame) FROM frames ORDER BY seq"
+        )
+        for seq, key, order, sidecar_id, destination, created_at, length in rows:
+            if created_at >= cutoff or len(out) >= op.limit:
+                break
+            if seq <= claimed.get(key, 0):
+                continue
+            out.append(StoredFrame(seq, key, order, sidecar_id, destination, created_at, b""))
+            size += length
+        conn.executemany("DELETE FROM frames WHERE seq = ?", [(f.seq,) for f in out])
+        return Expired(tuple(out), size)
+
     def _prune_seen(self, conn: sqlite3.Connection, added: Counter[str]) -> Counter[str]:
         """Bound ``seen_ids`` per destination: once a destination holds a tenth more than
         ``seen_max``, keep its newest ``seen_max`` (amortized: one DELETE per tenth).
@@ -312,6 +351,13 @@ class OutboxStore:
         assert isinstance(result, Removed)
         return result
 
+    def expire(self, max_age: float, limit: int) -> Expired:
+        """Remove up to ``limit`` unclaimed frames older than ``max_age`` seconds, oldest
+        first (:class:`Expire`). Raises as :meth:`write`."""
+        result = self.write([Expire(max_age, limit)])[0]
+        assert isinstance(result, Expired)
+        return result
+
     def record_seen(self, destination: str, sidecar_ids: Iterable[str]) -> int:
         """Remember ``sidecar_ids`` as seen on ``destination``. Raises as :meth:`write`."""
         result = self.write([RecordSeen(destination, tuple(sidecar_ids))])[0]
@@ -324,9 +370,9 @@ class OutboxStore:
         self, session_key: str, *, after_seq: int = 0, limit: int = 1000
     ) -> tuple[StoredFrame, ...]:
         """Up to ``limit`` frames of ``session_key`` with ``seq > after_seq``, in session
-        order. A frame whose bytes fail their CRC32 is skipped and counted in
-        :attr:`crc_failures` (never forwarded damaged). Raises OutboxError when closed,
-        sqlite3.Error on a read error."""
+        order, claimed (never expired: see the class). A frame whose bytes fail their CRC32
+        is skipped and counted in :attr:`crc_failures` (never forwarded damaged). Raises
+        OutboxError when closed, sqlite3.Error on a read error."""
         rows = self.conn.execute(
             f"SELECT {_FRAME_ROW} FROM frames WHERE session_key = ? AND seq > ? "
             "ORDER BY seq LIMIT ?",
@@ -338,6 +384,8 @@ class OutboxStore:
                 self.crc_failures += 1
                 continue
             out.append(StoredFrame(seq, key, order, sidecar_id, destination, created_at, frame))
+        if out and out[-1].seq > self._claimed.get(session_key, 0):
+            self._claimed[session_key] = out[-1].seq
         return tuple(out)
 
     def backlog(self) -> tuple[SessionBacklog, ...]:
@@ -348,6 +396,13 @@ class OutboxStore:
             "GROUP BY session_key ORDER BY MIN(seq)"
         )
         return tuple(SessionBacklog(k, n, b, first) for k, n, b, first in rows)
+
+    def count(self, session_key: str) -> int:
+        """Frames of ``session_key`` held (through the ``(session_key, seq)`` index)."""
+        row = self.conn.execute(
+            "SELECT COUNT(*) FROM frames WHERE session_key = ?", (session_key,)
+        ).fetchone()
+        return int(row[0])
 
     def depth(self) -> OutboxDepth:
         """Frames, bytes, sessions held, and the oldest frame's time and age (seconds)."""

@@ -135,7 +135,8 @@ def drained(reports: Sequence[FrameReport]) -> Ending:
             detail="mq-sidecar is shutting down (SIGTERM); these frames were not confirmed "
             "(unknown: it reached the broker, which did not confirm it, so it may have taken "
             "effect; lost: it never reached a broker; rolled_back: its transaction was open "
-            f"and the broker rolls it back):\n{every}",
+            "and the broker rolls it back; refused: written after the drain began, it was not "
+            f"taken and never reached a broker):\n{every}",
         ),
         level=logging.WARNING,
     )

@@ -143,9 +143,14 @@ class SessionOutbox:
         self._removable = trio.Event()
         self._removed = trio.Event()
         self._stopped = False
-        #: Frames this session stored (appended) and forwarded (confirmed and removed).
+        #: Frames this session stored (appended), forwarded (confirmed and removed) and that
+        #: expired unforwarded (``outbox_max_age``).
         self.stored = 0
         self.forwarded = 0
+        self.expired = 0
+        #: Reports of frames that expired, not yet named to the app (:meth:`_name_expired`).
+        self._expired_reports: list[FrameReport] = []
+        outbox.on_expiry(self.key, self._on_expiry)
         #: Since a SPOOLING event (trio seconds) and :attr:`forwarded` then; None: the
         #: session is not spooling (no SPOOLING, or its SPOOL_DRAINED was published).
         self.storing_since: float | None = None
@@ -307,10 +312,15 @@ class SessionOutbox:
         await self.out.flush()
         await self.control.report(reports, reason)
 
+    @property
+    def settled(self) -> int:
+        """Frames this session stored that left the outbox: forwarded or expired."""
+        return self.forwarded + self.expired
+
     async def drained(self) -> None:
-        """Wait until everything this session stored was forwarded, confirmed and removed
-        (the app's DISCONNECT waits for it, bounded by the caller)."""
-        while self.forwarded < self.stored:
+        """Wait until everything this session stored was forwarded, confirmed and removed,
+        or expired (the app's DISCONNECT waits for it, bounded by the caller)."""
+        while self.settled < self.stored:
             await self._removed.wait()
 
     def stop(self) -> None:
@@ -360,7 +370,8 @@ class SessionOutbox:
         await self.control.publish(
             self._event(
                 EventKind.SPOOL_DRAINED,
-                "every frame the session stored reached a broker",
+                "every frame the session stored reached a broker"
+                + (" or expired (outbox_max_age)" if self.expired else ""),
                 to_broker=upstream.broker.label if upstream is not None else None,
                 forwarded_frames=self.forwarded - self._forwarded_when_storing_began,
                 spooled_ms=round((trio.current_time() - since) * 1000),
@@ -373,12 +384,43 @@ class SessionOutbox:
         self._confirmed.add(context.seq)
         self._removable.set()
 
+    def _on_expiry(self, frames: Sequence[StoredFrame]) -> None:
+        """The outbox dropped ``frames`` of this session (``outbox_max_age``): named to the
+        app by the remover task (:meth:`_name_expired`). Never blocks."""
+        self.expired += len(frames)
+        self._expired_reports += (
+            FrameReport(
+                command="SEND",
+                receipt=None,  # answered when stored; the outbox keeps no app receipt id
+                mq_sidecar_id=f.sidecar_id,
+                seq=0,
+                transaction=None,
+                outcome=FrameOutcome.EXPIRED,
+                cause=OutcomeCause.OUTBOX_MAX_AGE,
+            )
+            for f in frames
+        )
+        self._removable.set()
+
+    async def _name_expired(self) -> None:
+        """One OUTCOME event naming the frames that expired since the last one (outcome
+        ``expired``, cause ``outbox_max_age``; logged and counted by the report)."""
+        reports, self._expired_reports = self._expired_reports, []
+        if not reports:
+            return
+        max_age = self.core.config.outbox_max_age
+        await self.control.report(
+            reports, f"not forwarded within outbox_max_age ({max_age} ms): dropped"
+        )
+        await self._settled_now()
+
     async def remove_confirmed(self) -> None:
-        """Remove the frames settled at the head of what was forwarded, as they are settled;
-        until cancelled (:meth:`remove_settled`)."""
+        """Remove the frames settled at the head of what was forwarded, as they are settled,
+        and name those that expired; until cancelled (:meth:`remove_settled`)."""
         while True:
             await self._removable.wait()
             self._removable = trio.Event()
+            await self._name_expired()
             await self.remove_settled(report=True)
 
     async def remove_settled(self, *, report: bool = False) -> None:
@@ -404,7 +446,18 @@ class SessionOutbox:
         self.forwarded += count
         self.outbox.forwarded_total += count
         self.core.metrics.outbox_forwarded(count)
-        if report and self.storing_since is not None and self.forwarded >= self.stored:
+        if report:
+            await self._settled_now()
+        else:
+            self._wake_drained()
+
+    async def _settled_now(self) -> None:
+        """Frames left the outbox: a session storing whose stored frames have all left
+        publishes SPOOL_DRAINED, before a DISCONNECT waiting for it goes on."""
+        if self.storing_since is not None and self.settled >= self.stored:
             await self._drained_event()
+        self._wake_drained()
+
+    def _wake_drained(self) -> None:
         self._removed.set()
         self._removed = trio.Event()

@@ -80,7 +80,7 @@ from proxy.session.outcomes import report_of, report_of_frame, unsettled_outcome
 from proxy.session.phase import Phase
 from proxy.session.restore import Restorer
 from proxy.session.to_app import AppOutput
-from proxy.telemetry.events import EventBus
+from proxy.telemetry.events import EventBus, FrameReport
 from proxy.telemetry.metrics import Metrics
 from proxy.telemetry.statistics import SessionStatistics
 from proxy.telemetry.vocabulary import DrainResult, FrameOutcome, OutcomeCause
@@ -161,6 +161,9 @@ class Session:
         #: unconfirmed at its deadline.
         self.drain_result: DrainResult | None = None
         self.drain_unconfirmed = 0
+        #: The drain's ending and the frames it named, once :meth:`_drain` ended the session
+        #: (its ERROR is made again if the app's later frames must be named in it too).
+        self._drained: tuple[Ending, list[FrameReport]] | None = None
         self.link = Link(
             core,
             self.acks,
@@ -269,7 +272,9 @@ class Session:
             # The RECEIPTs the relay queued leave now: end() cancels the relay, and a write
             # cancelled half way would leave the app's connection unusable for the ERROR.
             await self.out.flush()
-        core.end(drained(reports))
+        ending = drained(reports)
+        self._drained = (ending, reports)
+        core.end(ending)
 
     def statistics(self) -> SessionStatistics:
         """Counters and state of this session."""
@@ -334,7 +339,7 @@ class Session:
                 with trio.move_on_after(GOODBYE_TIMEOUT, shield=True):
                     await self.outbox.remove_settled()
                 self.outbox.outbox.forget(core.id)
-                if self.outbox.stored > self.outbox.forwarded:
+                if self.outbox.stored > self.outbox.settled:
                     self.outbox.outbox.leave_unowned(core.id)  # the outbox forwarder takes them
             with trio.move_on_after(GOODBYE_TIMEOUT, shield=True):
                 # What the relays queued before the end (the RECEIPT of the app's DISCONNECT)
@@ -343,6 +348,7 @@ class Session:
                 with contextlib.suppress(TransportLost):
                     await core.app.flush()
                     await self._name_left_unconfirmed(ending)
+                    ending = await self._name_refused_after_stop(ending)
                 if ending is not None and ending.app_error is not None:
                     await self.out.send_quietly(ending.app_error)
                 await trio.aclose_forcefully(core.app.stream)
@@ -362,6 +368,27 @@ class Session:
         await self.control.name_unconfirmed(
             OutcomeCause.SESSION_ENDED, f"not confirmed when the session ended: {why}"
         )
+
+    async def _name_refused_after_stop(self, ending: Ending | None) -> Ending | None:
+        """The frames the app wrote after the drain stopped the reading, which a wait under
+        way had read (:attr:`AppSide.after_stop <proxy.session.app_side.AppSide.after_stop>`),
+        are not taken: each is named ``refused`` (cause ``drain``) in an OUTCOME event and, when
+        the drain ended the session, in its final ERROR (returned: ``ending`` made again), so a
+        SEND with or without a receipt never vanishes (docs/behaviour.md, "Drain on
+        SIGTERM"). Called once the app side has ended: nothing more is read."""
+        late = [
+            report_of_frame(frame, receipt, FrameOutcome.REFUSED, OutcomeCause.DRAIN)
+            for frame, receipt in self.app_side.after_stop
+        ]
+        if not late:
+            return ending
+        self.app_side.after_stop = []
+        await self.control.report(
+            late, "mq-sidecar is shutting down (SIGTERM) and took no more frames from the app"
+        )
+        if self._drained is not None and self._drained[0] is ending:
+            return drained([*self._drained[1], *late])
+        return ending
 
     # -- serving ------------------------------------------------------------------------------
 

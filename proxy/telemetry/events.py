@@ -1,5 +1,6 @@
-"""Session events (RECONNECTING, FAILOVER, DISCONNECT, OUTCOME; SPOOLING and SPOOL_DRAINED in
-outbox mode) and the bus that fans them out.
+"""Session events (RECONNECTING, FAILOVER, DISCONNECT, OUTCOME; SPOOLING, SPOOL_DRAINED and the
+outbox forwarder's OUTBOX_FORWARDING and OUTBOX_FORWARDED in outbox mode) and the bus that fans
+them out.
 
 The events tell an app what happened to its broker connection, like the codes JMS clients give
 their ``ExceptionListener``/``FailoverEventListener`` (AMQ Broker 7.1 "Client Failover":
@@ -69,6 +70,13 @@ class EventKind(enum.StrEnum):
     #: Outbox mode, after a SPOOLING: every frame the session stored reached a broker
     #: (confirmed and removed from the outbox); its SENDs go straight through again.
     SPOOL_DRAINED = "SPOOL_DRAINED"
+    #: The outbox forwarder began forwarding the frames of a session no live session
+    #: forwards (a previous process's, or an ended one's): ``session_id`` is that session's
+    #: key, ``spooled_frames`` its frames in the outbox, ``to_broker`` where they go.
+    OUTBOX_FORWARDING = "OUTBOX_FORWARDING"
+    #: The outbox forwarder has forwarded every frame of that session (``forwarded_frames``,
+    #: ``spooled_ms`` from its OUTBOX_FORWARDING); ``frames`` names those a broker refused.
+    OUTBOX_FORWARDED = "OUTBOX_FORWARDED"
 
 
 @dataclass(frozen=True, slots=True)

@@ -131,6 +131,11 @@ class _Families:
             f"{p}_outbox_oldest_age_seconds",
             "Age of the oldest frame in the outbox, seconds (0 when empty).",
         )
+        self.outbox_recovery_problems = GaugeMetricFamily(
+            f"{p}_outbox_recovery_problems",
+            "Problems the outbox's recovery found at start (damaged or lost frames, a database "
+            "moved aside); 0 when clean.",
+        )
         self.ready = GaugeMetricFamily(f"{p}_ready", "1 when /readyz answers 200, else 0.")
         self.sse_clients = GaugeMetricFamily(f"{p}_sse_clients", "GET /events readers now.")
         self.admin_connections = GaugeMetricFamily(
@@ -196,6 +201,7 @@ class SidecarCollector:
             f.outbox_frames.add_metric([], outbox.frames)
             f.outbox_bytes.add_metric([], outbox.bytes)
             f.outbox_oldest_age.add_metric([], outbox.oldest_age_seconds or 0.0)
+            f.outbox_recovery_problems.add_metric([], len(outbox.recovery_problems))
 
         for (direction, command), (frames, nbytes) in sidecar.metrics.relayed.items():
             if frames:

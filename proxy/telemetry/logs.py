@@ -100,6 +100,17 @@ def _event_message(e: SessionEvent) -> str:
             f"session {e.session_id}: SPOOL_DRAINED: {e.forwarded_frames} stored frame(s) "
             f"forwarded to {e.to_broker or '-'} after {e.spooled_ms} ms: {e.reason}"
         )
+    if e.kind is EventKind.OUTBOX_FORWARDING:
+        return (
+            f"session {e.session_id}: OUTBOX_FORWARDING: {e.spooled_frames} stored frame(s) "
+            f"to {e.to_broker or '-'} by the outbox forwarder: {e.reason}"
+        )
+    if e.kind is EventKind.OUTBOX_FORWARDED:
+        refused = f", {len(e.frames)} refused by the broker" if e.frames else ""
+        return (
+            f"session {e.session_id}: OUTBOX_FORWARDED: {e.forwarded_frames} stored frame(s) "
+            f"forwarded to {e.to_broker or '-'} in {e.spooled_ms} ms{refused}: {e.reason}"
+        )
     lost = f"; {len(e.frames_lost)} frame(s) never confirmed" if e.frames_lost else ""
     return (
         f"session {e.session_id}: DISCONNECT from {e.from_broker or '-'} after {attempts}: "
@@ -130,7 +141,7 @@ def log_session_event(event: SessionEvent) -> None:
     or for an OUTCOME event naming many frames, one line per :data:`OUTCOME_NAMES_PER_LINE`.
 
     RECONNECTING is a warning, FAILOVER (the session runs again) info, DISCONNECT an error,
-    SPOOLING a warning and SPOOL_DRAINED info;
+    SPOOLING a warning, SPOOL_DRAINED, OUTBOX_FORWARDING and OUTBOX_FORWARDED info;
     OUTCOME is info when every frame was replayed, else a warning.
     """
     kind = event.kind
@@ -145,11 +156,19 @@ def log_session_event(event: SessionEvent) -> None:
             EventKind.DISCONNECT: logging.ERROR,
             EventKind.SPOOLING: logging.WARNING,
             EventKind.SPOOL_DRAINED: logging.INFO,
+            EventKind.OUTBOX_FORWARDING: logging.INFO,
+            EventKind.OUTBOX_FORWARDED: logging.INFO,
         }[kind]
         lines = [_event_message(event)]
     broker = (
         event.to_broker
-        if kind in (EventKind.FAILOVER, EventKind.SPOOL_DRAINED)
+        if kind
+        in (
+            EventKind.FAILOVER,
+            EventKind.SPOOL_DRAINED,
+            EventKind.OUTBOX_FORWARDING,
+            EventKind.OUTBOX_FORWARDED,
+        )
         else event.from_broker
     )
     for line in lines:

@@ -198,6 +198,10 @@ class Metrics:
             "outbox_forwarded",
             "Frames forwarded from the outbox, confirmed by a broker and removed from it.",
         )
+        self._outbox_expired = counter(
+            "outbox_expired",
+            "Frames dropped from the outbox unforwarded: older than outbox_max_age.",
+        )
 
         # -- admin plane ----------------------------------------------------------------------
         self._sse_dropped = counter(
@@ -333,6 +337,10 @@ class Metrics:
     def outbox_forwarded(self, count: int) -> None:
         """``count`` outbox frames were confirmed by a broker and removed from the outbox."""
         self._outbox_forwarded.inc(count)
+
+    def outbox_expired(self, count: int) -> None:
+        """``count`` outbox frames were older than ``outbox_max_age`` and dropped."""
+        self._outbox_expired.inc(count)
 
     # -- admin plane ------------------------------------------------------------------------
 

@@ -20,7 +20,13 @@ from proxy.telemetry.events import EventBus
 from proxy.telemetry.metrics import Metrics
 from proxy.tracking.window import WindowStatistics
 
-__all__ = ["OutboxStatistics", "SessionStatistics", "SidecarStatistics", "SidecarView"]
+__all__ = [
+    "ForwarderStatistics",
+    "OutboxStatistics",
+    "SessionStatistics",
+    "SidecarStatistics",
+    "SidecarView",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +63,48 @@ class SessionStatistics:
 
 
 @dataclass(frozen=True, slots=True)
+class ForwarderStatistics:
+    """Snapshot of the outbox forwarder (``/status``'s ``outbox.forwarder``; docs/outbox.md).
+
+    Attributes:
+        state: ``idle`` (nothing left to it), ``connecting`` (keys left to it, no broker yet)
+            or ``forwarding``.
+        broker: the broker it is connected to (its label), None when not connected.
+        session: the session key whose frames it forwards now, None when none.
+        session_forwarded: frames of that key forwarded (confirmed and removed) so far.
+        sessions_left: keys left to it, the one in progress included.
+        sessions_done: keys it finished since start.
+        forwarded_total: frames it forwarded since start; refused_total: frames a broker
+            refused with an ERROR (logged, removed).
+        last_error: why its last connection ended or failed, None before any did.
+    """
+
+    state: str
+    broker: str | None
+    session: str | None
+    session_forwarded: int
+    sessions_left: int
+    sessions_done: int
+    forwarded_total: int
+    refused_total: int
+    last_error: str | None
+
+    def status(self) -> dict[str, object]:
+        """``/status``'s ``outbox.forwarder`` object."""
+        return {
+            "state": self.state,
+            "broker": self.broker,
+            "session": self.session,
+            "session_forwarded": self.session_forwarded,
+            "sessions_left": self.sessions_left,
+            "sessions_done": self.sessions_done,
+            "forwarded_total": self.forwarded_total,
+            "refused_total": self.refused_total,
+            "last_error": self.last_error,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class OutboxStatistics:
     """Snapshot of the outbox (issue 17; ``/status``'s ``outbox``, the outbox gauges).
 
@@ -74,6 +122,10 @@ class OutboxStatistics:
         seen_recorded: consumer-side duplicate-suppression ids persisted since start
             (docs/behaviour.md, "Duplicate detection"); seen_failed: ids a write error lost.
         room_waiters: appends waiting for room now (the outbox is full for them).
+        expired_total: frames dropped unforwarded since start, older than ``outbox_max_age``.
+        drain_left_seconds: on SIGTERM, the seconds left for forwarding the outbox before
+            the sidecar exits (the drain's deadline); None while it runs.
+        forwarder: the outbox forwarder's progress (None: not started).
     """
 
     frames: int
@@ -89,6 +141,9 @@ class OutboxStatistics:
     seen_recorded: int = 0
     seen_failed: int = 0
     room_waiters: int = 0
+    expired_total: int = 0
+    drain_left_seconds: float | None = None
+    forwarder: ForwarderStatistics | None = None
 
     def status(self) -> dict[str, object]:
         """``/status``'s ``outbox`` object (ages rounded to ms)."""
@@ -100,11 +155,16 @@ class OutboxStatistics:
             "oldest_age_seconds": None if age is None else round(age, 3),
             "sessions": self.sessions,
             "forwarded_total": self.forwarded_total,
+            "expired_total": self.expired_total,
             "commits": self.commits,
             "unowned_sessions": self.unowned_sessions,
             "seen_recorded": self.seen_recorded,
             "seen_failed": self.seen_failed,
             "room_waiters": self.room_waiters,
+            "drain_left_seconds": (
+                None if self.drain_left_seconds is None else round(self.drain_left_seconds, 3)
+            ),
+            "forwarder": self.forwarder.status() if self.forwarder is not None else None,
             "recovery": {
                 "frames": self.recovered_frames,
                 "clean": not self.recovery_problems,

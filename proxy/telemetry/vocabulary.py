@@ -161,6 +161,9 @@ class FrameOutcome(enum.StrEnum):
     #: Refused: the broker answered it with an ERROR (passed on to the app), or the sidecar
     #: did (a stale ack id, a limit): it did not take effect.
     REFUSED = "refused"
+    #: Dropped from the outbox unforwarded: it waited longer than ``outbox_max_age``. It did
+    #: not take effect (no forwarder had read it; the app had its RECEIPT when it was stored).
+    EXPIRED = "expired"
 
 
 class OutcomeCause(enum.StrEnum):
@@ -175,7 +178,9 @@ class OutcomeCause(enum.StrEnum):
     RECONNECT_EXHAUSTED = "reconnect_exhausted"
     #: Still unconfirmed when ``drain_timeout`` ran out (SIGTERM).
     DRAIN_DEADLINE = "drain_deadline"
-    #: Open when the session ended on SIGTERM: the broker rolls it back at DISCONNECT.
+    #: The drain on SIGTERM: a transaction open when the session ended (``rolled_back``: the
+    #: broker rolls it back at DISCONNECT), or a frame the app wrote after the drain stopped
+    #: taking its frames (``refused``: never forwarded).
     DRAIN = "drain"
     #: Still unconfirmed when the app's DISCONNECT ended the session.
     APP_DISCONNECT = "app_disconnect"
@@ -187,6 +192,8 @@ class OutcomeCause(enum.StrEnum):
     #: Still unconfirmed when the broker closed the connection just after an ERROR and the
     #: session ended with it.
     BROKER_CLOSED = "broker_closed"
+    #: It waited in the outbox longer than ``outbox_max_age``.
+    OUTBOX_MAX_AGE = "outbox_max_age"
     #: Still unconfirmed when the session ended for another reason (the app's connection
     #: lost, a protocol error of the app's, an internal error).
     SESSION_ENDED = "session_ended"

@@ -1,5 +1,6 @@
 """The outbox options (issue 17): ``outbox``, ``outbox_dir``, ``outbox_destinations``,
-``outbox_max_bytes`` from TOML, the environment and overrides, and their checks."""
+``outbox_max_bytes``, ``outbox_max_age`` from TOML, the environment and overrides, and their
+checks."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ def test_defaults_are_off_and_every_destination() -> None:
     assert cfg.outbox_dir is None
     assert cfg.outbox_destinations is None
     assert cfg.outbox_max_bytes == 1 << 30
+    assert cfg.outbox_max_age == 0
+    assert cfg.durations.outbox_max_age is None
 
 
 def test_outbox_from_the_environment() -> None:
@@ -28,8 +31,10 @@ def test_outbox_from_the_environment() -> None:
             "MQ_SIDECAR_OUTBOX_DIR": "/tmp/ob",
             "MQ_SIDECAR_OUTBOX_DESTINATIONS": "/queue/orders.*, /topic/x",
             "MQ_SIDECAR_OUTBOX_MAX_BYTES": "4096",
+            "MQ_SIDECAR_OUTBOX_MAX_AGE": "60000",
         }
     )
+    assert cfg.durations.outbox_max_age == 60.0
     assert cfg.outbox is True
     assert cfg.outbox_dir == "/tmp/ob"
     assert cfg.outbox_destinations == ("/queue/orders.*", "/topic/x")
@@ -60,6 +65,7 @@ def test_outbox_without_a_directory_is_one_line() -> None:
     [
         ("MQ_SIDECAR_OUTBOX_MAX_BYTES", "0", "outbox_max_bytes: must be > 0"),
         ("MQ_SIDECAR_OUTBOX_DIR", "", "outbox_dir: must not be empty"),
+        ("MQ_SIDECAR_OUTBOX_MAX_AGE", "-1", "outbox_max_age: must be >= 0 (0 = no age limit)"),
     ],
 )
 def test_outbox_values_are_checked(var: str, value: str, words: str) -> None:

@@ -82,6 +82,7 @@ CASES: dict[str, tuple[str, ...]] = {
         "--set", "outbox.enabled=true",
         "--set-json", 'outbox.destinations=["/queue/orders.*","/topic/audit"]',
         "--set", "outbox.maxBytes=536870912",
+        "--set", "outbox.maxAge=3600000",
         "--set", "outbox.volume.type=pvc",
         "--set", "outbox.volume.size=1Gi",
         "--set", "outbox.volume.storageClassName=local-ssd",
@@ -142,6 +143,7 @@ FROM_CHART_VALUES = {
     "outbox_dir": "outbox.volume",
     "outbox_destinations": "outbox.destinations",
     "outbox_max_bytes": "outbox.maxBytes",
+    "outbox_max_age": "outbox.maxAge",
 }
 
 #: Secret volumes of the sidecar container: volume name -> mount path.
@@ -832,6 +834,7 @@ def test_outbox_on_a_claim_the_chart_makes() -> None:
         "outbox_dir": OUTBOX_MOUNT,
         "outbox_destinations": ["/queue/orders.*", "/topic/audit"],
         "outbox_max_bytes": 536870912,
+        "outbox_max_age": 3600000,
     }
     claim = find(docs, "PersistentVolumeClaim", "-outbox")
     assert claim["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}

@@ -5,6 +5,10 @@ through Prometheus' HTTP API, with the variables expanded as Grafana expands the
 return data with at least one finite value; the failover itself must show on the panels
 meant to show it.
 
+The outbox's panels (those reading ``mq_sidecar_outbox_*``) are checked the same way against
+a second sidecar, in outbox mode (its gauges have no sample otherwise): frames stored while the
+broker refuses, some of them expired (``outbox_max_age``), the rest forwarded once it is back.
+
 The failover: the first broker is the ActiveMQ's plain STOMP port behind a fault proxy, the
 second its stomp+ssl port (so the TLS certificate panel has a certificate to show); the proxy
 refuses and resets, the session fails over to the TLS listener. One ActiveMQ (about 1.5 s to
@@ -32,12 +36,21 @@ from tests.deploy.test_monitoring import (
     expand,
     grafana_regex,
     label_values,
+    metric_names,
     panel_queries,
     rules,
     variable_queries,
 )
 from tests.faultproxy import FaultProxy
-from tests.integration.support import Client, SidecarThread, client, sidecar_config, unique
+from tests.integration.support import (
+    Client,
+    RawClient,
+    SidecarThread,
+    client,
+    sidecar_config,
+    unique,
+    wait_until,
+)
 from tests.integration.test_admin import (
     Address,
     admin_address,
@@ -105,6 +118,15 @@ def traffic(app: Client, dest: str, tag: str, n: int = 5) -> None:
     assert [m.body for m in app.messages(n)] == [f"{tag} {i}" for i in range(n)]
 
 
+def reads_the_outbox(query: Query) -> bool:
+    """Whether ``query`` reads an outbox metric (checked against the outbox-mode sidecar)."""
+    return any(name.startswith("mq_sidecar_outbox_") for name in metric_names(query.expr))
+
+
+#: Frames stored and left to expire, then stored and forwarded, by the outbox sidecar.
+EXPIRED, FORWARDED = 3, 5
+
+
 @pytest.fixture(scope="module")
 def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scraped]:
     _require_activemq()
@@ -149,13 +171,107 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scraped]:
             yield Scraped(prom, start, end, first, second)
 
 
-@pytest.mark.parametrize("query", panel_queries(), ids=lambda q: q.id)
-def test_panel_query_returns_data(scraped: Scraped, query: Query) -> None:
+@pytest.fixture(scope="module")
+def scraped_outbox(
+    tmp_path_factory: pytest.TempPathFactory, activemq: ActiveMQ
+) -> Iterator[Scraped]:
+    """A real Prometheus scraping a sidecar in outbox mode (``outbox_max_age`` 1.5 s) in front
+    of the shared ActiveMQ behind a fault proxy: EXPIRED frames stored while the proxy refuses,
+    left to expire; FORWARDED more stored, then the proxy lets the sidecar through and they
+    are forwarded."""
+    tmp = tmp_path_factory.mktemp("dashboard-outbox")
+    with FaultProxy((activemq.host, activemq.stomp_port)) as proxy:
+        proxy.refuse(True)
+        broker = f"127.0.0.1:{proxy.port}"
+        config = sidecar_config(
+            f"stomp://{broker}",
+            outbox="true",
+            outbox_dir=str(tmp / "ob"),
+            outbox_max_age=1500,
+            broker_probe_interval=200,
+            **FAST,
+        )
+        with (
+            SidecarThread(config) as sidecar,
+            prometheus(tmp / "prometheus", admin_address(sidecar)) as prom,
+        ):
+            start = time.time()
+            app = RawClient(sidecar.address)
+            app.connect(**{"heart-beat": "0,0"})  # answered by the sidecar: no broker
+            dest = unique("/queue/dashboard-outbox")
+
+            def store(tag: str, n: int) -> None:
+                for i in range(n):
+                    receipt = f"{tag}-{i}"
+                    app.send_frame("SEND", {"destination": dest, "receipt": receipt}, b"x")
+                    assert app.frame().get("receipt-id") == receipt
+
+            scraped_value(prom, "mq_sidecar_outbox_frames", 0)  # scraped from now on
+            store("old", EXPIRED)
+            scraped_value(prom, "max_over_time(mq_sidecar_outbox_frames[1m])", EXPIRED)
+            scraped_value(prom, "mq_sidecar_outbox_expired_total", EXPIRED)
+            store("new", FORWARDED)
+            scraped_value(prom, "max_over_time(mq_sidecar_outbox_oldest_age_seconds[1m])", 0.5)
+            proxy.refuse(False)
+            scraped_value(prom, "mq_sidecar_outbox_forwarded_total", FORWARDED)
+            wait_until(lambda: sidecar.status()["outbox"]["frames"] == 0)
+            time.sleep(3 * STEP_S)  # a few scrapes after, for the rate windows
+            end = time.time()
+            app.close()
+            yield Scraped(prom, start, end, broker, broker)
+
+
+def check_returns_data(scraped: Scraped, query: Query) -> None:
     expr = expand(query.expr, scraped.variables())
     series = scraped.evaluate(expr, instant=query.instant)
     assert series, f"no data: {expr}"
     values = [v for _, vs in series for v in vs]
     assert any(math.isfinite(v) for v in values), f"only NaN/Inf: {expr}"
+
+
+@pytest.mark.parametrize(
+    "query", [q for q in panel_queries() if not reads_the_outbox(q)], ids=lambda q: q.id
+)
+def test_panel_query_returns_data(scraped: Scraped, query: Query) -> None:
+    check_returns_data(scraped, query)
+
+
+@pytest.mark.parametrize(
+    "query", [q for q in panel_queries() if reads_the_outbox(q)], ids=lambda q: q.id
+)
+def test_outbox_panel_query_returns_data(scraped_outbox: Scraped, query: Query) -> None:
+    check_returns_data(scraped_outbox, query)
+
+
+def test_the_outbox_shows_on_the_dashboard(scraped_outbox: Scraped) -> None:
+    """The outbox panels show what happened: the depth rose to EXPIRED + FORWARDED at most and
+    ended at 0, the oldest frame aged and ended at 0, frames were forwarded and expired at
+    some rate, recovery found nothing; on the same data the only outbox alert condition that
+    holds is MQSidecarOutboxExpired's."""
+    variables = scraped_outbox.variables()
+
+    def series(title: str, ref: str = "A") -> list[float]:
+        (query,) = [q for q in panel_queries() if (q.panel, q.ref) == (title, ref)]
+        expr = expand(query.expr, variables)
+        ((_, values),) = scraped_outbox.evaluate(expr, instant=query.instant)
+        return values
+
+    depth = series("Outbox depth")
+    assert 0 < max(depth) <= EXPIRED + FORWARDED, depth
+    assert depth[-1] == 0
+    age = series("Oldest outbox frame")
+    assert max(age) > 0.5, age
+    assert age[-1] == 0
+    assert max(series("Outbox forwarded and expired", "A")) > 0
+    assert max(series("Outbox forwarded and expired", "B")) > 0
+    assert series("Outbox recovery problems") == [0.0]
+    holding = {
+        rule["alert"]
+        for rule in rules()
+        if rule["alert"].startswith("MQSidecarOutbox")
+        and scraped_outbox.evaluate(rule["expr"], instant=True)
+    }
+    assert holding == {"MQSidecarOutboxExpired"}, holding
 
 
 def test_variables_list_the_sidecar(scraped: Scraped) -> None:

@@ -29,6 +29,7 @@ import pytest
 from prometheus_client import generate_latest
 
 import protocol
+from config import Config
 from testbed import ActiveMQ, BrokerProcess, RabbitMQ
 from testbed.sidecar import SidecarProcess
 from tests.faultproxy import FaultProxy
@@ -241,7 +242,9 @@ def broker(request: pytest.FixtureRequest) -> BrokerProcess:
 def test_sigterm_drain_under_load(broker: BrokerProcess) -> None:
     """SIGTERM while a producer pipelines persistent SENDs: every RECEIPT the app got is on the
     broker, and every message on the broker had its RECEIPT passed to the app (or was named
-    as in doubt); with a broker that answers, the drain completes and names nothing."""
+    as in doubt); with a broker that answers, the drain completes and names nothing but the
+    SENDs the app wrote after it began that a read under way brought (``refused``, none of
+    them on the broker: check_on_broker); the final ERROR names those."""
     dest = unique("/queue/drain")
     sidecar = SidecarThread(sidecar_config(broker.stomp_url, drain_timeout="5000"))
     with sidecar:
@@ -261,9 +264,15 @@ def test_sigterm_drain_under_load(broker: BrokerProcess) -> None:
         f"RECEIPT, {len(producer.named())} named"
     )
     assert thrown_away == 0
-    assert producer.named() == {}
+    named = producer.named()
+    assert {(r["outcome"], r["cause"]) for r in named.values()} <= {("refused", "drain")}
     (error,) = producer.errors()
-    assert error.get("message") == "mq-sidecar is shutting down; reconnect to continue"
+    message = error.get("message") or ""
+    if named:
+        assert message.startswith(f"mq-sidecar is shutting down; {len(named)} frame(s) not")
+        assert all(f"p-{n}: refused" in error.body.decode() for n in named)
+    else:
+        assert message == "mq-sidecar is shutting down; reconnect to continue"
     assert metric(sidecar, "mq_sidecar_drains_total", result="completed") == 1
     assert metric(sidecar, "mq_sidecar_drains_total", result="deadline") == 0
 
@@ -327,6 +336,28 @@ def test_sigterm_with_a_silent_broker_names_every_frame_unconfirmed_at_the_deadl
     )
 
 
+def reconnecting_config(proxied: FaultProxy) -> Config:
+    """A sidecar behind ``proxied`` that reconnects every 100 ms without end, drain 5 s."""
+    return sidecar_config(
+        f"stomp://127.0.0.1:{proxied.port}",
+        drain_timeout="5000",
+        retry_interval="100",
+        max_retry_interval="100",
+        jitter="0",
+        reconnect_attempts="-1",
+    )
+
+
+def reconnecting_producer(sidecar: SidecarThread, proxied: FaultProxy, dest: str) -> Producer:
+    """A producer (reading) whose session is RECONNECTING: ``proxied`` refuses and was reset."""
+    producer = Producer(sidecar.address, dest)
+    producer.start_reading()
+    proxied.refuse(True)
+    proxied.reset()
+    wait_until(lambda: bool(producer.events("RECONNECTING")))
+    return producer
+
+
 @pytest.mark.activemq
 def test_a_session_reconnecting_at_sigterm_keeps_trying_and_hands_over_its_replay(
     activemq: ActiveMQ,
@@ -336,21 +367,9 @@ def test_a_session_reconnecting_at_sigterm_keeps_trying_and_hands_over_its_repla
     window is replayed and every RECEIPT reaches the app before the session ends."""
     dest = unique("/queue/drain")
     with FaultProxy(("127.0.0.1", activemq.stomp_port)) as proxied:
-        config = sidecar_config(
-            f"stomp://127.0.0.1:{proxied.port}",
-            drain_timeout="5000",
-            retry_interval="100",
-            max_retry_interval="100",
-            jitter="0",
-            reconnect_attempts="-1",
-        )
-        sidecar = SidecarThread(config)
+        sidecar = SidecarThread(reconnecting_config(proxied))
         with sidecar:
-            producer = Producer(sidecar.address, dest)
-            producer.start_reading()
-            proxied.refuse(True)
-            proxied.reset()
-            wait_until(lambda: bool(producer.events("RECONNECTING")))
+            producer = reconnecting_producer(sidecar, proxied, dest)
             producer.start_writing()
 
             def window_full() -> bool:
@@ -365,7 +384,68 @@ def test_a_session_reconnecting_at_sigterm_keeps_trying_and_hands_over_its_repla
             stopper.join(WAIT)
             producer.join()
     assert len(producer.receipts()) == IN_FLIGHT
-    assert {r["outcome"] for r in producer.named().values()} <= {"replayed"}
+    # refused: SENDs the producer wrote once the RECEIPTs came, after the drain began.
+    assert {r["outcome"] for r in producer.named().values()} <= {"replayed", "refused"}
     stored, _ = check_on_broker(activemq, dest, producer)
     assert stored == IN_FLIGHT
     assert metric(sidecar, "mq_sidecar_drains_total", result="completed") == 1
+
+
+@pytest.mark.activemq
+def test_frames_written_after_the_drain_began_are_named_not_dropped(activemq: ActiveMQ) -> None:
+    """The app is idle between bursts when SIGTERM comes, with a SEND in the window (the broker
+    is unreachable, the session reconnecting); it then writes three SENDs (a receipt asked; an
+    ``mq-sidecar-id`` of its own; neither). The sidecar does not take them: none reaches the
+    broker, and each is named ``refused`` (cause ``drain``) in an OUTCOME event and in the final
+    ERROR, which no longer says that every frame was confirmed; the first SEND is replayed when
+    the broker is back and its RECEIPT reaches the app (docs/behaviour.md, "Drain on SIGTERM")."""
+    dest = unique("/queue/drain")
+    with FaultProxy(("127.0.0.1", activemq.stomp_port)) as proxied:
+        sidecar = SidecarThread(reconnecting_config(proxied))
+        with sidecar:
+            producer = reconnecting_producer(sidecar, proxied, dest)
+            send = {"destination": dest, "persistent": "true"}
+            producer.raw.send_frame("SEND", {**send, "receipt": "p-0"}, b"0")
+
+            def in_window() -> bool:
+                (session,) = sidecar.statistics().sessions
+                return session.window is not None and session.window.frames == 1
+
+            wait_until(in_window)
+            stopper = threading.Thread(target=sidecar.stop, daemon=True)
+            stopper.start()
+            assert sidecar._sidecar is not None
+            wait_until(lambda: sidecar._sidecar is not None and sidecar._sidecar.draining)
+            producer.raw.send(
+                b"".join(
+                    protocol.serialize(protocol.Frame.build(protocol.Command.SEND, h, b), "1.2")
+                    for h, b in (
+                        ({**send, "receipt": "p-1"}, b"1"),
+                        ({**send, "mq-sidecar-id": "late-2"}, b"2"),
+                        (send, b"3"),
+                    )
+                )
+            )
+            time.sleep(0.3)  # the sidecar has the three SENDs before the broker is back
+            proxied.refuse(False)
+            stopper.join(WAIT)
+            producer.join()
+    assert producer.receipts() == {0}
+    assert on_broker(activemq, dest) == [0]
+    refused = [
+        report
+        for event in producer.events("OUTCOME")
+        for report in event["frames"]  # type: ignore[attr-defined]
+        if report["outcome"] == "refused"
+    ]
+    assert [(r["receipt"], r["mq_sidecar_id"], r["cause"]) for r in refused] == [
+        ("p-1", None, "drain"),
+        (None, "late-2", "drain"),
+        (None, None, "drain"),
+    ]
+    (error,) = producer.errors()
+    assert error.get("message") == (
+        "mq-sidecar is shutting down; 3 frame(s) not confirmed: p-1: refused, late-2: refused, "
+        "SEND #0: refused"
+    )
+    assert metric(sidecar, "mq_sidecar_frame_outcomes_total", outcome="refused") == 3

@@ -82,7 +82,11 @@ def test_without_the_outbox_no_broker_means_an_error(tmp_path: Path) -> None:
 
 def test_a_full_outbox_holds_the_app_then_refuses_naming_the_limit(tmp_path: Path) -> None:
     config = _outbox_config(
-        _nowhere(), tmp_path / "ob", outbox_max_bytes="2000", call_timeout="1000"
+        _nowhere(),
+        tmp_path / "ob",
+        outbox_max_bytes="2000",
+        call_timeout="1000",
+        drain_timeout="500",  # no broker: what it holds is not forwarded before exit
     )
     destination = unique()
     body = b"x" * 500

@@ -13,6 +13,8 @@ import pytest
 
 from proxy.outbox import (
     Append,
+    Expire,
+    Expired,
     OutboxError,
     OutboxFull,
     OutboxStore,
@@ -112,6 +114,33 @@ def test_depth_counts_frames_bytes_sessions_and_the_oldest_frames_age(tmp_path: 
         assert depth.bytes == len(frame(1).frame) + len(frame(2).frame)
         store.remove("a", 1, 1)
         assert store.depth().oldest_age == 2.5
+
+
+def test_expire_takes_old_frames_no_reader_was_handed_oldest_first(tmp_path: Path) -> None:
+    """outbox_max_age: frames older than the age go, oldest first, up to the limit; a frame a
+    reader was handed (pending: a forwarder may have sent it) stays, old or not; the walk
+    stops at the first young frame; counts and bytes follow."""
+    clock = FakeClock()
+    with OutboxStore.open(tmp_path, max_bytes=1 << 20, clock=clock) as store:
+        store.append("a", [frame(1), frame(2)])
+        store.append("b", [frame(3), frame(4), frame(5)])
+        clock.now += 10.0
+        store.append("b", [frame(6)])
+        clock.now += 1.0
+        assert [f.seq for f in store.pending("a", limit=1)] == [1]  # claimed
+        (expired,) = store.write([Expire(5.0, 2)])
+        assert isinstance(expired, Expired)
+        assert [(f.seq, f.session_key, f.sidecar_id) for f in expired.frames] == [
+            (2, "a", "id-2"),
+            (3, "b", "id-3"),
+        ]
+        assert expired.bytes == len(frame(2).frame) + len(frame(3).frame)
+        rest = store.expire(5.0, 100)
+        assert [f.seq for f in rest.frames] == [4, 5]  # 6 is young: the walk stops there
+        assert [f.seq for f in store.pending("a")] == [1]
+        assert [f.seq for f in store.pending("b")] == [6]
+        assert (store.frames, store.bytes) == (2, len(frame(1).frame) + len(frame(6).frame))
+        assert store.expire(0.5, 100) == Expired((), 0)  # every frame left was handed out
 
 
 def test_seen_ids_are_bounded_per_destination_by_count_and_age(tmp_path: Path) -> None:

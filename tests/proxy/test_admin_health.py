@@ -254,6 +254,34 @@ def test_outbox_mode_while_shutting_down_is_not_ready() -> None:
     assert verdict.reasons == ("shutting down: draining sessions",)
 
 
+def test_outbox_mode_while_shutting_down_says_the_outbox_is_forwarded_before_exit() -> None:
+    """SIGTERM in outbox mode: sessions draining, then the outbox forwarded until it is empty
+    or the drain deadline; /readyz names what is left and the time left."""
+    stats = dataclasses.replace(outbox_stats(held=4200, max_bytes=10_000), drain_left_seconds=3.25)
+    forwarding = (
+        "shutting down: forwarding the outbox before exit: 42 frame(s) left, until it is "
+        "empty or the drain deadline, 3.2 s (drain_timeout)"
+    )
+    verdict = evaluate_readiness(
+        brokers=[health(A, "up", "")],
+        sessions=[],
+        call_timeout=30.0,
+        shutting_down=True,
+        outbox_mode=True,
+        outbox=stats,
+    )
+    assert verdict.reasons == (forwarding,)
+    with_sessions = evaluate_readiness(
+        brokers=[health(A, "up", "")],
+        sessions=[session_stats("s1")],
+        call_timeout=30.0,
+        shutting_down=True,
+        outbox_mode=True,
+        outbox=stats,
+    )
+    assert with_sessions.reasons == ("shutting down: draining sessions", forwarding)
+
+
 def test_without_the_outbox_its_statistics_change_nothing() -> None:
     verdict = evaluate_readiness(
         brokers=[health(A, "down", "connection refused")],

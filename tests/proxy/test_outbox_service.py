@@ -17,6 +17,7 @@ from proxy.outbox import OutboxStore, StoredFrame
 from proxy.outbox.service import open_outbox
 from proxy.session.outbox import FETCH_FRAMES, STORED_VERSION, FetchSize, parse
 from proxy.session.phase import Phase, PhaseMachine
+from proxy.telemetry.metrics import Metrics
 
 
 def _config(directory: Path, **values: object) -> Config:
@@ -114,3 +115,37 @@ def test_a_forwarder_reads_about_a_window_of_bytes_at_once() -> None:
     for _ in range(20):
         fetch.update(_read(fetch.frames, 1))
     assert fetch.frames == FETCH_FRAMES  # never more
+
+
+async def test_expired_frames_go_to_their_live_session_or_to_the_log(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """outbox_max_age: frames of a session key with a live listener are handed to it (the
+    session names them to its app); those of a key without one are logged by mq-sidecar-id
+    (20 named at most, then the count) and counted as outcomes here; all are counted as
+    expired."""
+    metrics = Metrics()
+    config = _config(tmp_path, outbox_max_age=60_000)
+    async with open_outbox(config, metrics) as outbox:
+        handed: list[list[str]] = []
+        outbox.on_expiry("live", lambda frames: handed.append([f.sidecar_id for f in frames]))
+        frames = [_stored(n, "live") for n in range(2)] + [_stored(n, "gone") for n in range(25)]
+        outbox._expired(frames)
+        outbox.forget("live")
+        outbox._expired([_stored(99, "live")])  # ended since: logged
+    assert handed == [["live-0", "live-1"]]
+    lines = [r.getMessage() for r in caplog.records if "dropped (expired)" in r.getMessage()]
+    assert len(lines) == 2
+    assert "25 frame(s) of session gone not forwarded within outbox_max_age (60000 ms)" in lines[0]
+    assert lines[0].endswith("gone-19 and 5 more")
+    assert "1 frame(s) of session live" in lines[1]
+    assert outbox.expired_total == 28
+    registry = metrics.registry
+    assert registry.get_sample_value("mq_sidecar_outbox_expired_total") == 28
+    assert (
+        registry.get_sample_value("mq_sidecar_frame_outcomes_total", {"outcome": "expired"}) == 26
+    )
+
+
+def _stored(n: int, key: str) -> StoredFrame:
+    return StoredFrame(n + 1, key, n + 1, f"{key}-{n}", "/queue/a", 0.0, b"")

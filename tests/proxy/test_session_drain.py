@@ -52,11 +52,11 @@ def metric(running: Running, name: str, **labels: str) -> float | None:
 async def test_a_drain_hands_over_the_receipts_in_flight_then_disconnects(
     autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, network: Network
 ) -> None:
-    """Three SENDs the broker has not confirmed yet when the drain starts: the app is no
-    longer read (a SEND it writes afterwards never reaches the broker), the broker still is:
-    the three RECEIPTs it sends 2 s later reach the app, then the sidecar's DISCONNECT goes
-    upstream and the app gets the ERROR that ends the session, saying every frame was
-    confirmed. Nothing is named in an OUTCOME event."""
+    """Three SENDs the broker has not confirmed yet when the drain starts: the app's frames are
+    no longer taken (a SEND it writes afterwards never reaches the broker: the wait under way
+    reads it, and it is named ``refused``), the broker is still read: the three RECEIPTs it
+    sends 2 s later reach the app, then the sidecar's DISCONNECT goes upstream and the app gets
+    the ERROR that ends the session, naming the SEND it did not take."""
     broker = network.add("broker", 61001)
     running = await connected(nursery, network, broker)
     app = running.app
@@ -74,10 +74,14 @@ async def test_a_drain_hands_over_the_receipts_in_flight_then_disconnects(
 
     assert app.receipt_ids() == ["events-sub", "r1", "r2", "r3"]
     (error,) = app.errors()
-    assert error.get("message") == "mq-sidecar is shutting down; reconnect to continue"
-    assert b"every frame it took from this connection was confirmed" in error.body
+    assert error.get("message") == (
+        "mq-sidecar is shutting down; 1 frame(s) not confirmed: late: refused"
+    )
     assert app.arrival(lambda f: f.command is Command.ERROR) == pytest.approx(released_at)
-    assert app.events("OUTCOME") == []
+    (outcome,) = app.events("OUTCOME")
+    assert [(f["receipt"], f["outcome"], f["cause"]) for f in outcome["frames"]] == [
+        ("late", "refused", "drain")
+    ]
     assert broker.link.commands()[-1] is Command.DISCONNECT
     assert len(broker.link.received(Command.SEND)) == 3  # "late" was never taken
     assert running.session.drain_result == "completed"
@@ -210,6 +214,42 @@ async def test_a_session_still_reconnecting_at_the_deadline_names_unknown_and_lo
     ]
     assert metric(running, "mq_sidecar_frame_outcomes_total", outcome="lost") == 1
     assert len(primary.links) == 1
+    assert running.session.drain_result == "deadline"
+
+
+async def test_a_frame_written_after_the_drain_began_is_named_once_at_the_deadline(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, network: Network
+) -> None:
+    """A session reconnecting at SIGTERM until the deadline, its app waiting between bursts:
+    the SEND the app writes after the drain began is read by the wait under way, not taken,
+    and named once, ``refused`` (cause ``drain``), after the window's ``lost`` one at the
+    deadline (not again as ``lost`` by the deadline's walk of what the app side read)."""
+    primary = network.add("primary", 61001)
+    running = await connected(
+        nursery, network, primary, reconnect_attempts=-1, max_retry_interval=200
+    )
+    app = running.app
+    primary.reachable = False
+    await primary.link.drop("reset")
+    await app.wait_event("RECONNECTING")
+    await app.send(Command.SEND, {"destination": QUEUE, "receipt": "r1"}, b"during")
+    await trio.sleep(0.1)
+
+    running.session.request_drain()
+    await trio.sleep(0.1)
+    await app.send(Command.SEND, {"destination": QUEUE, "receipt": "late"}, b"late")
+    await app.wait_closed()
+    named = [
+        (f["receipt"], f["outcome"], f["cause"])
+        for event in app.events("OUTCOME")
+        for f in event["frames"]
+    ]
+    assert named == [("r1", "lost", "drain_deadline"), ("late", "refused", "drain")]
+    (error,) = app.errors()
+    assert error.get("message") == (
+        "mq-sidecar is shutting down; 2 frame(s) not confirmed: r1 (mq-sidecar-id s1-1): lost, "
+        "late: refused"
+    )
     assert running.session.drain_result == "deadline"
 
 

@@ -246,6 +246,9 @@ outbox_destinations = {{ include "mq-sidecar.tomlValue" $v.outbox.destinations }
 {{- if not (kindIs "invalid" $v.outbox.maxBytes) }}
 outbox_max_bytes = {{ include "mq-sidecar.tomlValue" $v.outbox.maxBytes }}
 {{- end }}
+{{- if not (kindIs "invalid" $v.outbox.maxAge) }}
+outbox_max_age = {{ include "mq-sidecar.tomlValue" $v.outbox.maxAge }}
+{{- end }}
 {{- end }}
 {{- end -}}
 
