@@ -110,6 +110,12 @@ def parent_of(frame: Frame | RawFrame) -> Context:
     return _PROPAGATOR.extract(carrier, context=Context())
 
 
+def _name(operation: str, destination: str | None) -> str:
+    """A span's name by OpenTelemetry's messaging conventions: ``{operation} {destination}``,
+    the operation alone when the frame names no destination."""
+    return operation if not destination else f"{operation} {destination}"
+
+
 class Tracing:
     """The sidecar's tracing: one tracer from its own :class:`TracerProvider` (never the
     process-global one, so a test can give each sidecar its own exporter).
@@ -256,7 +262,7 @@ class SessionTracer:
         frame = entry.outgoing
         destination = frame.get("destination")
         span = self._tracer.start_span(
-            f"send {destination}",
+            _name("send", destination),
             context=parent_of(frame),
             kind=SpanKind.PRODUCER,
             attributes=self._attributes("send", "send", destination),
@@ -284,7 +290,7 @@ class SessionTracer:
             context = set_span_in_context(NonRecordingSpan(known[0]))
             destination = known[1]
         span = self._tracer.start_span(
-            name if destination is None else f"{name} {destination}",
+            _name(name, destination),
             context=context,
             kind=SpanKind.CLIENT,
             attributes=self._attributes("settle", name, destination),
@@ -340,7 +346,7 @@ class SessionTracer:
         why, ``duplicate`` or ``redelivery``). The span ends at once."""
         destination = frame.get("destination")
         span = self._tracer.start_span(
-            f"receive {destination}",
+            _name("receive", destination),
             context=parent_of(frame),
             kind=SpanKind.CONSUMER,
             attributes=self._attributes("receive", "receive", destination),

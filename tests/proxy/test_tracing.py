@@ -8,6 +8,7 @@ Header"): trace id ``4bf92f3577b34da6a3ce929d0e0e4736``, parent span id ``00f067
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -317,3 +318,28 @@ async def test_spans_are_exported_over_otlp_http(
     assert span.parent_span_id.hex() == PARENT_ID
     names = {a.key: a.value.string_value for a in resource.resource.attributes}
     assert names["service.name"] == "orders-sidecar"
+
+
+def test_run_exits_1_with_one_line_when_tracing_cannot_start() -> None:
+    """``mq-sidecar run`` with tracing on and an exporter it cannot make: exit 1 and one line
+    naming it, before listening (docs/operations.md, "Traces")."""
+    env = {
+        **os.environ,
+        "MQ_SIDECAR_TRACING": "true",
+        "MQ_SIDECAR_BROKERS": "stomp://127.0.0.1:1",
+        "MQ_SIDECAR_LISTEN": "127.0.0.1:0",
+        "MQ_SIDECAR_ADMIN_LISTEN": "127.0.0.1:0",
+        "OTEL_TRACES_EXPORTER": "zipkin",
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "proxy", "run"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines()[-1] == (
+        "mq-sidecar: OTEL_TRACES_EXPORTER 'zipkin' is not supported"
+    )
