@@ -279,6 +279,9 @@ class Config:
             "Transactions").
         log_level: ``"debug"``, ``"info"``, ``"warning"`` or ``"error"``.
         log_format: ``"text"`` or ``"json"``.
+        tracing: OpenTelemetry traces of the sessions' frames (issue 27; docs/operations.md,
+            "Traces"), exported as OpenTelemetry's ``OTEL_*`` variables say; needs the
+            ``otel`` extra. Off: OpenTelemetry is not imported.
         outbox: Store and forward (issue 17; docs/outbox.md): an app SEND whose destination
             matches ``outbox_destinations`` gets its RECEIPT once the frame is durable in
             ``outbox_dir`` (fsync), and is forwarded to the broker later, in order per
@@ -346,6 +349,7 @@ class Config:
     transaction_failover: TransactionFailover = TransactionFailover.REPLAY
     log_level: str = "info"
     log_format: str = "text"
+    tracing: bool = False
     outbox: bool = False
     outbox_dir: str | None = None
     outbox_destinations: tuple[str, ...] | None = None

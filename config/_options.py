@@ -253,6 +253,11 @@ _ROWS = (
     ),
     Option("log_format", "enum", "text or json", choices=("text", "json")),
     Option(
+        "tracing",
+        "bool",
+        "OpenTelemetry traces of SENDs, MESSAGEs and ACKs, exported as the OTEL_* variables say",
+    ),
+    Option(
         "outbox",
         "bool",
         "store-and-forward: SENDs confirmed once durable in outbox_dir, forwarded later",

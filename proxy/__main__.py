@@ -26,7 +26,7 @@ import trio
 from config import Config, ConfigError, load_config
 from proxy._version import VERSION
 from proxy.admin.http import TokenUnavailable, read_token
-from proxy.app import ListenError, OutboxUnusable, serve
+from proxy.app import ListenError, OutboxUnusable, TracingUnavailable, serve
 from proxy.legs.tls import TlsFailed, client_context
 from proxy.telemetry.logs import configure_logging
 
@@ -126,8 +126,9 @@ def unusable_files(config: Config) -> list[str]:
 
 def run_sidecar(config: Config) -> None:
     """Run the daemon with ``config`` until SIGTERM/SIGINT; exit 1 if it cannot listen, a
-    file it is given cannot be used (:func:`unusable_files`), or its ``outbox_dir`` cannot
-    (another sidecar holds it, or it cannot be written)."""
+    file it is given cannot be used (:func:`unusable_files`), its ``outbox_dir`` cannot
+    (another sidecar holds it, or it cannot be written), or ``tracing = true`` cannot start
+    (:class:`~proxy.app.TracingUnavailable`)."""
     configure_logging(config.log_level, config.log_format)
     problems = unusable_files(config)
     for problem in problems:
@@ -136,7 +137,7 @@ def run_sidecar(config: Config) -> None:
         sys.exit(1)
     try:
         trio.run(lambda: serve(config, handle_signals=True))
-    except* (ListenError, OutboxUnusable) as group:
+    except* (ListenError, OutboxUnusable, TracingUnavailable) as group:
         for exc in group.exceptions:
             click.echo(f"mq-sidecar: {exc}", err=True)
         sys.exit(1)

@@ -1,9 +1,9 @@
-"""Errors that stop the daemon at start: its listeners (STOMP and admin) and its outbox;
-re-exported by ``proxy.app``."""
+"""Errors that stop the daemon at start: its listeners (STOMP and admin), its outbox and its
+tracing; re-exported by ``proxy.app``."""
 
 from __future__ import annotations
 
-__all__ = ["ListenError", "OutboxUnusable"]
+__all__ = ["ListenError", "OutboxUnusable", "TracingUnavailable"]
 
 
 class ListenError(Exception):
@@ -13,3 +13,9 @@ class ListenError(Exception):
 class OutboxUnusable(Exception):
     """``outbox_dir`` cannot be used: another sidecar holds it (its PID named), or it cannot
     be created, read or written. One line, for ``mq-sidecar run``'s exit 1."""
+
+
+class TracingUnavailable(Exception):
+    """``tracing = true`` but the tracing cannot start: the ``otel`` extra is not installed,
+    or ``OTEL_TRACES_EXPORTER`` / the OTLP protocol names an exporter this install cannot make
+    (:mod:`proxy.telemetry.tracing`). One line, for ``mq-sidecar run``'s exit 1."""

@@ -32,13 +32,14 @@ import errno
 import itertools
 import logging
 import secrets
+from typing import TYPE_CHECKING
 
 import trio
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
 import protocol
 from config import Config
-from proxy._errors import ListenError, OutboxUnusable
+from proxy._errors import ListenError, OutboxUnusable, TracingUnavailable
 from proxy.admin.server import AdminLimits, AdminServer
 from proxy.legs.opening import BrokerStreams
 from proxy.legs.stream import FrameStream, TransportLost
@@ -54,7 +55,18 @@ from proxy.telemetry.logs import log_session_event
 from proxy.telemetry.metrics import Metrics
 from proxy.telemetry.statistics import SidecarStatistics
 
-__all__ = ["ListenError", "OutboxUnusable", "Sidecar", "SidecarStatistics", "serve"]
+if TYPE_CHECKING:  # imported at run time only when tracing is on (start_tracing)
+    from proxy.telemetry.tracing import Tracing
+
+__all__ = [
+    "ListenError",
+    "OutboxUnusable",
+    "Sidecar",
+    "SidecarStatistics",
+    "TracingUnavailable",
+    "serve",
+    "start_tracing",
+]
 
 log = logging.getLogger("mq_sidecar.app")
 
@@ -118,10 +130,12 @@ class Sidecar:
         outbox: the outbox (``outbox`` on; :mod:`proxy.outbox.service`), open while :meth:`serve`
             runs; None otherwise.
         recovery: the outbox's outbox forwarder (:mod:`proxy.outbox.forwarder`), with the outbox.
+        tracing: the sessions' tracing (``tracing = true``, :func:`start_tracing`), or None.
     """
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, *, tracing: Tracing | None = None) -> None:
         self.config = config
+        self.tracing = tracing
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
@@ -332,6 +346,7 @@ class Sidecar:
             reconnects=self.reconnects,
             open_stream=self.streams,
             outbox=self.outbox,
+            tracing=self.tracing,
         )
         self.sessions.add(session)
         self.sessions_total += 1
@@ -392,11 +407,32 @@ async def _log_events(events: EventBus) -> None:
         log.warning("event log fell behind; some session events were not logged")
 
 
+def start_tracing(config: Config) -> Tracing | None:
+    """The sidecar's tracing when ``tracing = true`` (:meth:`Tracing.from_environment
+    <proxy.telemetry.tracing.Tracing.from_environment>`: OpenTelemetry's ``OTEL_*``
+    variables); None when off, and then OpenTelemetry is never imported.
+
+    Raises:
+        TracingUnavailable: tracing is on and the ``otel`` extra is not installed, or the
+            exporter asked for cannot be made.
+    """
+    if not config.tracing:
+        return None
+    try:
+        from proxy.telemetry.tracing import Tracing  # noqa: PLC0415 (only when tracing is on)
+    except ImportError as exc:
+        raise TracingUnavailable(
+            f"tracing = true, but OpenTelemetry is not installed ({exc}): install mq-sidecar[otel]"
+        ) from None
+    return Tracing.from_environment()
+
+
 async def serve(
     config: Config,
     *,
     handle_signals: bool = False,
     admin_limits: AdminLimits | None = None,
+    tracing: Tracing | None = None,
     task_status: trio.TaskStatus[Sidecar] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run a sidecar for ``config`` until shutdown; report the :class:`Sidecar` when bound.
@@ -405,13 +441,18 @@ async def serve(
         config: validated configuration.
         handle_signals: turn SIGTERM/SIGINT into a graceful shutdown (main thread only).
         admin_limits: bounds of the admin plane (default :class:`~proxy.admin.server.AdminLimits`).
+        tracing: the sessions' tracing, owned by the caller (a test's in-memory exporter);
+            None: :func:`start_tracing` makes it from ``config`` and the environment, and it
+            is shut down (what it queued exported) when the sidecar stops.
 
     Raises:
         ListenError: the STOMP or the admin address cannot be bound (raised as the only
             member of an ExceptionGroup, as everything leaving a nursery is).
         OutboxUnusable: ``outbox_dir`` cannot be used (the same way).
+        TracingUnavailable: ``tracing = true`` cannot start (:func:`start_tracing`).
     """
-    sidecar = Sidecar(config)
+    owned = start_tracing(config) if tracing is None else None
+    sidecar = Sidecar(config, tracing=tracing if tracing is not None else owned)
     async with trio.open_nursery(strict_exception_groups=True) as nursery:
         if handle_signals:
             nursery.start_soon(shutdown_on_signals, sidecar.request_shutdown)
@@ -422,3 +463,7 @@ async def serve(
         task_status.started(sidecar)
         await sidecar.stopped.wait()
         nursery.cancel_scope.cancel()  # the admin plane, the event log, the signal task
+    if owned is not None:
+        # What the sessions' spans queued is exported (within the exporter's timeout; after
+        # a crash, the SDK's exit hook does it).
+        await trio.to_thread.run_sync(owned.shutdown)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -34,6 +35,11 @@ from testbed import (
     rabbitmq_installed,
     start_activemq_pair,
 )
+
+if TYPE_CHECKING:  # OpenTelemetry: imported by the tracing fixtures only when used
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from proxy.telemetry.tracing import Tracing
 
 settings.register_profile("mq-sidecar", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("mq-sidecar")
@@ -127,3 +133,25 @@ def activemq_pair(tmp_path: Path) -> Iterator[ActiveMQPairFactory]:
     for primary, backup in reversed(pairs):
         backup.stop()
         primary.stop()
+
+
+@pytest.fixture
+def span_exporter() -> InMemorySpanExporter:
+    """Where the ``tracing`` fixture's spans go, each as it ends (``get_finished_spans()``)."""
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    return InMemorySpanExporter()
+
+
+@pytest.fixture
+def tracing(span_exporter: InMemorySpanExporter) -> Iterator[Tracing]:
+    """A sidecar's tracing (proxy.telemetry.tracing) exporting to ``span_exporter``."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from proxy.telemetry.tracing import Tracing
+
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(span_exporter))
+    yield Tracing(provider)
+    provider.shutdown()

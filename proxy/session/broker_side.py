@@ -137,6 +137,8 @@ class BrokerSide:
             # An auto subscription's message: its id is persisted once the app has it.
             self.out.seen.extend(state.seen_out)
             state.seen_out.clear()
+        if core.tracer is not None:
+            core.tracer.message(frame, decision.to_app, decision.hidden)
         if decision.to_app is not None:
             core.metrics.frame_to_app(Command.MESSAGE, len(decision.to_app.body))
             await self.out.send(decision.to_app, flush=False)

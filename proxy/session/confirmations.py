@@ -10,6 +10,7 @@ module adds the I/O and the waiting (backpressure: while the window is full the 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable
 
 import trio
@@ -87,6 +88,8 @@ class Confirmations:
         frame (a later frame's receipt confirms it: the wildcard SUBSCRIBE on ActiveMQ).
         """
         core = self.core
+        tracer = core.tracer
+        started = time.time_ns() if tracer is not None else 0
         window = core.flow.window
         size = frame_size(frame)
         if not window.has_room(size):
@@ -132,6 +135,8 @@ class Confirmations:
             # _append never checkpoints, so nothing can come between the append and the
             # queueing; taking the lock would only cost a trip through the scheduler.
             entry = self._append(frame, app_receipt, want, context, size, deferred=deferred)
+        if tracer is not None:
+            tracer.submitted(entry, started)
         upstream = core.leg.upstream
         if upstream is not None and upstream.needs_flush:
             await self.flush_upstream()
@@ -206,6 +211,8 @@ class Confirmations:
                 log.warning("session %s: broker sent unknown receipt-id %r", core.id, receipt)
             return
         core.flow.window_changed()
+        if core.tracer is not None:
+            core.tracer.confirmed(confirmed)
         now = trio.current_time()
         metrics = core.metrics
         for entry in confirmed:
@@ -236,6 +243,8 @@ class Confirmations:
         confirmed = core.flow.window.confirm(receipt) or []
         core.flow.window_changed()
         answered = next((e for e in confirmed if e.receipt == receipt), None)
+        if core.tracer is not None:  # the one refused ends with its OUTCOME
+            core.tracer.confirmed(e for e in confirmed if e is not answered)
         for entry in confirmed:
             # The broker's ERROR reaches the app: the outbox is done with such a frame too.
             if isinstance(entry.context, StoredInOutbox) and self.on_stored is not None:

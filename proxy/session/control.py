@@ -67,6 +67,8 @@ class ControlChannel:
         if not frames:
             return
         core = self.core
+        if core.tracer is not None:
+            core.tracer.outcomes(frames)
         for outcome, count in Counter(f.outcome for f in frames).items():
             core.metrics.frame_outcome(outcome, count)
         broker: str | None = None

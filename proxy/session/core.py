@@ -37,6 +37,7 @@ from proxy.tracking.window import ConfirmationWindow
 
 if TYPE_CHECKING:
     from proxy.outbox.service import SeenRecorder
+    from proxy.telemetry.tracing import SessionTracer
 
 __all__ = ["ERROR_CLOSE_WINDOW", "GOODBYE_TIMEOUT", "SessionCore", "log"]
 
@@ -104,6 +105,7 @@ class SessionCore:
         "rng",
         "seen",
         "state",
+        "tracer",
         "upstream_limits",
     )
 
@@ -170,6 +172,9 @@ class SessionCore:
         #: Outbox mode: where the ids of messages the app settled on queue subscriptions are
         #: persisted (issue 17 part 3, docs/behaviour.md "Duplicate detection").
         self.seen: SeenRecorder | None = None
+        #: The session's spans (``tracing = true``; docs/operations.md, "Traces"); None when
+        #: tracing is off, and then each hook of the session costs this one test.
+        self.tracer: SessionTracer | None = None
         self._internal_tx = 0
 
     async def hand_seen(self) -> None:

@@ -333,6 +333,8 @@ class Restorer:
             outage_end=wall,
             app_held_ms=None if held_since is None else round((now - held_since) * 1000),
         )
+        if core.tracer is not None:
+            core.tracer.failover(event)
         with _app_writes():
             await self.control.publish(event)
 

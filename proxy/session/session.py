@@ -48,6 +48,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -87,6 +88,9 @@ from proxy.telemetry.vocabulary import DrainResult, FrameOutcome, OutcomeCause
 from proxy.tracking import Transaction
 from proxy.tracking.window import Entry
 
+if TYPE_CHECKING:  # imported only when tracing is on (proxy.app), with OpenTelemetry
+    from proxy.telemetry.tracing import Tracing
+
 __all__ = ["DRAIN_GOODBYE_MAX", "Session"]
 
 #: Seconds the drain's report to the app (its OUTCOME event, the RECEIPTs queued) may take
@@ -123,6 +127,8 @@ class Session:
         outbox: the sidecar's outbox (``outbox`` on; :mod:`proxy.session.outbox`): the app's
             SENDs it takes are stored and forwarded, and the app's CONNECT is answered even
             when no broker is up. None: off.
+        tracing: the sidecar's :class:`~proxy.telemetry.tracing.Tracing` (``tracing = true``):
+            the session's frames become spans (docs/operations.md, "Traces"). None: off.
 
     ``run()`` never raises for anything the app or a broker does; only cancellation propagates.
     """
@@ -139,6 +145,7 @@ class Session:
         open_stream: StreamOpener | None = None,
         reconnects: ReconnectBoard | None = None,
         outbox: OutboxService | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         core = SessionCore(
             config,
@@ -149,6 +156,8 @@ class Session:
             rng=rng if rng is not None else _RNG,
         )
         self.core = core
+        if tracing is not None:
+            core.tracer = tracing.session(session_id, core.leg, config.brokers)
         self.id = session_id
         #: The app's ``host:port`` (``/status``; None when the stream is not a socket).
         self.app_address = _peer_address(stream)
@@ -352,6 +361,8 @@ class Session:
                 if ending is not None and ending.app_error is not None:
                     await self.out.send_quietly(ending.app_error)
                 await trio.aclose_forcefully(core.app.stream)
+            if core.tracer is not None:
+                core.tracer.close()
             if ending is not None:
                 log.log(ending.level, "session %s closed: %s", core.id, ending.reason)
 

@@ -8,6 +8,8 @@
 - ``events``: session events (RECONNECTING, FAILOVER, DISCONNECT, OUTCOME, SPOOLING,
   SPOOL_DRAINED) and the bus that fans them out.
 - ``logs``: logging set-up, JSON lines, one log line per event.
+- ``tracing``: OpenTelemetry spans of a session's frames; imported only when ``tracing`` is
+  on, since it imports OpenTelemetry (the ``otel`` extra).
 
 This file imports nothing: the pure vocabulary may be imported by pure code.
 """

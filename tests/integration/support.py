@@ -7,6 +7,7 @@ raw client speaks bytes for the bad-input tests that stomp.py cannot express.
 
 from __future__ import annotations
 
+import functools
 import os
 import queue
 import socket
@@ -18,7 +19,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import stomp
 import trio
@@ -29,6 +30,9 @@ from config import Config, load_config
 from proxy.app import Sidecar, serve
 from proxy.telemetry.statistics import SidecarStatistics
 from testbed import BrokerProcess
+
+if TYPE_CHECKING:
+    from proxy.telemetry.tracing import Tracing
 
 #: Generous per-wait bound for anything a broker does on loopback.
 WAIT = 10.0
@@ -77,11 +81,13 @@ def sidecar_config(brokers: str, **overrides: object) -> Config:
 class SidecarThread:
     """Run ``proxy.app.serve`` in a background thread with its own trio loop.
 
-    Use as a context manager; ``address`` is the bound STOMP address.
+    Use as a context manager; ``address`` is the bound STOMP address. ``tracing``: the
+    sessions' tracing (a test's in-memory exporter; tests/integration/test_tracing.py).
     """
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, *, tracing: Tracing | None = None) -> None:
         self.config = config
+        self.tracing = tracing
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._sidecar: Sidecar | None = None
@@ -99,7 +105,9 @@ class SidecarThread:
     async def _amain(self) -> None:
         self._token = trio.lowlevel.current_trio_token()
         async with trio.open_nursery() as nursery:
-            sidecar: Sidecar = await nursery.start(serve, self.config)
+            sidecar: Sidecar = await nursery.start(
+                functools.partial(serve, self.config, tracing=self.tracing)
+            )
             self._sidecar = sidecar
             assert sidecar.listen_address is not None
             self.address = sidecar.listen_address

@@ -27,7 +27,7 @@ import json
 import random
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 import trio.testing
@@ -38,6 +38,9 @@ from protocol import Command, ConnectionClosed, Frame, HeartBeat, Role
 from proxy.outbox.service import OutboxService
 from proxy.reconnect.board import ReconnectBoard
 from proxy.session import Session
+
+if TYPE_CHECKING:
+    from proxy.telemetry.tracing import Tracing
 
 __all__ = [
     "ACTIVEMQ",
@@ -587,12 +590,13 @@ async def start_session(
     session_id: str = "s1",
     reconnects: ReconnectBoard | None = None,
     outbox: OutboxService | None = None,
+    tracing: Tracing | None = None,
 ) -> Running:
     """Start a Session on an in-memory app stream (``lockstep``: the app's writes return
     only once the Session has read them, like TCP with no buffer) and the app's reader;
     ``reconnects``: the board it shares with other sessions (a private one when None);
-    ``outbox``: the sidecar's outbox (``outbox`` on in ``config``). The app has not sent
-    CONNECT yet."""
+    ``outbox``: the sidecar's outbox (``outbox`` on in ``config``); ``tracing``: the sidecar's
+    tracing (tests/proxy/test_tracing.py). The app has not sent CONNECT yet."""
     app_end: trio.abc.Stream
     session_end: trio.abc.Stream
     if lockstep:
@@ -607,6 +611,7 @@ async def start_session(
         open_stream=network.open_stream,
         reconnects=reconnects,
         outbox=outbox,
+        tracing=tracing,
     )
     running = Running(session, AppClient(app_end))
 
