@@ -5,7 +5,9 @@ this process (the driver) run in those executors' Python workers.
 One cluster and one session per module (module fixtures; the JVMs cost about 5 s each on 2
 cores): the cluster starts in about 6 s, the session and its two executors in 15-20 s more.
 The tests share it in file order, and the last one stops the cluster itself (it checks
-that nothing is left running), so it must stay last.
+that nothing is left running), so it must stay last. Three tests kill an executor with kill -9
+(a batch write, a streaming write, a streaming read through the data source); the master
+starts a replacement, and the next test that needs both executors waits for it.
 
 Only one SparkContext can live in a process: the module fails at once (rather than silently
 running on ``local[2]``) if another one is active, e.g. the ``spark`` fixture of
@@ -14,6 +16,7 @@ tests/pipeline/conftest.py left by an earlier module in the same pytest run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -23,19 +26,31 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pipeline.publish import PublishSettings, SparkProgress, stomp_write
+from pipeline.publish import PublishSettings, SparkProgress, register, stomp_write
 from pipeline.rows import load_flights
 from pipeline.verify import Reader, expected, reconcile
 from testbed import ActiveMQ
 from testbed.broker import proc_stat, process_alive
 from testbed.spark_cluster import SparkCluster, SparkClusterError
 from tests.integration.support import SidecarThread, sidecar_config, unique, wait_until
+from tests.spark.support import (
+    Drain,
+    check_exactly_once,
+    check_stream_written,
+    finish,
+    forget_commit,
+    left_on_queue,
+    publish,
+    sink_rows,
+    start_stream_write,
+    write_json_files,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import Row, SparkSession
@@ -94,6 +109,25 @@ def ancestors(pid: int) -> list[int]:
         chain.append(st.ppid)
         st = proc_stat(st.ppid)
     return chain
+
+
+def failed_attempts(progress: SparkProgress, timeout: float = 30.0) -> int:
+    """The failed task attempts of ``progress``' job group, once there is one (at most
+    ``timeout`` s): Spark's status store learns of a task's end from its listener bus, after
+    the job ended (measured: 0 right after a query that had an executor killed ended)."""
+    with contextlib.suppress(AssertionError):
+        wait_until(lambda: progress.retried() >= 1, timeout=timeout)
+    return progress.retried()
+
+
+def committed_files(out: Path) -> set[str]:
+    """Names of the files a Parquet sink committed: those its ``_spark_metadata`` log lists
+    (one JSON line per file after a version line, in each batch's log file)."""
+    names: set[str] = set()
+    for log in (out / "_spark_metadata").glob("[0-9]*"):
+        for line in log.read_text().splitlines()[1:]:
+            names.add(Path(json.loads(line)["path"].removeprefix("file:")).name)
+    return names
 
 
 def hidden_by_live_sessions(sidecar: SidecarThread) -> int:
@@ -374,6 +408,233 @@ def test_executor_killed_mid_job_every_row_once(
     assert progress.retried() >= 1, "Spark ran a task again"
     assert hidden >= trigger, "the retry's copies reached the consumer's sidecar, not the app"
     wait_until(lambda: len(set(cluster.executor_pids()) - before) == 1, timeout=DRAIN_TIMEOUT)
+
+
+def _hold_first_row(marks: Path) -> Callable[[Any], Any]:
+    """The function of :class:`HeldTask`'s UDF (it runs in the executors' Python workers)."""
+    gate, release = marks / "gate", marks / "release"
+
+    def hold(value: Any) -> Any:
+        import os
+        import time
+
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        if context is None or context.attemptNumber() != 0 or not gate.exists():
+            return value
+        if any(marks.glob("held-*")):
+            return value
+        (marks / f"held-{os.getpid()}").touch()
+        deadline = time.monotonic() + 120.0
+        while not release.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return value
+
+    return hold
+
+
+class HeldTask:
+    """Holds one running Spark task, so that a test can kill its executor while the task runs
+    rather than between tasks.
+
+    ``udf`` (a Python UDF of ``return_type`` that gives its column's value back) is put into
+    the query. Once :meth:`open` was called, the first task attempt (attempt 0) to reach a row
+    writes ``marks/held-<pid>`` and waits there (at most 120 s, or until :meth:`release`).
+    :meth:`kill_executor` waits for that, closes the gate (the retry, and every later task,
+    pass), and SIGKILLs the executor JVM the held Python worker runs under.
+
+    Measured: what the UDF gave back before it held does not reach the next step of the task
+    (the Python worker buffers its results), so a held task has handed nothing to its sink.
+    """
+
+    def __init__(self, marks: Path, return_type: Any) -> None:
+        from pyspark.sql import functions as F
+
+        marks.mkdir()
+        self.marks = marks
+        self.udf = F.udf(_hold_first_row(marks), return_type, useArrow=False)
+
+    def open(self) -> None:
+        """Let the next task attempt that reaches a row hold there."""
+        (self.marks / "gate").touch()
+
+    def kill_executor(
+        self, cluster: SparkCluster, running: Callable[[], bool], timeout: float = DRAIN_TIMEOUT
+    ) -> int:
+        """Wait for the held task while ``running()`` (the query) is true, at most ``timeout``
+        s, then close the gate and kill -9 the held task's executor JVM; return its PID.
+        AssertionError if the query ended first."""
+        wait_until(lambda: any(self.marks.glob("held-*")) or not running(), timeout=timeout)
+        held = [int(p.name.removeprefix("held-")) for p in self.marks.glob("held-*")]
+        assert held, "the query ended before a task was held"
+        (self.marks / "gate").unlink()
+        executors = cluster.executor_pids()
+        under = [pid for pid in ancestors(held[0]) if pid in executors]
+        assert len(under) == 1, f"the held task (pid {held[0]}) runs under no executor"
+        return cluster.kill_executor(pid=under[0])
+
+    def release(self) -> None:
+        """Let a held task go on (cleanup: normally its executor was killed)."""
+        (self.marks / "release").touch()
+
+
+def test_streaming_write_with_an_executor_killed_and_a_replayed_batch_every_row_once(
+    cluster: SparkCluster,
+    cluster_spark: SparkSession,
+    producer_sidecar: SidecarThread,
+    amq_sidecar: SidecarThread,
+    tmp_path: Path,
+) -> None:
+    """A file stream of 3 files of 500 rows (one micro-batch each, repartitioned into 2 tasks,
+    so both executors write) through ``writeStream.format("stomp")`` and the producer's
+    sidecar, read by a consumer behind its own sidecar.
+
+    * kill -9 of the executor JVM running a task of batch 0 (held by :class:`HeldTask`): Spark
+      runs the task again on the other executor, in the same micro-batch; the retry carries
+      the same batch id (the ``streaming.sql.batchId`` local property), so the same row ids,
+      and the batch commits. (The held attempt had sent nothing; that a retry's copies of rows
+      a killed attempt did send are hidden is
+      ``test_executor_killed_mid_job_every_row_once``: the same per-partition writer.)
+    * Then the last batch's commit is removed from the checkpoint (a driver that died after
+      running it and before committing it) and the query restarted on it: Spark runs batch 2
+      again with the same ids, and the consumer's sidecar hides the 500 copies (as
+      tests/spark/test_write.py does on ``local[2,2]``).
+
+    The consumer is shown each row once, the batch id in its id."""
+    from pyspark.sql.types import LongType
+
+    register(cluster_spark)
+    batches, per_batch = 3, 500
+    total = batches * per_batch
+    source, checkpoint = tmp_path / "in", tmp_path / "checkpoint"
+    write_json_files(source, batches=batches, per_batch=per_batch)
+    destination = unique("/queue/cluster-stream")
+    hold = HeldTask(tmp_path / "marks", LongType())
+
+    settings: dict[str, Any] = {
+        "source": source,
+        "port": producer_sidecar.address[1],
+        "destination": destination,
+        "checkpoint": checkpoint,
+        "id_prefix": "cluster-stream",
+        "prepare": lambda rows: rows.repartition(2).withColumn("id", hold.udf("id")),
+    }
+    started = time.monotonic()
+    with Drain(amq_sidecar.address[1], destination) as drain:
+        before = hidden_by_live_sessions(amq_sidecar)
+        hold.open()
+        query = start_stream_write(cluster_spark, **settings)
+        try:
+            killed = hold.kill_executor(cluster, lambda: query.isActive)
+        finally:
+            hold.release()
+        run_id = finish(query, DRAIN_TIMEOUT)
+        first = len(drain.wait_for(total, timeout=DRAIN_TIMEOUT))
+        retried = failed_attempts(SparkProgress(cluster_spark, total, run_id))
+        forget_commit(checkpoint, batches - 1)
+        finish(start_stream_write(cluster_spark, **settings), DRAIN_TIMEOUT)
+        wait_until(
+            lambda: hidden_by_live_sessions(amq_sidecar) - before >= per_batch,
+            timeout=DRAIN_TIMEOUT,
+        )
+        messages = drain.settle(1.0)
+        hidden = hidden_by_live_sessions(amq_sidecar) - before
+    print(
+        f"\n[cluster streaming write] {total} rows in {batches} batches; executor {killed} "
+        f"killed mid-task, {retried} task attempt(s) failed and rescheduled; batch "
+        f"{batches - 1} replayed; {hidden} copies hidden, {len(messages)} rows shown; "
+        f"{time.monotonic() - started:.1f} s"
+    )
+    assert first == total
+    check_stream_written(messages, "cluster-stream", batches=batches, per_batch=per_batch)
+    assert not process_alive(killed)
+    assert retried >= 1, "Spark ran the killed task again"
+    assert hidden == per_batch, "batch 2 ran twice with the same ids; the sidecar hid the copies"
+
+
+def test_streaming_read_with_an_executor_killed_every_message_once(
+    cluster: SparkCluster,
+    cluster_spark: SparkSession,
+    producer_sidecar: SidecarThread,
+    amq_sidecar: SidecarThread,
+    tmp_path: Path,
+) -> None:
+    """2,000 messages read by ``readStream.format("stomp")`` through the consumer's sidecar in
+    micro-batches of at most 250 into a Parquet sink, and kill -9 of the executor JVM running
+    a batch's task while it runs (:class:`HeldTask`): the query
+    goes on (Spark runs the task again on the other executor) and every message is in the
+    sink once, none left on the queue.
+
+    Where the kill hurts: the STOMP session of the read (its subscription, the ACKs), the read
+    log and ``latestOffset``/``partitions``/``commit`` all live on the driver
+    (``mq_sidecar_spark.reader``); the records travel to the executors inside the partitions.
+    So an executor kill hits only the tasks that turn a partition's records into rows and write
+    them to the sink: the retry gets the same records from the same partition, the killed
+    attempt's Parquet file is not in the sink's ``_spark_metadata`` log, and nothing is ACKed
+    before Spark commits the batch."""
+    from pyspark.sql.types import StringType
+
+    register(cluster_spark)
+    total, per_batch = 2000, 250
+    destination = unique("/queue/cluster-read")
+    publish(producer_sidecar.address, destination, range(total))
+    checkpoint, out = tmp_path / "checkpoint", tmp_path / "out"
+    hold = HeldTask(tmp_path / "marks", StringType())
+    stream = (
+        cluster_spark.readStream.format("stomp")
+        .option("port", str(amq_sidecar.address[1]))
+        .option("destination", destination)
+        .option("checkpoint_location", str(checkpoint))
+        .option("max_messages_per_batch", str(per_batch))
+        .option("prefetch", str(2 * per_batch))
+        .load()
+    )
+    # Both executors up (the one the previous test killed was replaced).
+    wait_until(lambda: len(cluster.executor_pids()) == 2, timeout=DRAIN_TIMEOUT)
+    started = time.monotonic()
+    query = (
+        stream.withColumn("message_id", hold.udf("message_id"))
+        .writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    progress = SparkProgress(cluster_spark, total, str(query.runId))
+
+    def read_at_least(count: int) -> Callable[[], bool]:
+        def done() -> bool:
+            if query.exception() is not None:
+                pytest.fail(f"the query failed: {query.exception()}")
+            read = sum(int(p["numInputRows"]) for p in query.recentProgress)
+            return read >= count
+
+        return done
+
+    try:
+        wait_until(read_at_least(2 * per_batch), timeout=DRAIN_TIMEOUT)
+        hold.open()
+        killed = hold.kill_executor(cluster, lambda: query.exception() is None)
+        wait_until(read_at_least(total), timeout=DRAIN_TIMEOUT)
+        time.sleep(1.5)  # a few more triggers: nothing more may come, the last batch is ACKed
+        retried = failed_attempts(progress)
+    finally:
+        hold.release()
+        query.stop()
+    rows = sink_rows(cluster_spark, out)
+    left = left_on_queue(amq_sidecar.address, destination)
+    orphans = {p.name for p in out.glob("*.parquet")} - committed_files(out)
+    print(
+        f"\n[cluster streaming read] {total} messages, executor {killed} killed mid-task: "
+        f"{len(rows)} rows in the sink, {retried} task attempt(s) failed and rescheduled, "
+        f"{len(orphans)} Parquet file(s) on disk not in the sink's log, {left} left on the "
+        f"queue, {time.monotonic() - started:.1f} s"
+    )
+    check_exactly_once(rows, range(total))
+    assert left == 0, "every message was ACKed after its batch's commit"
+    assert not process_alive(killed)
+    assert retried >= 1, "Spark ran the killed task again"
 
 
 def test_stop_leaves_no_process_of_the_cluster(

@@ -15,7 +15,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections import Counter
@@ -23,10 +22,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-import stomp
 
-from mq_sidecar_spark.reader import READ_SCHEMA
 from testbed.sidecar import SidecarProcess, metric_total
+from tests.spark.support import (
+    ROW_ID,
+    check_exactly_once,
+    left_on_queue,
+    publish,
+    sink_rows,
+    unique,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -34,7 +39,6 @@ if TYPE_CHECKING:
 
     from tests.conftest import ActiveMQPairFactory
 
-ROW_ID = "row-id"
 FAST = {"retry_interval": 50, "max_retry_interval": 500, "connect_timeout": 2000}
 
 #: A driver of its own (a separate process with its own SparkSession and JVM) running one
@@ -71,63 +75,6 @@ if failure is not None:
 
 
 # -- helpers ------------------------------------------------------------------------------------
-
-
-def unique(prefix: str) -> str:
-    return f"/queue/{prefix}-{uuid.uuid4().hex[:8]}"
-
-
-def publish(address: tuple[str, int], destination: str, ids: range, prefix: str = "m") -> None:
-    """SEND one persistent message per id (``row-id`` header, body ``<prefix><id>``), with a
-    receipt on the last (the sidecar confirms in order); bounded by 60 s."""
-    done = threading.Event()
-
-    class Listener(stomp.ConnectionListener):  # type: ignore[misc]
-        def on_receipt(self, frame: Any) -> None:
-            if frame.headers.get("receipt-id") == "last":
-                done.set()
-
-    conn = stomp.Connection12([address], heartbeats=(0, 0), auto_decode=False)
-    conn.set_listener("l", Listener())
-    conn.connect(wait=True)
-    try:
-        for n in ids:
-            headers = {ROW_ID: str(n), "persistent": "true"}
-            if n == ids[-1]:
-                headers["receipt"] = "last"
-            conn.send(destination, f"{prefix}{n}".encode(), headers=headers)
-        assert done.wait(60), "the last SEND was not confirmed within 60 s"
-    finally:
-        conn.disconnect()
-
-
-def drain(address: tuple[str, int], destination: str, quiet: float = 1.5) -> int:
-    """Consume (auto ack) what is left on ``destination``; return how many messages."""
-    got: list[int] = []
-
-    class Listener(stomp.ConnectionListener):  # type: ignore[misc]
-        def on_message(self, frame: Any) -> None:
-            got.append(1)
-
-    conn = stomp.Connection12([address], heartbeats=(0, 0), auto_decode=False)
-    conn.set_listener("l", Listener())
-    conn.connect(wait=True)
-    conn.subscribe(destination, id="drain", ack="auto")
-    last, seen = time.monotonic(), 0
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and time.monotonic() - last < quiet:
-        time.sleep(0.1)
-        if len(got) != seen:
-            seen, last = len(got), time.monotonic()
-    conn.disconnect()
-    return len(got)
-
-
-def sink_rows(spark: SparkSession, out: Path) -> list[Any]:
-    """Every row the Parquet sink committed (its ``_spark_metadata`` log: committed files only)."""
-    if not (out / "_spark_metadata").exists():
-        return []
-    return spark.read.schema(READ_SCHEMA).parquet(str(out)).collect()
 
 
 def start_query(
@@ -196,17 +143,6 @@ def read_until(
         query.stop()
 
 
-def check_exactly_once(rows: list[Any], ids: range, prefix: str = "m") -> None:
-    counts = Counter(row["headers"][ROW_ID] for row in rows)
-    missing = [n for n in ids if counts[str(n)] == 0]
-    twice = {k: v for k, v in counts.items() if v > 1}
-    assert not missing, f"{len(missing)} messages missing, e.g. {missing[:5]}"
-    assert not twice, f"{len(twice)} messages emitted twice or more, e.g. {list(twice.items())[:5]}"
-    assert len(rows) == len(ids)
-    for row in rows:
-        assert row["body"] == f"{prefix}{row['headers'][ROW_ID]}".encode()
-
-
 # -- tests --------------------------------------------------------------------------------------
 
 
@@ -250,7 +186,7 @@ def test_messages_reach_a_parquet_sink_exactly_once(
     log, ActiveMQ redelivers its messages and they are recognised. Every message is once in the
     sink, with its destination, message-id, broker timestamp and headers, and none is left on
     the queue (the idle query ACKed the last batch)."""
-    destination = unique("read")
+    destination = unique("/queue/read")
     options = {"max_messages_per_batch": "400", "prefetch": "800"}
     rows, progress = stopped_mid_batch_then_read(
         spark, amq_sidecar, destination, tmp_path, counts=(3000, 500), options=options
@@ -266,7 +202,7 @@ def test_messages_reach_a_parquet_sink_exactly_once(
     assert abs(row["timestamp"].timestamp() - time.time()) < 600
     assert row["redelivered"] is False
     assert "ack" not in row["headers"]
-    assert drain(amq_sidecar.address, destination) == 0
+    assert left_on_queue(amq_sidecar.address, destination) == 0
 
 
 class Driver:
@@ -355,7 +291,7 @@ def test_a_driver_killed_mid_batch_restarts_and_every_message_is_in_the_sink_onc
     with it) while a batch is running, Spark's offset log ahead of its commit log and the read
     log holding batches not ACKed; a new driver with the same checkpoint re-runs that batch
     from the read log and goes on: 1,500 + 300 messages, each once in the Parquet sink."""
-    destination = unique("restart")
+    destination = unique("/queue/restart")
     publish(amq_sidecar.address, destination, range(1500))
     checkpoint, out = tmp_path / "checkpoint", tmp_path / "out"
     options = {
@@ -409,7 +345,7 @@ def test_a_broker_killed_mid_read_fails_over_and_every_message_is_in_the_sink_on
         brokers=f"failover:({primary.stomp_url},{backup.stomp_url})",
         options=FAST,
     )
-    destination = unique("failover")
+    destination = unique("/queue/failover")
     checkpoint, out = tmp_path / "checkpoint", tmp_path / "out"
     with sidecar:
         publish(sidecar.address, destination, range(2000))
@@ -539,7 +475,7 @@ def test_a_read_log_of_another_version_refuses_to_start(
 ) -> None:
     """A read log written by another format version: the query refuses to start, naming both
     versions, rather than misreading it."""
-    destination = unique("version")
+    destination = unique("/queue/version")
     log = tmp_path / "checkpoint" / "sources" / "mq-sidecar-stomp" / destination.replace("/", "%2F")
     log.mkdir(parents=True)
     header = {"format": "mq-sidecar-stomp-read-log", "version": 99, "destination": destination}
@@ -561,7 +497,7 @@ def test_rabbitmq_redeliveries_after_a_restart_need_id_header(
     ``id_header`` naming the producer's ``row-id`` they are recognised and every message is in
     the sink once, and none is left on the queue; without it, they are in the sink twice (the
     documented bound)."""
-    destination = unique("rabbit")
+    destination = unique("/queue/rabbit")
     options = {"max_messages_per_batch": "100", "prefetch": "200"}
     if id_header is not None:
         options["id_header"] = id_header
@@ -570,7 +506,7 @@ def test_rabbitmq_redeliveries_after_a_restart_need_id_header(
     )
     if id_header is not None:
         check_exactly_once(rows, range(700))
-        assert drain(rmq_sidecar.address, destination) == 0  # every message ACKed
+        assert left_on_queue(rmq_sidecar.address, destination) == 0  # every message ACKed
         return
     twice = [k for k, v in Counter(row["headers"][ROW_ID] for row in rows).items() if v > 1]
     assert twice, "a RabbitMQ redelivery was recognised without id_header"
@@ -583,7 +519,7 @@ def test_trigger_available_now_reads_until_quiet_and_ends(
     """``Trigger.AvailableNow``: the query reads 300 messages in batches of 100 and ends by
     itself; run again after 100 more, it reads those and ends, each message once in the sink
     (the first run's last batch, never ACKed, comes back and is recognised)."""
-    destination = unique("now")
+    destination = unique("/queue/now")
     checkpoint, out = tmp_path / "checkpoint", tmp_path / "out"
     sizes: list[list[int]] = []
     for ids in (range(300), range(300, 400)):

@@ -17,7 +17,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from testbed.sidecar import SidecarProcess, metric_total
-from tests.spark.support import WAIT, Drain, unique
+from tests.spark.support import (
+    WAIT,
+    Drain,
+    check_stream_written,
+    forget_commit,
+    run_stream_write,
+    unique,
+    write_json_files,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -221,13 +229,6 @@ def test_rerun_of_a_job_is_not_shown_twice(
     assert hidden == 100, "the broker got the second run's 100 copies; the sidecar hid them"
 
 
-def _write_json_files(directory: Path, batches: int, per_batch: int) -> None:
-    directory.mkdir()
-    for b in range(batches):
-        lines = [json.dumps({"id": b * per_batch + i, "v": f"x{i}"}) for i in range(per_batch)]
-        (directory / f"part-{b}.json").write_text("\n".join(lines) + "\n")
-
-
 def test_streaming_write_puts_the_batch_id_in_the_ids_and_a_replay_is_hidden(
     spark: SparkSession, amq_sidecar: SidecarProcess, tmp_path: Path
 ) -> None:
@@ -237,47 +238,28 @@ def test_streaming_write_puts_the_batch_id_in_the_ids_and_a_replay_is_hidden(
     the query restarted: Spark runs batch 2 again, the same ids go out, and the sidecar hides
     the 20 second copies."""
     source = tmp_path / "in"
-    _write_json_files(source, batches=3, per_batch=20)
+    write_json_files(source, batches=3, per_batch=20)
     destination = unique()
     checkpoint = tmp_path / "checkpoint"
 
     def run_query() -> None:
-        stream = spark.readStream.schema("id long, v string").option("maxFilesPerTrigger", 1)
-        query = (
-            stream.json(str(source))
-            .writeStream.format("stomp")
-            .option("port", str(amq_sidecar.port))
-            .option("destination", destination)
-            .option("id_columns", "id")
-            .option("id_prefix", "stream")
-            .option("timeout", "30")
-            .option("checkpointLocation", str(checkpoint))
-            .trigger(availableNow=True)
-            .start()
+        run_stream_write(
+            spark,
+            source=source,
+            port=amq_sidecar.port,
+            destination=destination,
+            checkpoint=checkpoint,
+            id_prefix="stream",
         )
-        try:
-            assert query.awaitTermination(int(WAIT)), "the query did not finish"
-            assert query.exception() is None
-        finally:
-            query.stop()
 
     before = duplicates_hidden(amq_sidecar)
     with Drain(amq_sidecar.port, destination) as drain:
         run_query()
         first = drain.wait_for(60)
-        for name in ("2", ".2.crc"):
-            (checkpoint / "commits" / name).unlink(missing_ok=True)
+        forget_commit(checkpoint, 2)
         run_query()
         hidden = wait_hidden(amq_sidecar, before + 20) - before
         messages = drain.settle(1.0)
-    assert len(first) == len(messages) == 60
-    by_id = {m.headers["row-id"]: json.loads(m.body) for m in messages}
-    assert all(i == f"stream/{i.split('/')[1]}/{body['id']}" for i, body in by_id.items())
-    assert sorted(body["id"] for body in by_id.values()) == list(range(60))
-    files_by_batch: dict[str, set[int]] = {}
-    for i, body in by_id.items():
-        files_by_batch.setdefault(i.split("/")[1], set()).add(body["id"] // 20)
-    # One file per micro-batch (which file goes first is Spark's choice).
-    assert sorted(files_by_batch) == ["b0", "b1", "b2"]
-    assert all(len(files) == 1 for files in files_by_batch.values()), files_by_batch
+    assert len(first) == 60
+    check_stream_written(messages, "stream", batches=3, per_batch=20)
     assert hidden == 20, "batch 2 ran twice with the same ids; the sidecar hid the copies"
