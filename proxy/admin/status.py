@@ -106,6 +106,8 @@ def status_document(
             "limit_bytes_per_session": config.confirmation_window_size,
         },
         "reconnects_in_progress": reconnecting,
+        # What all sessions hold together against max_memory_bytes (proxy.tracking.budget).
+        "memory": dataclasses.asdict(stats.memory) if stats.memory is not None else None,
         # The outbox (None when off): what it holds, how old its oldest frame is, what the
         # store's recovery found at start (docs/outbox.md).
         "outbox": stats.outbox.status() if stats.outbox is not None else None,

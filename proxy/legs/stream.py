@@ -24,11 +24,16 @@ arithmetic itself stays in ``protocol/``.
 from __future__ import annotations
 
 import socket
+from typing import TYPE_CHECKING
 
 import trio
 
 import protocol
 from protocol import NEED_DATA, ConnectionClosed, Frame, HeartBeat, RawFrame
+
+if TYPE_CHECKING:
+    from proxy.legs.memory import MemoryGate
+    from proxy.tracking.budget import ReadCharge
 
 __all__ = ["FrameStream", "HeartBeatTimeout", "TransportLost"]
 
@@ -154,6 +159,23 @@ class FrameStream:
         self._watched = False
         #: It found the peer silent: every read raises :class:`HeartBeatTimeout` from now on.
         self._silent = False
+        #: An app leg's hold on the process's memory budget (:meth:`use_memory`): each read
+        #: waits for it; None: reads never wait for memory (broker legs).
+        self._memory: MemoryGate | None = None
+        self.read_charge: ReadCharge | None = None
+
+    def use_memory(self, gate: MemoryGate) -> None:
+        """Read only as the process's memory budget allows (:mod:`proxy.legs.memory`): an app
+        leg. Its charge is released by :meth:`leave_memory`."""
+        self._memory = gate
+        self.read_charge = gate.charge_for(RECEIVE_SIZE)
+
+    def leave_memory(self) -> None:
+        """The leg is done reading: release what its buffer is charged, charge no more."""
+        if self.read_charge is not None:
+            self.read_charge.close()
+        self._memory = None
+        self.read_charge = None
 
     def start_heartbeats(self, *, silence_ms: int = 0) -> None:
         """Arm the heart-beat timer once the CONNECT/CONNECTED exchange has negotiated it.
@@ -360,6 +382,11 @@ class FrameStream:
                     self.frames_in += 1
                 return event
             data: bytes | bytearray
+            memory = self._memory
+            if memory is not None:
+                assert self.read_charge is not None
+                buffered, total = conn.frame_in_progress()
+                await memory.before_read(self.read_charge, buffered, total, self.frames_in)
             try:
                 if self._sock is not None:
                     data = await self._receive_raw(self._sock)  # notes the time received

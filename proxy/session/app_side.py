@@ -126,8 +126,10 @@ class AppSide:
         (the drain names them at its deadline, when a full window held the burst up): the one
         waiting for room, the one read ahead of it, every complete frame left in the read
         buffer. Takes them out of the buffer: call it only when the session ends."""
-        held = self.confirmations.waiting
-        out = [held] if held is not None else []
+        out = []
+        if (held := self.confirmations.waiting) is not None:
+            frame, receipt = held
+            out.append((frame.to_frame() if isinstance(frame, RawFrame) else frame, receipt))
         upcoming = self._upcoming
         while isinstance(upcoming, Frame | RawFrame):
             frame = upcoming.to_frame() if isinstance(upcoming, RawFrame) else upcoming

@@ -21,6 +21,7 @@ import trio
 import protocol
 from config import Config, Durations
 from protocol import Command
+from proxy.legs.memory import MemoryGate
 from proxy.legs.stream import FrameStream
 from proxy.reconnect.policy import ReconnectPolicy
 from proxy.session.asked import AppRequests
@@ -116,6 +117,7 @@ class SessionCore:
         bus: EventBus,
         metrics: Metrics,
         rng: random.Random,
+        memory: MemoryGate | None = None,
     ) -> None:
         self.config = config
         self.durations: Durations = config.durations
@@ -159,8 +161,16 @@ class SessionCore:
         self.asked = AppRequests()
         self.leg = LegState()
         self.flow = FlowControl(
-            ConfirmationWindow(config.confirmation_window_size, receipt_prefix=f"{session_id}-r")
+            ConfirmationWindow(
+                config.confirmation_window_size,
+                receipt_prefix=f"{session_id}-r",
+                budget=memory.budget if memory is not None else None,
+            )
         )
+        if memory is not None:  # the process's max_memory_bytes (proxy.legs.memory)
+            self.app.use_memory(memory)
+            assert self.app.read_charge is not None
+            self.app.read_charge.must_read = self.app_must_be_read
         self.drain = DrainState()
         self.ending: Ending | None = None
         self.app_scope = trio.CancelScope()
@@ -197,6 +207,24 @@ class SessionCore:
     def advance(self, to: Phase) -> None:
         """Change phase (:meth:`PhaseMachine.advance`; raises PhaseError on a bad one)."""
         self.phases.advance(to)
+
+    def app_must_be_read(self) -> bool:
+        """Whether only the app's next frames can free what this session holds, so its reads
+        must not wait for the memory budget: its window holds frames and no receipt is
+        pending for them (a later frame's receipt confirms them; RabbitMQ answers those of a
+        transaction at its COMMIT), or the broker relay waits for the app's ACKs
+        (``max_unacked``), and with it the RECEIPTs that would free the window."""
+        window = self.flow.window
+        if len(window) and not window.receipts_pending:
+            return True
+        state = self.state
+        return state is not None and state.unacked >= state.max_unacked
+
+    def leave_memory(self) -> None:
+        """The session is over: what its window and its app leg's buffer were charged goes
+        back to the process's memory budget (``max_memory_bytes``)."""
+        self.flow.window.leave_budget()
+        self.app.leave_memory()
 
     def end(self, ending: Ending) -> None:
         """End the session (the first call's ``ending`` wins): stop the app side and the link

@@ -53,6 +53,7 @@ import trio
 
 from config import Config
 from proxy.legs.broker import UpstreamUnavailable
+from proxy.legs.memory import MemoryGate
 from proxy.legs.opening import BrokerStreams, StreamOpener
 from proxy.legs.stream import TransportLost
 from proxy.outbox.service import OutboxService
@@ -123,6 +124,9 @@ class Session:
         outbox: the sidecar's outbox (``outbox`` on; :mod:`proxy.session.outbox`): the app's
             SENDs it takes are stored and forwarded, and the app's CONNECT is answered even
             when no broker is up. None: off.
+        memory: the sidecar's memory budget (``max_memory_bytes``, :mod:`proxy.legs.memory`):
+            the window and the app's reads are charged to it, and the app is not read while it
+            is over. None: no budget but the session's own bounds.
 
     ``run()`` never raises for anything the app or a broker does; only cancellation propagates.
     """
@@ -139,6 +143,7 @@ class Session:
         open_stream: StreamOpener | None = None,
         reconnects: ReconnectBoard | None = None,
         outbox: OutboxService | None = None,
+        memory: MemoryGate | None = None,
     ) -> None:
         core = SessionCore(
             config,
@@ -147,6 +152,7 @@ class Session:
             bus=bus if bus is not None else EventBus(),
             metrics=metrics if metrics is not None else Metrics(),
             rng=rng if rng is not None else _RNG,
+            memory=memory,
         )
         self.core = core
         self.id = session_id
@@ -340,6 +346,7 @@ class Session:
                 if ending is not None and ending.app_error is not None:
                     await self.out.send_quietly(ending.app_error)
                 await trio.aclose_forcefully(core.app.stream)
+            core.leave_memory()
             if ending is not None:
                 log.log(ending.level, "session %s closed: %s", core.id, ending.reason)
 
