@@ -384,9 +384,13 @@ class FrameStream:
             data: bytes | bytearray
             memory = self._memory
             if memory is not None:
-                assert self.read_charge is not None
+                charge = self.read_charge
+                assert charge is not None
                 buffered, total = conn.frame_in_progress()
-                await memory.before_read(self.read_charge, buffered, total, self.frames_in)
+                # Between frames, nothing charged, budget not over: nothing to wait for or
+                # release (no coroutine to make for it: this runs before every read).
+                if buffered or charge.charged or memory.budget.over:
+                    await memory.before_read(charge, buffered, total, self.frames_in)
             try:
                 if self._sock is not None:
                     data = await self._receive_raw(self._sock)  # notes the time received

@@ -209,16 +209,20 @@ class SessionCore:
         self.phases.advance(to)
 
     def app_must_be_read(self) -> bool:
-        """Whether only the app's next frames can free what this session holds, so its reads
-        must not wait for the memory budget: its window holds frames and no receipt is
-        pending for them (a later frame's receipt confirms them; RabbitMQ answers those of a
-        transaction at its COMMIT), or the broker relay waits for the app's ACKs
-        (``max_unacked``), and with it the RECEIPTs that would free the window."""
+        """Whether its app must be read whatever the memory budget says: its CONNECT is not
+        read yet (the session was admitted under the budget; ``handshake_timeout`` bounds
+        it), or only the app's next frames can free what this session holds: its window holds
+        frames and no receipt is pending for them (a later frame's receipt confirms them;
+        RabbitMQ answers those of a transaction at its COMMIT), or the broker relay waits for
+        the app's ACKs (``max_unacked``), and with it the RECEIPTs that would free the
+        window."""
+        state = self.state
+        if state is None:
+            return True
         window = self.flow.window
         if len(window) and not window.receipts_pending:
             return True
-        state = self.state
-        return state is not None and state.unacked >= state.max_unacked
+        return state.unacked >= state.max_unacked
 
     def leave_memory(self) -> None:
         """The session is over: what its window and its app leg's buffer were charged goes

@@ -35,6 +35,7 @@ import trio.testing
 import protocol
 from config import Broker, Config
 from protocol import Command, ConnectionClosed, Frame, HeartBeat, Role
+from proxy.legs.memory import MemoryGate
 from proxy.outbox.service import OutboxService
 from proxy.reconnect.board import ReconnectBoard
 from proxy.session import Session
@@ -587,12 +588,13 @@ async def start_session(
     session_id: str = "s1",
     reconnects: ReconnectBoard | None = None,
     outbox: OutboxService | None = None,
+    memory: MemoryGate | None = None,
 ) -> Running:
     """Start a Session on an in-memory app stream (``lockstep``: the app's writes return
     only once the Session has read them, like TCP with no buffer) and the app's reader;
     ``reconnects``: the board it shares with other sessions (a private one when None);
-    ``outbox``: the sidecar's outbox (``outbox`` on in ``config``). The app has not sent
-    CONNECT yet."""
+    ``outbox``: the sidecar's outbox (``outbox`` on in ``config``); ``memory``: the
+    sidecar's memory budget. The app has not sent CONNECT yet."""
     app_end: trio.abc.Stream
     session_end: trio.abc.Stream
     if lockstep:
@@ -607,6 +609,7 @@ async def start_session(
         open_stream=network.open_stream,
         reconnects=reconnects,
         outbox=outbox,
+        memory=memory,
     )
     running = Running(session, AppClient(app_end))
 

@@ -20,7 +20,7 @@ from protocol import Command, Frame, RawFrame
 from proxy.legs.memory import MemoryGate
 from proxy.tracking.budget import MemoryBudget, ReadCharge
 from proxy.tracking.window import ConfirmationWindow
-from tests.proxy.scripted_broker import wait_until
+from tests.proxy.scripted_broker import Network, make_config, start_session, wait_until
 from tests.proxy.test_max_sessions import connect_app, make_sidecar, refused
 
 CHUNK = 65536
@@ -220,6 +220,43 @@ async def test_a_session_only_its_app_can_free_is_read_past_the_budget(
     with trio.move_on_after(5) as scope:
         await gate.before_read(charge, 0, -1, 1)
     assert scope.cancelled_caught  # an ordinary session waits
+
+
+async def test_a_session_does_not_read_its_app_while_the_budget_is_over(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, network: Network
+) -> None:
+    """A real Session on a scripted broker: past the budget (the other sessions hold it) its
+    app's next SEND stays unread; once memory is released it goes upstream and is confirmed.
+    The window's bytes are charged while unconfirmed; the session's end gives everything
+    back."""
+    broker = network.add("broker", 61001)
+    gate = MemoryGate(MemoryBudget(1 << 20))
+    budget = gate.budget
+    config = make_config(broker, max_frame_bytes=1 << 18, max_memory_bytes=1 << 20)
+    running = await start_session(nursery, network, config, memory=gate)
+    app = running.app
+    assert (await app.connect()).command is Command.CONNECTED
+    budget.charge(1 << 20)  # the other sessions hold it all
+    # The read already waiting for the app takes what comes (one read past the budget)...
+    await app.send(Command.SEND, {"destination": "/queue/q", "receipt": "r0"}, b"x" * 1000)
+    await app.wait_receipt("r0")
+    # ...the next one waits for the budget.
+    await app.send(Command.SEND, {"destination": "/queue/q", "receipt": "r1"}, b"x" * 1000)
+    await trio.sleep(5)
+    assert len(broker.links[-1].received(Command.SEND)) == 1
+    assert budget.statistics().waiting == 1
+    broker.receipts = "hold"
+    budget.release(1)  # a RECEIPT of another session
+    await wait_until(lambda: len(broker.links[-1].received(Command.SEND)) == 2)
+    assert budget.held == (1 << 20) - 1 + running.session.core.flow.window.charged
+    assert running.session.core.flow.window.charged > 1000  # charged while unconfirmed
+    await broker.links[-1].release()
+    await app.wait_receipt("r1")
+    assert budget.held == (1 << 20) - 1
+    await app.stream.aclose()  # the app leaves
+    await running.done.wait()
+    assert budget.held == (1 << 20) - 1
+    assert budget.waiting == 0
 
 
 # -- a new session past the budget ------------------------------------------------------------
