@@ -273,10 +273,10 @@ class Config:
             answered with an ``ERROR`` naming the option. Each session holds two sockets
             (app and broker), so the file descriptor limit must allow twice this.
         max_memory_bytes: Bytes all sessions may hold together, at least twice
-            ``max_frame_bytes`` plus 64 KiB (384 MiB): the confirmation windows and the
-            frames being read from apps. Past it no app is read and a new app's ``CONNECT``
-            is answered with an ``ERROR`` naming the option (docs/behaviour.md, "One memory
-            budget").
+            ``max_frame_bytes`` plus 64 KiB (384 MiB): the confirmation windows, the
+            frames being read from apps, what open transactions keep. Past it no app is
+            read and a new app's ``CONNECT`` is answered with an ``ERROR`` naming the option
+            (docs/behaviour.md, "One memory budget").
         events_destination: Reserved destination of the in-band control channel
             (docs/behaviour.md, "Control channel"); never sent upstream.
         failover_mode: :class:`FailoverMode` (docs/behaviour.md, "Duplicate detection").

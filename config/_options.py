@@ -231,7 +231,8 @@ _ROWS = (
     Option(
         "max_memory_bytes",
         "int",
-        "bytes all sessions hold together (windows, frames being read), >= 2 x max_frame_bytes",
+        "bytes all sessions hold together (windows, frames read, transactions), "
+        ">= 2 x max_frame_bytes",
         "bytes",
     ),
     Option(

@@ -211,13 +211,15 @@ class SessionCore:
     def app_must_be_read(self) -> bool:
         """Whether its app must be read whatever the memory budget says: its CONNECT is not
         read yet (the session was admitted under the budget; ``handshake_timeout`` bounds
-        it), or only the app's next frames can free what this session holds: its window holds
+        it), or only the app's next frames can free what this session holds: it has an open
+        transaction (``max_transaction_size`` bounds what it keeps), its window holds
         frames and no receipt is pending for them (a later frame's receipt confirms them;
         RabbitMQ answers those of a transaction at its COMMIT), or the broker relay waits for
         the app's ACKs (``max_unacked``), and with it the RECEIPTs that would free the
         window."""
         state = self.state
-        if state is None:
+        if state is None or state.transaction_bytes.used:
+            # Its CONNECT, or the COMMIT/ABORT that frees what its open transactions keep.
             return True
         window = self.flow.window
         if len(window) and not window.receipts_pending:
@@ -229,6 +231,8 @@ class SessionCore:
         back to the process's memory budget (``max_memory_bytes``)."""
         self.flow.window.leave_budget()
         self.app.leave_memory()
+        if self.state is not None:
+            self.state.transaction_bytes.leave_budget()
 
     def end(self, ending: Ending) -> None:
         """End the session (the first call's ``ending`` wins): stop the app side and the link

@@ -127,8 +127,8 @@ class _Families:
         )
         self.memory_held = GaugeMetricFamily(
             f"{p}_memory_held_bytes",
-            "Bytes all sessions hold together: windows and frames being read from apps "
-            "(what max_memory_bytes bounds).",
+            "Bytes all sessions hold together: windows, frames being read from apps, open "
+            "transactions (what max_memory_bytes bounds).",
         )
         self.memory_limit = GaugeMetricFamily(
             f"{p}_memory_budget_bytes", "The memory budget of all sessions (max_memory_bytes)."

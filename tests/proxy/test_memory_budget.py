@@ -18,6 +18,7 @@ import protocol
 from config import ConfigError, load_config
 from protocol import Command, Frame, RawFrame
 from proxy.legs.memory import MemoryGate
+from proxy.tracking import TRANSACTION_OVERHEAD
 from proxy.tracking.budget import MemoryBudget, ReadCharge
 from proxy.tracking.window import ConfirmationWindow
 from tests.proxy.scripted_broker import Network, make_config, start_session, wait_until
@@ -257,6 +258,43 @@ async def test_a_session_does_not_read_its_app_while_the_budget_is_over(
     await running.done.wait()
     assert budget.held == (1 << 20) - 1
     assert budget.waiting == 0
+
+
+async def test_open_transactions_are_charged_and_their_app_is_read_past_the_budget(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, network: Network
+) -> None:
+    """What an open transaction keeps for replay counts against the budget; past the budget
+    its app is read all the same (only its COMMIT frees it), and the COMMIT gives it back."""
+    broker = network.add("broker", 61001)
+    gate = MemoryGate(MemoryBudget(1 << 20))
+    budget = gate.budget
+    config = make_config(broker, max_frame_bytes=1 << 18, max_memory_bytes=1 << 20)
+    running = await start_session(nursery, network, config, memory=gate)
+    app = running.app
+    assert (await app.connect()).command is Command.CONNECTED
+    await app.send(Command.BEGIN, {"transaction": "t1", "receipt": "b"})
+    await app.wait_receipt("b")
+    await app.send(
+        Command.SEND, {"destination": "/queue/q", "transaction": "t1", "receipt": "s"}, b"x" * 1000
+    )
+    await app.wait_receipt("s")
+    state = running.session.core.state
+    assert state is not None
+    kept = state.transaction_bytes.used
+    assert kept > 1000 + TRANSACTION_OVERHEAD  # the SEND kept to re-run it, the transaction
+    assert budget.held == kept  # the window is confirmed: only the transaction holds memory
+    budget.charge(1 << 20)  # the other sessions hold it all
+    # The read already waiting takes one more SEND (one read past the budget)...
+    await app.send(
+        Command.SEND, {"destination": "/queue/q", "transaction": "t1", "receipt": "s2"}, b"y"
+    )
+    await app.wait_receipt("s2")
+    # ...and the COMMIT is read past the budget too: only it frees the transaction's bytes.
+    await app.send(Command.COMMIT, {"transaction": "t1", "receipt": "c"})
+    with trio.fail_after(5):
+        await app.wait_receipt("c")
+    assert state.transaction_bytes.used == 0
+    assert budget.held == 1 << 20
 
 
 # -- a new session past the budget ------------------------------------------------------------
