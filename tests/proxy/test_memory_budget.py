@@ -21,7 +21,14 @@ from proxy.legs.memory import MemoryGate
 from proxy.tracking import TRANSACTION_OVERHEAD
 from proxy.tracking.budget import MemoryBudget, ReadCharge
 from proxy.tracking.window import ConfirmationWindow
-from tests.proxy.scripted_broker import Network, make_config, start_session, wait_until
+from tests.proxy.scripted_broker import (
+    Network,
+    Running,
+    ScriptedBroker,
+    make_config,
+    start_session,
+    wait_until,
+)
 from tests.proxy.test_max_sessions import connect_app, make_sidecar, refused
 
 CHUNK = 65536
@@ -223,6 +230,18 @@ async def test_a_session_only_its_app_can_free_is_read_past_the_budget(
     assert scope.cancelled_caught  # an ordinary session waits
 
 
+async def budgeted_session(
+    nursery: trio.Nursery, network: Network
+) -> tuple[ScriptedBroker, Running, MemoryBudget]:
+    """A connected Session on a scripted broker, under a budget of 1 MiB of its own."""
+    broker = network.add("broker", 61001)
+    gate = MemoryGate(MemoryBudget(1 << 20))
+    config = make_config(broker, max_frame_bytes=1 << 18, max_memory_bytes=1 << 20)
+    running = await start_session(nursery, network, config, memory=gate)
+    assert (await running.app.connect()).command is Command.CONNECTED
+    return broker, running, gate.budget
+
+
 async def test_a_session_does_not_read_its_app_while_the_budget_is_over(
     autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, network: Network
 ) -> None:
@@ -230,13 +249,8 @@ async def test_a_session_does_not_read_its_app_while_the_budget_is_over(
     app's next SEND stays unread; once memory is released it goes upstream and is confirmed.
     The window's bytes are charged while unconfirmed; the session's end gives everything
     back."""
-    broker = network.add("broker", 61001)
-    gate = MemoryGate(MemoryBudget(1 << 20))
-    budget = gate.budget
-    config = make_config(broker, max_frame_bytes=1 << 18, max_memory_bytes=1 << 20)
-    running = await start_session(nursery, network, config, memory=gate)
+    broker, running, budget = await budgeted_session(nursery, network)
     app = running.app
-    assert (await app.connect()).command is Command.CONNECTED
     budget.charge(1 << 20)  # the other sessions hold it all
     # The read already waiting for the app takes what comes (one read past the budget)...
     await app.send(Command.SEND, {"destination": "/queue/q", "receipt": "r0"}, b"x" * 1000)
@@ -265,13 +279,8 @@ async def test_open_transactions_are_charged_and_their_app_is_read_past_the_budg
 ) -> None:
     """What an open transaction keeps for replay counts against the budget; past the budget
     its app is read all the same (only its COMMIT frees it), and the COMMIT gives it back."""
-    broker = network.add("broker", 61001)
-    gate = MemoryGate(MemoryBudget(1 << 20))
-    budget = gate.budget
-    config = make_config(broker, max_frame_bytes=1 << 18, max_memory_bytes=1 << 20)
-    running = await start_session(nursery, network, config, memory=gate)
+    _broker, running, budget = await budgeted_session(nursery, network)
     app = running.app
-    assert (await app.connect()).command is Command.CONNECTED
     await app.send(Command.BEGIN, {"transaction": "t1", "receipt": "b"})
     await app.wait_receipt("b")
     await app.send(
