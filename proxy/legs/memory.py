@@ -6,7 +6,8 @@ is :mod:`proxy.tracking.budget`'s, pure).
 (:meth:`proxy.legs.stream.FrameStream.receive_fast_event`): between frames it waits while the
 budget is over (the app's next frame stays in TCP: backpressure, as for one session's full
 window), inside a frame it holds the whole frame once its ``content-length`` is known (else
-one more read) and waits until that fits. Broker legs are never held back: their RECEIPTs are
+one more read) and waits until that fits. Broker legs are charged the same way
+(:meth:`MemoryGate.account`: the MESSAGE being read) and never held back: their RECEIPTs are
 what frees memory.
 
 :func:`keep_mmap_threshold` keeps glibc's malloc from holding on to freed frames, so the
@@ -74,6 +75,13 @@ class MemoryGate:
     def charge_for(self, chunk: int) -> ReadCharge:
         """A new app leg's charge (``chunk``: the most one read brings)."""
         return ReadCharge(self.budget, chunk)
+
+    def account(self, charge: ReadCharge, buffered: int, total: int, frame: int) -> None:
+        """:meth:`before_read` for a leg that never waits (a broker's): what it holds is
+        charged all the same (a MESSAGE being read, twice its size once known)."""
+        wanted = charge.wanted(buffered, total, frame)
+        if wanted > charge.charged:
+            charge.take(wanted)
 
     async def before_read(self, charge: ReadCharge, buffered: int, total: int, frame: int) -> None:
         """Wait until the leg of ``charge`` may read: ``(buffered, total)`` is its frame in

@@ -162,13 +162,25 @@ class FrameStream:
         #: An app leg's hold on the process's memory budget (:meth:`use_memory`): each read
         #: waits for it; None: reads never wait for memory (broker legs).
         self._memory: MemoryGate | None = None
+        self._memory_waits = True
         self.read_charge: ReadCharge | None = None
 
-    def use_memory(self, gate: MemoryGate) -> None:
-        """Read only as the process's memory budget allows (:mod:`proxy.legs.memory`): an app
-        leg. Its charge is released by :meth:`leave_memory`."""
+    def use_memory(
+        self, gate: MemoryGate, charge: ReadCharge | None = None, *, wait: bool = True
+    ) -> None:
+        """Charge what this leg's read buffer holds to the process's memory budget
+        (:mod:`proxy.legs.memory`), in ``charge`` (a new one when None), and read only as the
+        budget allows (an app leg); ``wait=False``: never wait for it (a broker leg, whose
+        RECEIPTs are what frees memory). The charge is released by :meth:`leave_memory`, or
+        by its owner."""
         self._memory = gate
-        self.read_charge = gate.charge_for(RECEIVE_SIZE)
+        self._memory_waits = wait
+        self.read_charge = charge if charge is not None else gate.charge_for(RECEIVE_SIZE)
+
+    @property
+    def memory(self) -> MemoryGate | None:
+        """The memory budget this leg's reads are charged to (:meth:`use_memory`), if any."""
+        return self._memory
 
     def leave_memory(self) -> None:
         """The leg is done reading: release what its buffer is charged, charge no more."""
@@ -389,7 +401,9 @@ class FrameStream:
                 buffered, total = conn.frame_in_progress()
                 # Between frames, nothing charged, budget not over: nothing to wait for or
                 # release (no coroutine to make for it: this runs before every read).
-                if buffered or charge.charged or memory.budget.over:
+                if not self._memory_waits:
+                    memory.account(charge, buffered, total, self.frames_in)
+                elif buffered or charge.charged or memory.budget.over:
                     await memory.before_read(charge, buffered, total, self.frames_in)
             try:
                 if self._sock is not None:

@@ -22,7 +22,7 @@ import protocol
 from config import Config, Durations
 from protocol import Command
 from proxy.legs.memory import MemoryGate
-from proxy.legs.stream import FrameStream
+from proxy.legs.stream import RECEIVE_SIZE, FrameStream
 from proxy.reconnect.policy import ReconnectPolicy
 from proxy.session.asked import AppRequests
 from proxy.session.drain import DrainState
@@ -34,6 +34,7 @@ from proxy.telemetry.events import EventBus
 from proxy.telemetry.metrics import Metrics
 from proxy.telemetry.vocabulary import ClientErrorReason
 from proxy.tracking import SessionState
+from proxy.tracking.budget import ReadCharge
 from proxy.tracking.window import ConfirmationWindow
 
 if TYPE_CHECKING:
@@ -105,6 +106,7 @@ class SessionCore:
         "rng",
         "seen",
         "state",
+        "upstream_charge",
         "upstream_limits",
     )
 
@@ -167,10 +169,14 @@ class SessionCore:
                 budget=memory.budget if memory is not None else None,
             )
         )
+        #: What the broker legs' read buffers hold (a MESSAGE being read), charged to the
+        #: memory budget, one for all the session's legs (proxy.session.link gives it to each).
+        self.upstream_charge: ReadCharge | None = None
         if memory is not None:  # the process's max_memory_bytes (proxy.legs.memory)
             self.app.use_memory(memory)
             assert self.app.read_charge is not None
             self.app.read_charge.must_read = self.app_must_be_read
+            self.upstream_charge = memory.charge_for(RECEIVE_SIZE)
         self.drain = DrainState()
         self.ending: Ending | None = None
         self.app_scope = trio.CancelScope()
@@ -231,6 +237,8 @@ class SessionCore:
         back to the process's memory budget (``max_memory_bytes``)."""
         self.flow.window.leave_budget()
         self.app.leave_memory()
+        if self.upstream_charge is not None:
+            self.upstream_charge.close()
         if self.state is not None:
             self.state.transaction_bytes.leave_budget()
 

@@ -127,7 +127,7 @@ class _Families:
         )
         self.memory_held = GaugeMetricFamily(
             f"{p}_memory_held_bytes",
-            "Bytes all sessions hold together: windows, frames being read from apps, open "
+            "Bytes all sessions hold together: windows, frames being read, open "
             "transactions (what max_memory_bytes bounds).",
         )
         self.memory_limit = GaugeMetricFamily(

@@ -6,14 +6,17 @@ Each session's limits (``confirmation_window_size``, ``max_frame_bytes``,
 container's memory limit. This budget bounds their sum: the confirmation windows' bytes (charged
 by :class:`~proxy.tracking.window.ConfirmationWindow` itself, from the byte counts it keeps
 anyway), what open transactions keep for replay (:class:`~proxy.tracking.TransactionBytes`),
-and the frames being read from apps (:class:`ReadCharge`, by the app leg before each read).
+and the frames being read (:class:`ReadCharge`, by each leg before each read: an app's, which
+waits for room, or a broker's, which never waits).
 
 Over it, apps are not read (their frames wait in TCP, as for one session's full window) and new
 sessions are refused; what frees memory goes on: broker RECEIPTs confirm windows, frames being
-read complete. The one wait here that could hold memory hostage, a read that needs more room to
-finish its frame, counts the reads waiting like it as free (:meth:`MemoryBudget.fits`): only
-windows and frames that are being read on stand in its way, and both drain by themselves.
-Past the budget by at most one read (64 KiB) per session that started a frame under it.
+read complete. The one wait here that could hold memory hostage, reads that need more room to
+finish their frames and wait on each other, is broken by the overdraft
+(:meth:`MemoryBudget.grants`): once everything else held belongs to waiting reads, one of them
+at a time goes past the budget. Past it by at most one read (64 KiB) per session that started
+a frame under it, the overdraft's frame, and what broker legs are reading (charged, never held
+back); a session that only its app can free (:attr:`ReadCharge.must_read`) is read regardless.
 
 Pure: no trio, no clock; the waiting is :mod:`proxy.legs.memory`'s.
 """

@@ -175,6 +175,18 @@ async def test_a_frame_being_read_holds_its_whole_size_and_waits_until_it_fits(
     assert budget.held == CHUNK
 
 
+def test_a_broker_leg_is_charged_and_never_waits() -> None:
+    """A MESSAGE being read from a broker counts (twice its size once known), even past the
+    budget: the broker leg's RECEIPTs are what frees memory, so it is never held back."""
+    gate = MemoryGate(MemoryBudget(CHUNK))
+    gate.budget.charge(CHUNK)  # over
+    charge = gate.charge_for(CHUNK)
+    gate.account(charge, 100, 10 * CHUNK, 0)
+    assert charge.charged == 20 * CHUNK
+    gate.account(charge, 0, -1, 1)  # the MESSAGE was relayed: between frames again
+    assert (charge.charged, gate.budget.held) == (0, CHUNK)
+
+
 async def test_frames_being_read_never_wait_on_each_other(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
