@@ -56,6 +56,7 @@ COMPILED = (
     "proxy/tracking/state.py",
     "proxy/telemetry/vocabulary.py",
     "proxy/tracking/window.py",
+    "proxy/tracking/budget.py",
 )
 #: Written beside protocol/_native.py by every compiling build.
 MANIFEST = "protocol/_native.sha256"

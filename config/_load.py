@@ -386,9 +386,17 @@ def _validate(cfg: Config, settings: Mapping[str, _Setting], skip: set[str]) -> 
         "id_cache_size",
         "max_transaction_size",
         "max_sessions",
+        "max_memory_bytes",
         "outbox_max_bytes",
     ):
         check(name, getattr(cfg, name) > 0, "must be > 0")
+    if "max_frame_bytes" not in skip:
+        check(
+            "max_memory_bytes",
+            cfg.max_memory_bytes >= 2 * cfg.max_frame_bytes + 65536,
+            f"must be at least twice max_frame_bytes ({cfg.max_frame_bytes}) plus 65536: one "
+            "frame of that size costs twice its size and one read while it is read",
+        )
     # the outbox (docs/outbox.md): a directory when it is on, patterns that say something
     if not {"outbox", "outbox_dir"} & skip and cfg.outbox and not cfg.outbox_dir:
         problems.append(f"outbox_dir: required when outbox is true {where('outbox')}")

@@ -272,6 +272,11 @@ class Config:
         max_sessions: Most app sessions at once, > 0; the next app's ``CONNECT`` is
             answered with an ``ERROR`` naming the option. Each session holds two sockets
             (app and broker), so the file descriptor limit must allow twice this.
+        max_memory_bytes: Bytes all sessions may hold together, at least twice
+            ``max_frame_bytes`` plus 64 KiB (384 MiB): the confirmation windows, the
+            frames being read from apps, what open transactions keep. Past it no app is
+            read and a new app's ``CONNECT`` is answered with an ``ERROR`` naming the option
+            (docs/behaviour.md, "One memory budget").
         events_destination: Reserved destination of the in-band control channel
             (docs/behaviour.md, "Control channel"); never sent upstream.
         failover_mode: :class:`FailoverMode` (docs/behaviour.md, "Duplicate detection").
@@ -344,6 +349,7 @@ class Config:
     id_cache_size: int = 20_000
     max_transaction_size: int = 16_777_216  # 16 MiB
     max_sessions: int = 1000
+    max_memory_bytes: int = 402_653_184  # 384 MiB
     events_destination: str = "/mq-sidecar/events"
     failover_mode: FailoverMode = FailoverMode.TRANSPARENT
     transaction_failover: TransactionFailover = TransactionFailover.REPLAY

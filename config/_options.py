@@ -229,6 +229,13 @@ _ROWS = (
     ),
     Option("max_sessions", "int", "most app sessions at once, > 0 (two sockets each)"),
     Option(
+        "max_memory_bytes",
+        "int",
+        "bytes all sessions hold together (windows, frames read, transactions), "
+        ">= 2 x max_frame_bytes",
+        "bytes",
+    ),
+    Option(
         "events_destination",
         "str",
         "reserved destination of the in-band event channel (control channel)",

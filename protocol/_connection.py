@@ -174,6 +174,13 @@ class Connection:
         """
         self._parser.receive_data(data)
 
+    def frame_in_progress(self) -> tuple[int, int]:
+        """``(buffered, total)`` bytes of the frame being received (the parser's
+        :meth:`~protocol._parser.FrameParser.frame_in_progress`): what is buffered, and the
+        whole frame's size once its ``content-length`` is known (-1 until then, or without
+        one)."""
+        return self._parser.frame_in_progress()
+
     def next_event(self) -> Event:
         """Return the next :class:`Frame`, ``HEARTBEAT``, ``NEED_DATA`` or ``CONNECTION_CLOSED``.
 

@@ -205,6 +205,19 @@ class FrameParser:
                 self._shift(pos)
         buf += data
 
+    def frame_in_progress(self) -> tuple[int, int]:
+        """Bytes the frame being read holds now and will hold: ``(buffered, total)``.
+
+        ``buffered``: bytes received and not yet returned as events (0 between frames with
+        nothing buffered). ``total``: the whole frame's size once its head is read and it
+        has a ``content-length``, else -1 (head incomplete, or a body that ends at its NUL).
+        For a reader that budgets memory before it reads on; never does work.
+        """
+        buffered = len(self._buf) - self._pos
+        if self._phase == _BODY and self._content_length >= 0:
+            return buffered, self._body_start + self._content_length + 1 - self._frame_start
+        return buffered, -1
+
     def _shift(self, by: int) -> None:
         self._pos -= by
         self._scan -= by

@@ -27,6 +27,7 @@ from config import Config, ConfigError, load_config
 from proxy._version import VERSION
 from proxy.admin.http import TokenUnavailable, read_token
 from proxy.app import ListenError, OutboxUnusable, TracingUnavailable, serve
+from proxy.legs.memory import keep_mmap_threshold
 from proxy.legs.tls import TlsFailed, client_context
 from proxy.telemetry.logs import configure_logging
 
@@ -135,6 +136,7 @@ def run_sidecar(config: Config) -> None:
         click.echo(f"mq-sidecar: {problem}", err=True)
     if problems:
         sys.exit(1)
+    keep_mmap_threshold()  # RSS follows what the memory budget counts
     try:
         trio.run(lambda: serve(config, handle_signals=True))
     except* (ListenError, OutboxUnusable, TracingUnavailable) as group:

@@ -23,6 +23,11 @@ At most ``max_sessions`` sessions are open at once (those still reading their CO
 connection beyond that gets no :class:`Session`: its CONNECT (a small frame, read within
 ``handshake_timeout``) is answered with an ERROR naming the option and the connection closes;
 it is counted (``mq_sidecar_sessions_refused_total``) and logged at most once a minute.
+
+One memory budget bounds what all sessions hold together (``max_memory_bytes``; the
+accounting is :mod:`proxy.tracking.budget`'s, the waiting :mod:`proxy.legs.memory`'s): while
+it is over, apps are not read and a new connection is refused the same way, its ERROR naming
+that option.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ import protocol
 from config import Config
 from proxy._errors import ListenError, OutboxUnusable, TracingUnavailable
 from proxy.admin.server import AdminLimits, AdminServer
+from proxy.legs.memory import MemoryGate
 from proxy.legs.opening import BrokerStreams
 from proxy.legs.stream import FrameStream, TransportLost
 from proxy.outbox.forwarder import OutboxForwarder
@@ -54,6 +60,7 @@ from proxy.telemetry.events import EventBus
 from proxy.telemetry.logs import log_session_event
 from proxy.telemetry.metrics import Metrics
 from proxy.telemetry.statistics import SidecarStatistics
+from proxy.tracking.budget import MemoryBudget
 
 if TYPE_CHECKING:  # imported at run time only when tracing is on (start_tracing)
     from proxy.telemetry.tracing import Tracing
@@ -97,13 +104,13 @@ class _Refusals:
         self._logged_at: float | None = None
         self._unlogged = 0
 
-    def log(self, limit: int) -> None:
+    def log(self, why: str) -> None:
         now = trio.current_time()
         if self._logged_at is not None and now - self._logged_at < _REFUSAL_LOG_INTERVAL:
             self._unlogged += 1
             return
         more = f"; {self._unlogged} more refused since the last such line" if self._unlogged else ""
-        log.warning("refused an app connection: max_sessions (%d) reached%s", limit, more)
+        log.warning("refused an app connection: %s%s", why, more)
         self._logged_at = now
         self._unlogged = 0
 
@@ -148,6 +155,8 @@ class Sidecar:
         self.outbox: OutboxService | None = None
         self.recovery: OutboxForwarder | None = None
         self.sessions: set[Session] = set()
+        #: The process's memory budget (``max_memory_bytes``) and the app reads waiting for it.
+        self.memory = MemoryGate(MemoryBudget(config.max_memory_bytes))
         self.listen_address: tuple[str, int] | None = None
         self.admin_address: tuple[str, int] | None = None
         self.shutdown_requested = trio.Event()
@@ -245,6 +254,7 @@ class Sidecar:
             sessions=tuple(s.statistics() for s in self.sessions),
             admin_listen=self.admin_address,
             outbox=self.outbox.statistics() if self.outbox is not None else None,
+            memory=self.memory.budget.statistics(),
         )
 
     async def serve(
@@ -332,8 +342,27 @@ class Sidecar:
             sessions_nursery.start_soon(self._run_session, stream)
 
     async def _run_session(self, stream: trio.abc.Stream) -> None:
-        if len(self.sessions) >= self.config.max_sessions:
-            await self._refuse(stream)
+        limit = self.config.max_sessions
+        if len(self.sessions) >= limit:
+            await self._refuse(
+                stream,
+                f"max_sessions ({limit}) reached",
+                "too many sessions",
+                f"mq-sidecar serves at most {limit} app sessions at once (max_sessions); this "
+                "connection is closed. Connect again once a session has ended.",
+            )
+            return
+        budget = self.memory.budget
+        if budget.over:
+            budget.refused_total += 1
+            await self._refuse(
+                stream,
+                f"max_memory_bytes ({budget.limit}) reached",
+                "out of memory",
+                f"the sessions of this mq-sidecar hold {budget.held} bytes, its budget for all "
+                f"of them (max_memory_bytes = {budget.limit}); this connection is closed. "
+                "Connect again once the brokers have confirmed what the others sent.",
+            )
             return
         # <6 hex digits>-<n>: the shape proxy.tracking.SIDECAR_RECEIPT recognises.
         session_id = f"{self._prefix}-{next(self._counter)}"
@@ -347,6 +376,7 @@ class Sidecar:
             open_stream=self.streams,
             outbox=self.outbox,
             tracing=self.tracing,
+            memory=self.memory,
         )
         self.sessions.add(session)
         self.sessions_total += 1
@@ -357,14 +387,15 @@ class Sidecar:
         finally:
             self.sessions.discard(session)
 
-    async def _refuse(self, stream: trio.abc.Stream) -> None:
-        """Answer a connection over ``max_sessions`` without a Session: read its first frame
-        (its CONNECT: at most :data:`_REFUSAL_LIMITS`, within ``handshake_timeout``), answer an
-        ERROR naming the option, close. Past :data:`_MAX_REFUSING` at once: close at once."""
-        limit = self.config.max_sessions
+    async def _refuse(self, stream: trio.abc.Stream, why: str, what: str, detail: str) -> None:
+        """Answer a connection over ``max_sessions`` or ``max_memory_bytes`` without a Session:
+        read its first frame (its CONNECT: at most :data:`_REFUSAL_LIMITS`, within
+        ``handshake_timeout``), answer an ERROR (message ``<what>: <why>``, ``why`` naming the
+        option; ``detail`` its body), close. Past :data:`_MAX_REFUSING` at once: close at
+        once."""
         refusals = self._refusals
         self.metrics.session_refused()
-        refusals.log(limit)
+        refusals.log(why)
         if refusals.waiting >= _MAX_REFUSING:
             await trio.aclose_forcefully(stream)
             return
@@ -382,11 +413,7 @@ class Sidecar:
                     pass  # more than a CONNECT, or not STOMP: the refusal says why all the same
                 except TransportLost:
                     return
-            refusal = error_frame(
-                f"too many sessions: max_sessions ({limit}) reached",
-                detail=f"mq-sidecar serves at most {limit} app sessions at once (max_sessions); "
-                "this connection is closed. Connect again once a session has ended.",
-            )
+            refusal = error_frame(f"{what}: {why}", detail=detail)
             with (
                 trio.move_on_after(_REFUSAL_SEND_SECONDS),
                 contextlib.suppress(TransportLost, protocol.LocalProtocolError),

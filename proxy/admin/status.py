@@ -112,6 +112,8 @@ def status_document(
         "reconnects_in_progress": reconnecting,
         # Counters since start, which the admin page samples for its rate charts.
         "totals": sidecar.metrics.totals(),
+        # What all sessions hold together against max_memory_bytes (proxy.tracking.budget).
+        "memory": dataclasses.asdict(stats.memory) if stats.memory is not None else None,
         # The outbox (None when off): what it holds, how old its oldest frame is, what the
         # store's recovery found at start (docs/outbox.md).
         "outbox": stats.outbox.status() if stats.outbox is not None else None,

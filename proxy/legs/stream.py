@@ -24,11 +24,16 @@ arithmetic itself stays in ``protocol/``.
 from __future__ import annotations
 
 import socket
+from typing import TYPE_CHECKING
 
 import trio
 
 import protocol
 from protocol import NEED_DATA, ConnectionClosed, Frame, HeartBeat, RawFrame
+
+if TYPE_CHECKING:
+    from proxy.legs.memory import MemoryGate
+    from proxy.tracking.budget import ReadCharge
 
 __all__ = ["FrameStream", "HeartBeatTimeout", "TransportLost"]
 
@@ -154,6 +159,35 @@ class FrameStream:
         self._watched = False
         #: It found the peer silent: every read raises :class:`HeartBeatTimeout` from now on.
         self._silent = False
+        #: An app leg's hold on the process's memory budget (:meth:`use_memory`): each read
+        #: waits for it; None: reads never wait for memory (broker legs).
+        self._memory: MemoryGate | None = None
+        self._memory_waits = True
+        self.read_charge: ReadCharge | None = None
+
+    def use_memory(
+        self, gate: MemoryGate, charge: ReadCharge | None = None, *, wait: bool = True
+    ) -> None:
+        """Charge what this leg's read buffer holds to the process's memory budget
+        (:mod:`proxy.legs.memory`), in ``charge`` (a new one when None), and read only as the
+        budget allows (an app leg); ``wait=False``: never wait for it (a broker leg, whose
+        RECEIPTs are what frees memory). The charge is released by :meth:`leave_memory`, or
+        by its owner."""
+        self._memory = gate
+        self._memory_waits = wait
+        self.read_charge = charge if charge is not None else gate.charge_for(RECEIVE_SIZE)
+
+    @property
+    def memory(self) -> MemoryGate | None:
+        """The memory budget this leg's reads are charged to (:meth:`use_memory`), if any."""
+        return self._memory
+
+    def leave_memory(self) -> None:
+        """The leg is done reading: release what its buffer is charged, charge no more."""
+        if self.read_charge is not None:
+            self.read_charge.close()
+        self._memory = None
+        self.read_charge = None
 
     def start_heartbeats(self, *, silence_ms: int = 0) -> None:
         """Arm the heart-beat timer once the CONNECT/CONNECTED exchange has negotiated it.
@@ -360,6 +394,17 @@ class FrameStream:
                     self.frames_in += 1
                 return event
             data: bytes | bytearray
+            memory = self._memory
+            if memory is not None:
+                charge = self.read_charge
+                assert charge is not None
+                buffered, total = conn.frame_in_progress()
+                # Between frames, nothing charged, budget not over: nothing to wait for or
+                # release (no coroutine to make for it: this runs before every read).
+                if not self._memory_waits:
+                    memory.account(charge, buffered, total, self.frames_in)
+                elif buffered or charge.charged or memory.budget.over:
+                    await memory.before_read(charge, buffered, total, self.frames_in)
             try:
                 if self._sock is not None:
                     data = await self._receive_raw(self._sock)  # notes the time received

@@ -129,17 +129,16 @@ class AppSide:
         waiting for room, the one read ahead of it, every complete frame left in the read
         buffer. Takes them out of the buffer: call it only when the session ends."""
         held = self.confirmations.waiting
-        out = [held] if held is not None else []
+        pending = [held] if held is not None else []
         upcoming = self._upcoming
         while isinstance(upcoming, Frame | RawFrame | HeartBeat):
             if not isinstance(upcoming, HeartBeat):
-                frame = upcoming.to_frame() if isinstance(upcoming, RawFrame) else upcoming
-                out.append((frame, frame.get("receipt")))
+                pending.append((upcoming, upcoming.get("receipt")))
             try:
                 upcoming = self.core.app.next_buffered()
             except protocol.RemoteProtocolError:
                 break
-        return out
+        return [(f.to_frame() if isinstance(f, RawFrame) else f, r) for f, r in pending]
 
     def stop_reading(self) -> None:
         """Take no more frames from the app (the drain on SIGTERM): the burst being handled

@@ -61,8 +61,9 @@ class Confirmations:
         self.out = out
         self.control = control
         #: The frame waiting for room in the window (as it goes upstream), with the app's
-        #: receipt id: read from the app, not in the window yet (the drain names it).
-        self.waiting: tuple[Frame, str | None] | None = None
+        #: receipt id: read from the app, not in the window yet (the drain names it). A
+        #: RawFrame stays one (parsing it would copy a large body once more while it waits).
+        self.waiting: tuple[Frame | RawFrame, str | None] | None = None
         #: Whether the ``call_timeout`` watch runs (:meth:`watch_call_timeouts`): only while
         #: an app receipt is unanswered, so an idle session holds no task for it.
         self.watching = False
@@ -94,8 +95,7 @@ class Confirmations:
         size = frame_size(frame)
         if not window.has_room(size):
             core.metrics.window_full()
-            held = frame.to_frame() if isinstance(frame, RawFrame) else frame
-            self.waiting = (held, app_receipt)
+            self.waiting = (frame, app_receipt)
             try:
                 await self.flush_upstream()  # the receipts that make room answer queued frames
                 # Only a pending receipt makes room; with none, the frame goes in after what
@@ -137,6 +137,10 @@ class Confirmations:
             entry = self._append(frame, app_receipt, want, context, size, deferred=deferred)
         if tracer is not None:
             tracer.submitted(entry, started)
+        charge = core.app.read_charge
+        if charge is not None and charge.charged:
+            # The frame's bytes are the window's now: the app leg is charged what follows it.
+            charge.handed(core.app.conn.frame_in_progress()[0])
         upstream = core.leg.upstream
         if upstream is not None and upstream.needs_flush:
             await self.flush_upstream()

@@ -21,7 +21,8 @@ import trio
 import protocol
 from config import Config, Durations
 from protocol import Command
-from proxy.legs.stream import FrameStream
+from proxy.legs.memory import MemoryGate
+from proxy.legs.stream import RECEIVE_SIZE, FrameStream
 from proxy.reconnect.policy import ReconnectPolicy
 from proxy.session.asked import AppRequests
 from proxy.session.drain import DrainState
@@ -33,6 +34,7 @@ from proxy.telemetry.events import EventBus
 from proxy.telemetry.metrics import Metrics
 from proxy.telemetry.vocabulary import ClientErrorReason
 from proxy.tracking import SessionState
+from proxy.tracking.budget import ReadCharge
 from proxy.tracking.window import ConfirmationWindow
 
 if TYPE_CHECKING:
@@ -106,6 +108,7 @@ class SessionCore:
         "seen",
         "state",
         "tracer",
+        "upstream_charge",
         "upstream_limits",
     )
 
@@ -118,6 +121,7 @@ class SessionCore:
         bus: EventBus,
         metrics: Metrics,
         rng: random.Random,
+        memory: MemoryGate | None = None,
     ) -> None:
         self.config = config
         self.durations: Durations = config.durations
@@ -161,8 +165,20 @@ class SessionCore:
         self.asked = AppRequests()
         self.leg = LegState()
         self.flow = FlowControl(
-            ConfirmationWindow(config.confirmation_window_size, receipt_prefix=f"{session_id}-r")
+            ConfirmationWindow(
+                config.confirmation_window_size,
+                receipt_prefix=f"{session_id}-r",
+                budget=memory.budget if memory is not None else None,
+            )
         )
+        #: What the broker legs' read buffers hold (a MESSAGE being read), charged to the
+        #: memory budget, one for all the session's legs (proxy.session.link gives it to each).
+        self.upstream_charge: ReadCharge | None = None
+        if memory is not None:  # the process's max_memory_bytes (proxy.legs.memory)
+            self.app.use_memory(memory)
+            assert self.app.read_charge is not None
+            self.app.read_charge.must_read = self.app_must_be_read
+            self.upstream_charge = memory.charge_for(RECEIVE_SIZE)
         self.drain = DrainState()
         self.ending: Ending | None = None
         self.app_scope = trio.CancelScope()
@@ -202,6 +218,34 @@ class SessionCore:
     def advance(self, to: Phase) -> None:
         """Change phase (:meth:`PhaseMachine.advance`; raises PhaseError on a bad one)."""
         self.phases.advance(to)
+
+    def app_must_be_read(self) -> bool:
+        """Whether its app must be read whatever the memory budget says: its CONNECT is not
+        read yet (the session was admitted under the budget; ``handshake_timeout`` bounds
+        it), or only the app's next frames can free what this session holds: it has an open
+        transaction (``max_transaction_size`` bounds what it keeps), its window holds
+        frames and no receipt is pending for them (a later frame's receipt confirms them;
+        RabbitMQ answers those of a transaction at its COMMIT), or the broker relay waits for
+        the app's ACKs (``max_unacked``), and with it the RECEIPTs that would free the
+        window."""
+        state = self.state
+        if state is None or state.transaction_bytes.used:
+            # Its CONNECT, or the COMMIT/ABORT that frees what its open transactions keep.
+            return True
+        window = self.flow.window
+        if len(window) and not window.receipts_pending:
+            return True
+        return state.unacked >= state.max_unacked
+
+    def leave_memory(self) -> None:
+        """The session is over: what its window and its app leg's buffer were charged goes
+        back to the process's memory budget (``max_memory_bytes``)."""
+        self.flow.window.leave_budget()
+        self.app.leave_memory()
+        if self.upstream_charge is not None:
+            self.upstream_charge.close()
+        if self.state is not None:
+            self.state.transaction_bytes.leave_budget()
 
     def end(self, ending: Ending) -> None:
         """End the session (the first call's ``ending`` wins): stop the app side and the link

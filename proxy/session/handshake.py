@@ -106,6 +106,8 @@ async def accept_connect(core: SessionCore, open_stream: StreamOpener) -> Frame 
     )
     # Outbox mode: queue subscriptions persist the ids the app settles (issue 17 part 3).
     core.state.persist_seen_ids = core.seen is not None
+    # What open transactions keep counts against max_memory_bytes too.
+    core.state.transaction_bytes.process = core.flow.window.budget
     core.asked.connect = connect
     return connect
 

@@ -127,7 +127,7 @@ class Link:
 
     async def _connect_one(self, broker: Broker) -> Upstream:
         core = self.core
-        return await connect_upstream(
+        upstream = await connect_upstream(
             broker,
             self.connect_frame(broker),
             limits=core.upstream_limits,
@@ -135,6 +135,12 @@ class Link:
             connect_timeout=core.durations.connect_timeout,
             open_stream=self.open_stream,
         )
+        charge = core.upstream_charge
+        if charge is not None:  # the MESSAGE being read counts against max_memory_bytes
+            memory = core.app.memory
+            assert memory is not None
+            upstream.wire.use_memory(memory, charge, wait=False)
+        return upstream
 
     def _first_failure(self) -> None:
         """One broker of a first connection did not answer (or was skipped)."""

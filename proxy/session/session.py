@@ -54,6 +54,7 @@ import trio
 
 from config import Config
 from proxy.legs.broker import UpstreamUnavailable
+from proxy.legs.memory import MemoryGate
 from proxy.legs.opening import BrokerStreams, StreamOpener
 from proxy.legs.stream import TransportLost
 from proxy.outbox.service import OutboxService
@@ -129,6 +130,9 @@ class Session:
             when no broker is up. None: off.
         tracing: the sidecar's :class:`~proxy.telemetry.tracing.Tracing` (``tracing = true``):
             the session's frames become spans (docs/operations.md, "Traces"). None: off.
+        memory: the sidecar's memory budget (``max_memory_bytes``, :mod:`proxy.legs.memory`):
+            the window and the app's reads are charged to it, and the app is not read while it
+            is over. None: no budget but the session's own bounds.
 
     ``run()`` never raises for anything the app or a broker does; only cancellation propagates.
     """
@@ -146,6 +150,7 @@ class Session:
         reconnects: ReconnectBoard | None = None,
         outbox: OutboxService | None = None,
         tracing: Tracing | None = None,
+        memory: MemoryGate | None = None,
     ) -> None:
         core = SessionCore(
             config,
@@ -154,6 +159,7 @@ class Session:
             bus=bus if bus is not None else EventBus(),
             metrics=metrics if metrics is not None else Metrics(),
             rng=rng if rng is not None else _RNG,
+            memory=memory,
         )
         self.core = core
         if tracing is not None:
@@ -363,6 +369,7 @@ class Session:
                 await trio.aclose_forcefully(core.app.stream)
             if core.tracer is not None:
                 core.tracer.close()
+            core.leave_memory()
             if ending is not None:
                 log.log(ending.level, "session %s closed: %s", core.id, ending.reason)
 

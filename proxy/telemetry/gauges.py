@@ -136,6 +136,14 @@ class _Families:
             "Problems the outbox's recovery found at start (damaged or lost frames, a database "
             "moved aside); 0 when clean.",
         )
+        self.memory_held = GaugeMetricFamily(
+            f"{p}_memory_held_bytes",
+            "Bytes all sessions hold together: windows, frames being read, open "
+            "transactions (what max_memory_bytes bounds).",
+        )
+        self.memory_limit = GaugeMetricFamily(
+            f"{p}_memory_budget_bytes", "The memory budget of all sessions (max_memory_bytes)."
+        )
         self.ready = GaugeMetricFamily(f"{p}_ready", "1 when /readyz answers 200, else 0.")
         self.sse_clients = GaugeMetricFamily(f"{p}_sse_clients", "GET /events readers now.")
         self.admin_connections = GaugeMetricFamily(
@@ -196,6 +204,9 @@ class SidecarCollector:
         f.window_bytes_max.add_metric([], window_max)
         f.window_limit.add_metric([], sidecar.config.confirmation_window_size)
         f.reconnects.add_metric([], states["reconnecting"])
+        if stats.memory is not None:
+            f.memory_held.add_metric([], stats.memory.held)
+            f.memory_limit.add_metric([], stats.memory.limit)
         outbox = stats.outbox
         if outbox is not None:
             f.outbox_frames.add_metric([], outbox.frames)

@@ -18,6 +18,7 @@ from proxy.legs.opening import BrokerStreams
 from proxy.reconnect.evacuations import Evacuation
 from proxy.telemetry.events import EventBus
 from proxy.telemetry.metrics import Metrics
+from proxy.tracking.budget import BudgetStatistics
 from proxy.tracking.window import WindowStatistics
 
 __all__ = [
@@ -176,13 +177,14 @@ class OutboxStatistics:
 @dataclass(frozen=True, slots=True)
 class SidecarStatistics:
     """Snapshot of the whole daemon: listener address, every live session, the outbox (None
-    when ``outbox`` is off)."""
+    when ``outbox`` is off), the memory budget (``max_memory_bytes``)."""
 
     listen: tuple[str, int] | None
     sessions_total: int
     sessions: tuple[SessionStatistics, ...]
     admin_listen: tuple[str, int] | None = None
     outbox: OutboxStatistics | None = None
+    memory: BudgetStatistics | None = None
 
 
 class SidecarView(Protocol):

@@ -10,6 +10,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from protocol import Frame
+from proxy.tracking.budget import MemoryBudget
 from proxy.tracking.window import Entry, EntryContext
 
 __all__ = [
@@ -235,9 +236,23 @@ SETTLED_DELIVERY_COST = 256
 class TransactionBytes:
     """What a session's open transactions hold, in bytes (``used``), against its
     ``max_transaction_size``: the frames kept to re-run them after a failover plus the
-    charges above. One per session, shared by its transactions."""
+    charges above. One per session, shared by its transactions; charged to the process's
+    memory budget (``max_memory_bytes``) too when ``process`` is set."""
 
     used: int = 0
+    process: MemoryBudget | None = None
+
+    def add(self, nbytes: int) -> None:
+        """Hold ``nbytes`` more (less, when negative)."""
+        self.used += nbytes
+        if self.process is not None:
+            self.process.charge(nbytes)
+
+    def leave_budget(self) -> None:
+        """The session is over: give what it holds back to the process's budget."""
+        if self.process is not None:
+            self.process.release(self.used)
+            self.process = None
 
 
 @dataclass(eq=False)
@@ -307,7 +322,7 @@ class Transaction(EntryContext):
 
     def _charge(self, nbytes: int) -> None:
         self.held_bytes += nbytes
-        self.budget.used += nbytes
+        self.budget.add(nbytes)
 
 
 @dataclass(frozen=True, slots=True)

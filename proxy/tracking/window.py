@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from protocol import Command, Frame, RawFrame
+from proxy.tracking.budget import MemoryBudget
 
 __all__ = ["ConfirmationWindow", "Entry", "EntryContext", "WindowStatistics", "frame_size"]
 
@@ -66,6 +67,8 @@ class Entry:
             have taken effect there (a broker can store a frame and die before its RECEIPT).
         answered: the app's receipt was answered (RECEIPT, or ERROR after ``call_timeout``).
         confirmed: a RECEIPT covered it; dropped: removed unconfirmed (:meth:`drop`).
+        charged: what it is charged in the process's memory budget (``ConfirmationWindow``'s
+            ``budget``).
         deferred: the broker answers its receipt only after the app does something more (a
             SEND or ACK in a transaction on RabbitMQ: at COMMIT), so waiting for it cannot make
             room (:attr:`ConfirmationWindow.receipts_pending` leaves it out).
@@ -88,6 +91,7 @@ class Entry:
     dropped: bool = False
     context: EntryContext | None = field(default=None)
     deferred: bool = False
+    charged: int = 0
 
     @property
     def frame(self) -> Frame:
@@ -138,10 +142,19 @@ class ConfirmationWindow:
         receipt_fraction: request a receipt once this fraction of ``max_bytes`` was appended
             since the last receipted entry (docs/behaviour.md, "Confirmation window": "when
             unconfirmed bytes pass a fraction of the window").
+        budget: the process's memory budget (``max_memory_bytes``), charged and released with
+            the entries: :attr:`Entry.size`, twice for a parsed :class:`Frame`, which is
+            serialized again when written (its body and its bytes on the wire: the general
+            path of a frame split across reads, every large one); None: none.
     """
 
     def __init__(
-        self, max_bytes: int, *, receipt_prefix: str, receipt_fraction: float = 0.5
+        self,
+        max_bytes: int,
+        *,
+        receipt_prefix: str,
+        receipt_fraction: float = 0.5,
+        budget: MemoryBudget | None = None,
     ) -> None:
         if max_bytes <= 0:
             raise ValueError("max_bytes must be > 0")
@@ -160,6 +173,9 @@ class ConfirmationWindow:
         self._unreceipted = 0
         self.confirmed_total = 0
         self.out_of_order = 0
+        self.budget = budget
+        #: What the entries are charged in ``budget`` (see ``budget`` above).
+        self.charged = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -244,6 +260,10 @@ class ConfirmationWindow:
                 self._awaiting = deque()
             self._awaiting.append(entry)
         self.bytes += size
+        if self.budget is not None:
+            entry.charged = size if isinstance(frame, RawFrame) else 2 * size
+            self.charged += entry.charged
+            self.budget.charge(entry.charged)
         return entry
 
     def confirm(self, receipt: str) -> list[Entry] | None:
@@ -268,9 +288,15 @@ class ConfirmationWindow:
             else:
                 confirmed.append(entry)
         self._entries.extendleft(reversed(kept))
+        released = charged = 0
         for entry in confirmed:
-            self.bytes -= entry.size
+            released += entry.size
+            charged += entry.charged
             entry.confirmed = True
+        self.bytes -= released
+        if self.budget is not None:
+            self.charged -= charged
+            self.budget.release(charged)
         self.confirmed_total += len(confirmed)
         self._skip_settled()
         return confirmed
@@ -291,6 +317,9 @@ class ConfirmationWindow:
         if entry.receipt is not None:
             self._unregister(entry.receipt)
         self.bytes -= entry.size
+        if self.budget is not None:
+            self.charged -= entry.charged
+            self.budget.release(entry.charged)
         entry.dropped = True
         self._skip_settled()
 
@@ -312,10 +341,21 @@ class ConfirmationWindow:
         self._by_receipt.clear()
         self._deferred = 0
         self._awaiting = None
+        if self.budget is not None:
+            self.budget.release(self.charged)
+            self.charged = 0
         self.bytes = 0
         for entry in entries:
             entry.dropped = True
         return entries
+
+    def leave_budget(self) -> None:
+        """The session is over: give its bytes back to the budget (the entries stay, for
+        whatever still reads them), and charge it no more."""
+        if self.budget is not None:
+            self.budget.release(self.charged)
+            self.charged = 0
+            self.budget = None
 
     def first_unanswered(self) -> Entry | None:
         """The oldest entry in the window whose app receipt is still unanswered

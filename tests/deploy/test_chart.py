@@ -1206,3 +1206,48 @@ def test_the_app_outlives_nothing_it_needs_and_the_drain_fits_the_grace_period(
         grace = spec["terminationGracePeriodSeconds"]
         assert grace >= delay + drain_ms / 1000 + DRAIN_GOODBYE_MAX, where
         assert grace == delay + math.ceil(drain_ms / 1000) + 5, where
+
+
+# -- the memory budget (max_memory_bytes, docs/behaviour.md "One memory budget") --------------
+
+MEMORY_BASE = ("--set", "config.brokers=stomp://mq:61613")
+
+
+@pytest.mark.parametrize(
+    ("args", "budget"),
+    [
+        ((), 384 * 1024 * 1024),  # the default 512Mi limit, less 128 MiB: the program's default
+        (("--set", "sidecar.resources.limits.memory=1Gi"), 1024 * 1024 * 1024 - 128 * 1024 * 1024),
+        (("--set", "sidecar.resources.limits.memory=0.75Gi"), 640 * 1024 * 1024),
+        (
+            (
+                "--set",
+                "sidecar.resources.limits.memory=192Mi",
+                "--set",
+                "config.max_frame_bytes=16777216",
+            ),
+            64 * 1024 * 1024,
+        ),
+        (("--set", "config.max_memory_bytes=123456789"), 123456789),  # given: kept as it is
+        (("--set", "sidecar.resources.limits.memory=null"), None),  # no limit: program default
+    ],
+)
+def test_the_memory_budget_is_derived_from_the_memory_limit(
+    args: tuple[str, ...], budget: int | None
+) -> None:
+    text = config_toml(documents(render(*MEMORY_BASE, *args)))
+    assert text.count("max_memory_bytes") == (budget is not None)
+    assert tomllib.loads(text).get("max_memory_bytes") == budget
+
+
+def test_a_memory_limit_too_small_for_one_frame_is_refused_with_the_reason() -> None:
+    result = helm(
+        "template", "rel", CHART, *MEMORY_BASE, "--set", "sidecar.resources.limits.memory=256Mi"
+    )
+    assert result.returncode != 0
+    assert (
+        "sidecar.resources.limits.memory: 256Mi leaves max_memory_bytes 134217728 (the limit "
+        "less 128 MiB for the process), below what one frame of max_frame_bytes (150994944) "
+        "needs, 302055424 (twice its size and 64 KiB): raise the limit to at least 436273152 "
+        "bytes, or set config.max_frame_bytes lower"
+    ) in result.stderr

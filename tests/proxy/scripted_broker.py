@@ -35,6 +35,7 @@ import trio.testing
 import protocol
 from config import Broker, Config
 from protocol import Command, ConnectionClosed, Frame, HeartBeat, Role
+from proxy.legs.memory import MemoryGate
 from proxy.outbox.service import OutboxService
 from proxy.reconnect.board import ReconnectBoard
 from proxy.session import Session
@@ -591,12 +592,14 @@ async def start_session(
     reconnects: ReconnectBoard | None = None,
     outbox: OutboxService | None = None,
     tracing: Tracing | None = None,
+    memory: MemoryGate | None = None,
 ) -> Running:
     """Start a Session on an in-memory app stream (``lockstep``: the app's writes return
     only once the Session has read them, like TCP with no buffer) and the app's reader;
     ``reconnects``: the board it shares with other sessions (a private one when None);
     ``outbox``: the sidecar's outbox (``outbox`` on in ``config``); ``tracing``: the sidecar's
-    tracing (tests/proxy/test_tracing.py). The app has not sent CONNECT yet."""
+    tracing (tests/proxy/test_tracing.py); ``memory``: the sidecar's memory budget. The app
+    has not sent CONNECT yet."""
     app_end: trio.abc.Stream
     session_end: trio.abc.Stream
     if lockstep:
@@ -612,6 +615,7 @@ async def start_session(
         reconnects=reconnects,
         outbox=outbox,
         tracing=tracing,
+        memory=memory,
     )
     running = Running(session, AppClient(app_end))
 

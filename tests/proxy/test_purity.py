@@ -18,6 +18,7 @@ PURE = [
     "tracking/deliveries.py",
     "tracking/links.py",
     "tracking/window.py",
+    "tracking/budget.py",
     "tracking/replay.py",
     "reconnect/__init__.py",
     "reconnect/tally.py",

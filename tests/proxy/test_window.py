@@ -30,8 +30,8 @@ def send(size: int = MIN_SIZE, **headers: str) -> Frame:
     return frame.replace(body=b"x" * padding)
 
 
-def window(max_bytes: int = 1000, **kwargs: float) -> ConfirmationWindow:
-    return ConfirmationWindow(max_bytes, receipt_prefix="S-r", **kwargs)
+def window(max_bytes: int = 1000, *, receipt_fraction: float = 0.5) -> ConfirmationWindow:
+    return ConfirmationWindow(max_bytes, receipt_prefix="S-r", receipt_fraction=receipt_fraction)
 
 
 def add(

@@ -237,6 +237,9 @@ admin_token_metrics = {{ if $admin.tokenForMetrics }}true{{ else }}false{{ end }
 {{- if not (kindIs "invalid" $v.maxSessions) }}
 max_sessions = {{ include "mq-sidecar.tomlValue" $v.maxSessions }}
 {{- end }}
+{{- with include "mq-sidecar.memoryBudget" . }}
+max_memory_bytes = {{ . }}
+{{- end }}
 {{- if include "mq-sidecar.outboxVolume" . }}
 outbox = true
 outbox_dir = {{ include "mq-sidecar.outboxDir" . | quote }}
@@ -250,6 +253,34 @@ outbox_max_bytes = {{ include "mq-sidecar.tomlValue" $v.outbox.maxBytes }}
 outbox_max_age = {{ include "mq-sidecar.tomlValue" $v.outbox.maxAge }}
 {{- end }}
 {{- end }}
+{{- end -}}
+
+{{/*
+mq-sidecar.memoryBudget: max_memory_bytes derived from the sidecar container's memory limit,
+when config does not set it: the limit less 128 MiB for the process itself (about 40 MiB idle,
+the sessions' own objects, the budget's overshoot: docs/behaviour.md, "One memory budget").
+Empty without a limit, or one in a form mq-sidecar.quantityBytes does not read (the program's
+default, 384 MiB, applies). A limit that leaves less than
+one frame of max_frame_bytes needs (twice its size and 64 KiB) is refused with the reason.
+*/}}
+{{- define "mq-sidecar.memoryBudget" -}}
+{{- $v := .values | default .root.Values -}}
+{{- $config := $v.config | default dict -}}
+{{- $limits := ($v.sidecar.resources | default dict).limits | default dict -}}
+{{- $limit := "" -}}
+{{- if and (not (hasKey $config "max_memory_bytes")) $limits.memory -}}
+{{- $limit = include "mq-sidecar.quantityBytes" (toString $limits.memory) -}}
+{{- end -}}
+{{- if $limit -}}
+{{- $budget := sub ($limit | float64 | int64) 134217728 -}}
+{{- $frame := 150994944 -}}
+{{- if hasKey $config "max_frame_bytes" -}}{{- $frame = $config.max_frame_bytes | int64 -}}{{- end -}}
+{{- $needed := add (mul 2 $frame) 65536 -}}
+{{- if lt $budget $needed -}}
+{{- fail (printf "sidecar.resources.limits.memory: %v leaves max_memory_bytes %d (the limit less 128 MiB for the process), below what one frame of max_frame_bytes (%d) needs, %d (twice its size and 64 KiB): raise the limit to at least %d bytes, or set config.max_frame_bytes lower" $limits.memory $budget $frame $needed (add $needed 134217728)) -}}
+{{- end -}}
+{{- $budget -}}
+{{- end -}}
 {{- end -}}
 
 {{/*
