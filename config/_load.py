@@ -32,12 +32,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ._brokers_file import parse_brokers_file
+from ._dns import parse_dns_server
 from ._model import Broker, Config, ConfigError, Secret
 from ._options import ENV_PREFIX, OPTIONS, Option, convert
 from ._url import is_host_name, parse_url
 from ._values import InvalidValue, closest, describe, suggest
 
-__all__ = ["CONFIG_ENV", "load_config"]
+__all__ = ["CONFIG_ENV", "load_config", "read_brokers_file"]
 
 logger = logging.getLogger("mq_sidecar.config")
 
@@ -317,7 +319,7 @@ def _validate(cfg: Config, settings: Mapping[str, _Setting], skip: set[str]) -> 
     # brokers (docs/configuration.md, "Brokers"): at least one, real ports, no duplicates,
     # paired credentials
     if "brokers" not in skip:
-        if not cfg.brokers:
+        if not cfg.brokers and not cfg.brokers_file:
             problems.append(_NO_BROKERS)
         seen: set[tuple[str, int]] = set()
         for n, b in enumerate(cfg.brokers, 1):
@@ -368,6 +370,7 @@ def _validate(cfg: Config, settings: Mapping[str, _Setting], skip: set[str]) -> 
         "must be >= 0 (0 = initial_connect_attempts alone bound a first connection)",
     )
     check("jitter", 0.0 <= cfg.jitter <= 1.0, "must be between 0 and 1")
+    problems.extend(_broker_list_problems(cfg, where, skip))
     for name in (
         "call_timeout",
         "connect_timeout",
@@ -433,6 +436,50 @@ def _validate(cfg: Config, settings: Mapping[str, _Setting], skip: set[str]) -> 
         if getattr(cfg, passcode) is not None and getattr(cfg, login) is None:
             problems.append(f"{passcode}: given without {login} {where(passcode)}")
     return problems
+
+
+def _broker_list_problems(cfg: Config, where: Callable[[str], str], skip: set[str]) -> list[str]:
+    """The live broker list's options (docs/configuration.md, "A live broker list"): a
+    refresh interval, DNS servers that are IP addresses, a brokers file that parses now (it
+    is read here as at start; later it is re-read when it changes)."""
+    problems: list[str] = []
+    if "dns_refresh_interval" not in skip and cfg.dns_refresh_interval <= 0:
+        problems.append(
+            f"dns_refresh_interval: must be > 0, got {cfg.dns_refresh_interval} "
+            f"{where('dns_refresh_interval')}"
+        )
+    for server in cfg.dns_servers or () if "dns_servers" not in skip else ():
+        try:
+            parse_dns_server(server)
+        except ValueError as exc:
+            problems.append(f"dns_servers: {exc} {where('dns_servers')}")
+    if "dns_servers" not in skip and cfg.dns_servers == ():
+        problems.append(
+            f"dns_servers: empty list (unset it for the system resolver) {where('dns_servers')}"
+        )
+    if "brokers_file" not in skip and cfg.brokers_file is not None:
+        problems.extend(
+            f"brokers_file: {p} {where('brokers_file')}"
+            for p in read_brokers_file(cfg.brokers_file)[1]
+        )
+    return problems
+
+
+def read_brokers_file(path: str) -> tuple[tuple[Broker, ...], list[str]]:
+    """The brokers of the brokers file at ``path`` and the problems found (a file that cannot
+    be read or parsed gives no brokers and at least one problem, naming the line)."""
+    if not path:
+        return (), ["must not be empty"]
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+    except OSError as exc:
+        return (), [f"cannot read {path}: {exc.strerror or exc}"]
+    except UnicodeDecodeError as exc:
+        return (), [f"{path} is not UTF-8 (byte offset {exc.start})"]
+    try:
+        return parse_brokers_file(text, path), []
+    except ConfigError as exc:
+        return (), exc.problems
 
 
 def _tls_problems(cfg: Config, where: Callable[[str], str], skip: set[str]) -> list[str]:

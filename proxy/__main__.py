@@ -26,7 +26,7 @@ import trio
 from config import Config, ConfigError, load_config
 from proxy._version import VERSION
 from proxy.admin.http import TokenUnavailable, read_token
-from proxy.app import ListenError, OutboxUnusable, serve
+from proxy.app import ListenError, NoBrokers, OutboxUnusable, serve
 from proxy.legs.tls import TlsFailed, client_context
 from proxy.telemetry.logs import configure_logging
 
@@ -124,10 +124,12 @@ def unusable_files(config: Config) -> list[str]:
     return problems
 
 
-def run_sidecar(config: Config) -> None:
+def run_sidecar(config: Config, reload_config: Callable[[], Config] | None = None) -> None:
     """Run the daemon with ``config`` until SIGTERM/SIGINT; exit 1 if it cannot listen, a
-    file it is given cannot be used (:func:`unusable_files`), or its ``outbox_dir`` cannot
-    (another sidecar holds it, or it cannot be written)."""
+    file it is given cannot be used (:func:`unusable_files`), its ``outbox_dir`` cannot
+    (another sidecar holds it, or it cannot be written), or no broker is found at start (DNS
+    names that do not resolve, an empty brokers file). SIGHUP loads the configuration again
+    with ``reload_config`` (:mod:`proxy.reload`)."""
     configure_logging(config.log_level, config.log_format)
     problems = unusable_files(config)
     for problem in problems:
@@ -135,8 +137,8 @@ def run_sidecar(config: Config) -> None:
     if problems:
         sys.exit(1)
     try:
-        trio.run(lambda: serve(config, handle_signals=True))
-    except* (ListenError, OutboxUnusable) as group:
+        trio.run(lambda: serve(config, handle_signals=True, reload_config=reload_config))
+    except* (ListenError, OutboxUnusable, NoBrokers) as group:
         for exc in group.exceptions:
             click.echo(f"mq-sidecar: {exc}", err=True)
         sys.exit(1)
@@ -195,9 +197,11 @@ def run(
     log_level: str | None,
     log_format: str | None,
 ) -> None:
-    """Run the sidecar: accept STOMP apps and relay them to the brokers."""
+    """Run the sidecar: accept STOMP apps and relay them to the brokers (SIGHUP: reload)."""
+    flags = _flags(listen, admin_listen, brokers, log_level, log_format)
     run_sidecar(
-        load_or_exit(config_path, _flags(listen, admin_listen, brokers, log_level, log_format))
+        load_or_exit(config_path, flags),
+        reload_config=lambda: load_config(path=config_path, overrides=flags),
     )
 
 

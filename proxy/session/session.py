@@ -140,6 +140,9 @@ class Session:
         reconnects: ReconnectBoard | None = None,
         outbox: OutboxService | None = None,
     ) -> None:
+        board = reconnects if reconnects is not None else ReconnectBoard()
+        if not board.brokers:  # a board built without a list: this configuration's
+            board.brokers.update(config.brokers, allow_empty=True)
         core = SessionCore(
             config,
             stream,
@@ -147,6 +150,7 @@ class Session:
             bus=bus if bus is not None else EventBus(),
             metrics=metrics if metrics is not None else Metrics(),
             rng=rng if rng is not None else _RNG,
+            brokers=board.brokers,
         )
         self.core = core
         self.id = session_id
@@ -168,7 +172,7 @@ class Session:
             BrokerSide(core, self.acks, self.out, self.confirmations),
             Restorer(core, self.out, self.control, not_taken=self.app_side.not_taken),
             open_stream=open_stream if open_stream is not None else BrokerStreams(config),
-            reconnects=reconnects if reconnects is not None else ReconnectBoard(),
+            reconnects=board,
         )
         self.outbox: SessionOutbox | None = None
         if outbox is not None:

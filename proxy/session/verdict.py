@@ -28,7 +28,7 @@ async def broker_verdict(
     """
     timeout = core.durations.connect_timeout
     data = protocol.serialize(frame, "1.0")  # before CONNECTED a frame is read as STOMP 1.0
-    for broker in core.config.brokers:
+    for broker in core.brokers:
         stream: trio.abc.Stream | None = None
         try:
             with trio.fail_after(timeout):

@@ -1,0 +1,150 @@
+"""DNS lookups of the broker list's names: every address of a name (``dns=all``, a Kubernetes
+headless Service) or its SRV records (``dns=srv``), through dnspython's async resolver, which
+runs on trio (it picks trio's backend by sniffio). Never on the data path: only the
+:class:`~proxy.reconnect.broker_list.BrokerList`'s refresh task calls it.
+
+A lookup gives the brokers a name stands for, sorted (an SRV set by priority, then weight,
+heaviest first; addresses in address order: a DNS server that rotates its answers does not
+change the list), or raises :class:`LookupFailed` with one line: the name does not exist, an
+answer without an address, a timeout, a server failure. The caller keeps the last good answer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+from collections.abc import Awaitable, Callable, Sequence
+
+import dns.asyncresolver
+import dns.exception
+import dns.nameserver
+import dns.rdata
+import dns.rdtypes.IN.SRV
+import dns.resolver
+
+from config import Broker, parse_dns_server
+
+__all__ = ["LookupFailed", "Resolve", "expand", "make_resolver"]
+
+#: A lookup of one DNS-named broker (``Broker.dns`` set): the brokers it stands for now.
+Resolve = Callable[[Broker], Awaitable[tuple[Broker, ...]]]
+
+
+class LookupFailed(Exception):
+    """A lookup gave no broker; the message is the reason, one line (the name, what failed)."""
+
+
+def make_resolver(servers: Sequence[str] | None, timeout: float) -> Resolve:
+    """A :data:`Resolve` through dnspython asking ``servers`` (``ip[:port]``, option
+    ``dns_servers``) or, for None, the system's resolver (``/etc/resolv.conf``, its search
+    domains included: a Kubernetes short name). Each lookup (both address families, or the SRV
+    query) gives up after ``timeout`` seconds.
+
+    Raises:
+        ValueError: a server that is not ``ip[:port]`` (the configuration checked it).
+    """
+    if servers is None:
+        resolver = dns.asyncresolver.Resolver()
+        search: bool | None = True
+    else:
+        resolver = dns.asyncresolver.Resolver(configure=False)
+        resolver.nameservers = [
+            dns.nameserver.Do53Nameserver(host, port)
+            for host, port in (parse_dns_server(s) for s in servers)
+        ]
+        search = False
+    resolver.lifetime = timeout
+    resolver.timeout = timeout
+
+    async def resolve(template: Broker) -> tuple[Broker, ...]:
+        return await expand(resolver, template, search=search)
+
+    return resolve
+
+
+async def expand(
+    resolver: dns.asyncresolver.Resolver, template: Broker, *, search: bool | None = None
+) -> tuple[Broker, ...]:
+    """The brokers ``template`` stands for now (:attr:`config.Broker.dns`).
+
+    ``dns=all``: one broker per A and AAAA address of ``template.host``, on its port; each
+    keeps the name for the CONNECT ``host`` header (unless a virtual host is set) and, with
+    TLS, for SNI and the certificate check (unless ``sniHost`` is set): the same CONNECT and
+    TLS as a connection by name. ``dns=srv``: one broker per SRV record (RFC 2782), host and
+    port from the record.
+
+    Raises:
+        LookupFailed: no such name, an answer with no address (or an SRV set of only ``.``:
+            "service not available"), a timeout, a server failure.
+    """
+    name = template.host
+    if template.dns == "srv":
+        answer = await _query(resolver, name, "SRV", search)
+        found = [r for r in answer if isinstance(r, dns.rdtypes.IN.SRV.SRV)]
+        records = sorted(found, key=lambda r: (r.priority, -r.weight, str(r.target), r.port))
+        brokers = []
+        for record in records:
+            target = str(record.target).rstrip(".")
+            if target:
+                brokers.append(
+                    dataclasses.replace(template, host=target, port=record.port, dns=None)
+                )
+        if not brokers:
+            raise LookupFailed(f"SRV name {name}: no record names a host")
+        return _distinct(brokers)
+    addresses: list[str] = []
+    failures: list[str] = []
+    for kind in ("A", "AAAA"):
+        try:
+            addresses.extend(r.to_text() for r in await _query(resolver, name, kind, search))
+        except LookupFailed as exc:
+            failures.append(str(exc))
+    if not addresses:
+        raise LookupFailed(failures[0] if failures else f"DNS name {name}: no address")
+    addresses.sort(key=ipaddress.ip_address)
+    vhost = template.virtual_host if template.virtual_host is not None else name
+    sni = template.server_name if template.server_name is not None or not template.tls else name
+    return _distinct(
+        [
+            dataclasses.replace(template, host=a, dns=None, virtual_host=vhost, server_name=sni)
+            for a in addresses
+        ]
+    )
+
+
+async def _query(
+    resolver: dns.asyncresolver.Resolver, name: str, kind: str, search: bool | None
+) -> list[dns.rdata.Rdata]:
+    """The records of type ``kind`` of ``name`` (an empty answer raises).
+
+    Raises:
+        LookupFailed: with the reason in words.
+    """
+    what = "SRV name" if kind == "SRV" else "DNS name"
+    try:
+        answer = await resolver.resolve(name, kind, search=search)
+    except dns.resolver.NXDOMAIN:
+        raise LookupFailed(f"{what} {name} does not exist (NXDOMAIN)") from None
+    except dns.resolver.NoAnswer:
+        raise LookupFailed(f"{what} {name}: the answer has no {kind} record") from None
+    except dns.resolver.LifetimeTimeout as exc:
+        raise LookupFailed(
+            f"{what} {name}: no answer within {exc.kwargs['timeout']:.1f} s"
+        ) from None
+    except dns.resolver.NoNameservers:
+        raise LookupFailed(
+            f"{what} {name}: every DNS server failed (SERVFAIL or refused)"
+        ) from None
+    except dns.exception.DNSException as exc:
+        raise LookupFailed(f"{what} {name}: {exc}") from None
+    return list(answer)
+
+
+def _distinct(brokers: list[Broker]) -> tuple[Broker, ...]:
+    seen: set[str] = set()
+    out = []
+    for b in brokers:
+        if b.label not in seen:
+            seen.add(b.label)
+            out.append(b)
+    return tuple(out)
