@@ -110,6 +110,7 @@ async def reload_sidecar(sidecar: Reloadable, load: Callable[[], Config]) -> str
             f"reload (SIGHUP) refused: {'; '.join(exc.problems)}; the configuration in force stays"
         )
         log.warning("%s", line)
+        sidecar.broker_list.reload_refused("; ".join(exc.problems))
         return line
     plan = plan_reload(sidecar.config, new)
     sidecar.config = plan.config

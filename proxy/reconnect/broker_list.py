@@ -47,6 +47,8 @@ LOOKUP_TIMEOUT = 5.0
 LOOKUP_GRACE = 1.0
 #: The refresh interval is drawn from this range of ``dns_refresh_interval`` (jitter).
 JITTER = (0.8, 1.2)
+#: The source of a SIGHUP whose configuration did not load.
+RELOAD = "the configuration reloaded on SIGHUP"
 #: Why a broker of the configuration itself leaves (a SIGHUP with another ``brokers``).
 CONFIGURATION = "the configuration"
 
@@ -60,8 +62,8 @@ class FailedUpdate:
     """An update not applied, standing until that source gives a good one.
 
     Attributes:
-        source: ``"DNS name x"``, ``"SRV name _s._tcp.x"``, ``"brokers_file /path"`` or
-            ``"the broker list"`` (an update that would leave no broker).
+        source: ``"DNS name x"``, ``"SRV name _s._tcp.x"``, ``"brokers_file /path"``,
+            ``"the broker list"`` (an update that would leave no broker) or :data:`RELOAD`.
         reason: one line (a file's problems name their lines).
         since: when it began, wall-clock seconds (``time.time()``).
     """
@@ -130,6 +132,7 @@ class BrokerList:
         self.updates = 0
         self._last_change: float | None = None
         self._config = config
+        self._interval_changed = trio.Event()
         self._timeout = LOOKUP_TIMEOUT
         self._resolve = self._make_resolve(config)
 
@@ -172,7 +175,9 @@ class BrokerList:
         while True:
             low, high = JITTER
             interval = self._config.durations.dns_refresh_interval
-            await trio.sleep(interval * self._rng.uniform(low, high))
+            with trio.move_on_after(interval * self._rng.uniform(low, high)):
+                await self._interval_changed.wait()  # a reload with another interval
+            self._interval_changed = trio.Event()
             if self.dynamic:
                 await self.refresh()
 
@@ -188,6 +193,8 @@ class BrokerList:
         or not it changed, look every name up, apply."""
         async with self._lock:
             if config is not None:
+                if config.dns_refresh_interval != self._config.dns_refresh_interval:
+                    self._interval_changed.set()
                 if config.dns_servers != self._config.dns_servers:
                     self._resolve = self._make_resolve(config)
                 self._config = config
@@ -196,6 +203,7 @@ class BrokerList:
                     self._failed = {
                         s: f for s, f in self._failed.items() if not s.startswith("brokers_file")
                     }
+            self._failed.pop(RELOAD, None)
             self._read_file(force=True)
             await self._lookup_all()
             self._apply()
@@ -290,12 +298,18 @@ class BrokerList:
             return f"left the broker list ({source} no longer resolves to it)"
         return f"left the broker list ({source} no longer names it)"
 
+    def reload_refused(self, reason: str) -> None:
+        """A SIGHUP's configuration did not load (:mod:`proxy.reload`): it stands among the
+        updates not applied until a reload succeeds (the reload logs its own line)."""
+        self._failed[RELOAD] = FailedUpdate(RELOAD, reason, time.time())
+
     def _fail(self, source: str, reason: str, consequence: str) -> None:
         standing = self._failed.get(source)
         if standing is not None and standing.reason == reason:
             return  # logged when it began
         self._failed[source] = FailedUpdate(source, reason, time.time())
-        log.warning("broker list: %s: %s; %s", source, reason, consequence)
+        shown = reason if reason.startswith(source) else f"{source}: {reason}"
+        log.warning("broker list: %s; %s", shown, consequence)
 
     def _succeed(self, source: str) -> None:
         if self._failed.pop(source, None) is not None:

@@ -3,10 +3,11 @@ headless Service) or its SRV records (``dns=srv``), through dnspython's async re
 runs on trio (it picks trio's backend by sniffio). Never on the data path: only the
 :class:`~proxy.reconnect.broker_list.BrokerList`'s refresh task calls it.
 
-A lookup gives the brokers a name stands for, sorted (an SRV set by priority, then weight,
-heaviest first; addresses in address order: a DNS server that rotates its answers does not
-change the list), or raises :class:`LookupFailed` with one line: the name does not exist, an
-answer without an address, a timeout, a server failure. The caller keeps the last good answer.
+A lookup gives the brokers a name stands for, as addresses (an SRV record's target is looked
+up too), sorted (an SRV set by priority, then weight, heaviest first; addresses in address
+order: a DNS server that rotates its answers does not change the list), or raises
+:class:`LookupFailed` with one line: the name does not exist, an answer without an address, a
+timeout, a server failure. The caller keeps the last good answer.
 """
 
 from __future__ import annotations
@@ -70,28 +71,47 @@ async def expand(
     ``dns=all``: one broker per A and AAAA address of ``template.host``, on its port; each
     keeps the name for the CONNECT ``host`` header (unless a virtual host is set) and, with
     TLS, for SNI and the certificate check (unless ``sniHost`` is set): the same CONNECT and
-    TLS as a connection by name. ``dns=srv``: one broker per SRV record (RFC 2782), host and
-    port from the record.
+    TLS as a connection by name. ``dns=srv``: the SRV records (RFC 2782), in priority order,
+    heavier weight first; each record's target looked up the same way (through the same
+    servers: a name only ``dns_servers`` know resolves), one broker per address on the
+    record's port, the target's name kept as above.
 
     Raises:
         LookupFailed: no such name, an answer with no address (or an SRV set of only ``.``:
             "service not available"), a timeout, a server failure.
     """
     name = template.host
-    if template.dns == "srv":
-        answer = await _query(resolver, name, "SRV", search)
-        found = [r for r in answer if isinstance(r, dns.rdtypes.IN.SRV.SRV)]
-        records = sorted(found, key=lambda r: (r.priority, -r.weight, str(r.target), r.port))
-        brokers = []
-        for record in records:
-            target = str(record.target).rstrip(".")
-            if target:
-                brokers.append(
-                    dataclasses.replace(template, host=target, port=record.port, dns=None)
-                )
-        if not brokers:
-            raise LookupFailed(f"SRV name {name}: no record names a host")
-        return _distinct(brokers)
+    if template.dns != "srv":
+        return tuple(_at(template, name, template.port, await _addresses(resolver, name, search)))
+    answer = await _query(resolver, name, "SRV", search)
+    found = [r for r in answer if isinstance(r, dns.rdtypes.IN.SRV.SRV)]
+    records = sorted(found, key=lambda r: (r.priority, -r.weight, str(r.target), r.port))
+    brokers: list[Broker] = []
+    failures: list[str] = []
+    for record in records:
+        target = str(record.target).rstrip(".")
+        if not target:
+            continue
+        try:
+            addresses = await _addresses(resolver, target, search)
+        except LookupFailed as exc:
+            failures.append(str(exc))
+            continue
+        brokers.extend(_at(template, target, record.port, addresses))
+    if not brokers:
+        why = f" ({failures[0]})" if failures else ""
+        raise LookupFailed(f"SRV name {name}: no record names a host with an address{why}")
+    return _distinct(brokers)
+
+
+async def _addresses(
+    resolver: dns.asyncresolver.Resolver, name: str, search: bool | None
+) -> list[str]:
+    """The A and AAAA addresses of ``name``, in address order.
+
+    Raises:
+        LookupFailed: neither gave one (the first failure's words).
+    """
     addresses: list[str] = []
     failures: list[str] = []
     for kind in ("A", "AAAA"):
@@ -101,15 +121,21 @@ async def expand(
             failures.append(str(exc))
     if not addresses:
         raise LookupFailed(failures[0] if failures else f"DNS name {name}: no address")
-    addresses.sort(key=ipaddress.ip_address)
+    return sorted(addresses, key=ipaddress.ip_address)
+
+
+def _at(template: Broker, name: str, port: int, addresses: list[str]) -> list[Broker]:
+    """One broker per address, on ``port``, sending the CONNECT ``host`` header (unless the
+    template sets a virtual host) and, with TLS, the SNI name (unless it sets ``sniHost``) of
+    ``name``: the same CONNECT and TLS as a connection by name."""
     vhost = template.virtual_host if template.virtual_host is not None else name
     sni = template.server_name if template.server_name is not None or not template.tls else name
-    return _distinct(
-        [
-            dataclasses.replace(template, host=a, dns=None, virtual_host=vhost, server_name=sni)
-            for a in addresses
-        ]
-    )
+    return [
+        dataclasses.replace(
+            template, host=a, port=port, dns=None, virtual_host=vhost, server_name=sni
+        )
+        for a in addresses
+    ]
 
 
 async def _query(
