@@ -5,8 +5,9 @@
 Records: SRV records (``--srv-host``) and host records (``--host-record``, A only), written to a
 configuration file the test rewrites. dnsmasq reads that file at start only (a SIGHUP re-reads
 hosts files, not options), so :meth:`Dnsmasq.set_records` restarts it on the same port: the
-sidecar's lookups during the gap fail, and it keeps its last good answer. Addresses are
-127.0.0.x only.
+sidecar's lookups during the gap fail, and it keeps its last good answer. Names with several
+addresses go in a hosts file (``--addn-hosts``) that :meth:`Dnsmasq.set_addresses` rewrites and
+SIGHUP reloads. Addresses are 127.0.0.x only.
 """
 
 from __future__ import annotations
@@ -60,6 +61,9 @@ class Dnsmasq:
         self._proc: subprocess.Popen[bytes] | None = None
         self.srv: dict[str, list[tuple[str, int]]] = {}
         self.hosts: dict[str, str] = {}
+        #: Names with their addresses in a hosts file (``--addn-hosts``): SIGHUP reloads it.
+        self.addresses: dict[str, list[str]] = {}
+        self.hosts_file = workdir / "dnsmasq.hosts"
 
     @property
     def server(self) -> str:
@@ -78,6 +82,23 @@ class Dnsmasq:
                 for k, (host, port) in enumerate(targets)
             ]
         self.conf.write_text("\n".join(lines) + "\n")
+        self._write_hosts()
+
+    def _write_hosts(self) -> None:
+        assert all(a.startswith("127.0.0.") for v in self.addresses.values() for a in v)
+        self.hosts_file.write_text(
+            "".join(
+                f"{a} {name}\n" for name, addresses in self.addresses.items() for a in addresses
+            )
+        )
+
+    def set_addresses(self, addresses: dict[str, list[str]]) -> None:
+        """Replace the hosts file's names and addresses and SIGHUP dnsmasq (by its PID) to
+        read it again."""
+        self.addresses = {k: list(v) for k, v in addresses.items()}
+        self._write_hosts()
+        assert self._proc is not None
+        os.kill(self._proc.pid, signal.SIGHUP)
 
     def start(self) -> None:
         """Start it and wait until it answers (at most 5 s)."""
@@ -93,6 +114,7 @@ class Dnsmasq:
             "--listen-address=127.0.0.1",
             f"--port={self.port}",
             f"--conf-file={self.conf}",
+            f"--addn-hosts={self.hosts_file}",
             f"--user={getpass.getuser()}",
             "--pid-file=",
             "--log-facility=-",

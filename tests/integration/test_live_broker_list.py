@@ -29,7 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
+from config import parse_broker_url
+from proxy.reconnect.resolve import LookupFailed, make_resolver
 from testbed import ActiveMQ
 from testbed.sidecar import SidecarProcess
 from tests.integration.dnsmasq import dnsmasq_server
@@ -49,8 +52,6 @@ from tests.integration.test_failover import (
     exactly_once,
     subscribe_events,
 )
-
-pytestmark = pytest.mark.activemq
 
 #: Messages of each transfer: the list changes at a quarter of them.
 N = 1500
@@ -114,6 +115,7 @@ def in_force(status: dict[str, Any]) -> list[str]:
     return [b["broker"] for b in status["broker_list"]["in_force"]]
 
 
+@pytest.mark.activemq
 def test_a_dns_srv_change_moves_every_session_and_loses_nothing(
     activemq: ActiveMQ, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -202,6 +204,7 @@ class FileSidecar(SidecarProcess):
         return lines
 
 
+@pytest.mark.activemq
 def test_the_brokers_file_and_sighup_move_every_session_and_lose_nothing(
     activemq: ActiveMQ, tmp_path: Path
 ) -> None:
@@ -270,3 +273,34 @@ def test_the_brokers_file_and_sighup_move_every_session_and_lose_nothing(
         "reload (SIGHUP): applied dns_refresh_interval, retry_interval; needs a restart: "
         f"drain_timeout; broker list in force: {b}"
     )
+
+
+async def test_every_address_of_a_name_from_a_real_dns_server(tmp_path: Path) -> None:
+    """``dns=all`` through dnspython on trio to dnsmasq: every A address of the name, in address
+    order, each sending the name as its CONNECT host; the hosts file rewritten and dnsmasq
+    SIGHUPed: the new addresses; a name it does not serve and a server that is gone fail with
+    a reason (the list keeps its last good answer: tests/proxy/test_broker_list.py)."""
+    template = parse_broker_url("stomp://mq.test:61613?dns=all")[0][0]
+    with dnsmasq_server(tmp_path, {}) as dns, trio.fail_after(20):
+        dns.addresses = {"mq.test": ["127.0.0.3", "127.0.0.2"]}
+        dns.start()
+        resolve = make_resolver([dns.server], 1.0)
+        found = await resolve(template)
+        assert [(b.label, b.virtual_host, b.dns) for b in found] == [
+            ("127.0.0.2:61613", "mq.test", None),
+            ("127.0.0.3:61613", "mq.test", None),
+        ]
+        dns.set_addresses({"mq.test": ["127.0.0.4", "127.0.0.3"]})
+        labels: list[str] = []
+        for _ in range(100):  # dnsmasq reads the file when it handles the signal: <= 2 s
+            labels = [b.label for b in await resolve(template)]
+            if "127.0.0.4:61613" in labels:
+                break
+            await trio.sleep(0.02)
+        assert labels == ["127.0.0.3:61613", "127.0.0.4:61613"]
+        other = parse_broker_url("stomp://elsewhere.test:61613?dns=all")[0][0]
+        with pytest.raises(LookupFailed, match=r"elsewhere\.test"):
+            await resolve(other)
+        dns.stop()
+        with pytest.raises(LookupFailed, match=r"mq\.test"):
+            await resolve(template)
