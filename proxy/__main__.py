@@ -221,7 +221,8 @@ def check_config(
     (a Secret mounted into its container); ``run`` checks them at start."""
     config = load_or_exit(config_path, _flags(listen, admin_listen, brokers, log_level, log_format))
     click.echo(json.dumps(config.redacted(), indent=2, sort_keys=True))
-    click.echo(f"mq-sidecar: configuration OK ({len(config.brokers)} broker(s))", err=True)
+    more = f" and those of {config.brokers_file}" if config.brokers_file else ""
+    click.echo(f"mq-sidecar: configuration OK ({len(config.brokers)} broker(s){more})", err=True)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ __all__ = [
     "BrokerTable",
     "EmptyBrokerList",
     "first_in_force",
+    "in_force",
     "in_force_count",
     "walk_order",
 ]
@@ -184,3 +185,8 @@ def first_in_force(brokers: Sequence[Broker]) -> int:
 def in_force_count(brokers: Sequence[Broker]) -> int:
     """How many brokers of ``brokers`` are in force (all of a plain sequence)."""
     return len(brokers.indexes()) if isinstance(brokers, BrokerTable) else len(brokers)
+
+
+def in_force(brokers: Sequence[Broker]) -> Sequence[Broker]:
+    """The brokers in force of ``brokers``, in list order (all of a plain sequence)."""
+    return brokers.in_force() if isinstance(brokers, BrokerTable) else brokers
