@@ -13,16 +13,18 @@ import dataclasses
 import logging
 import random
 import re
+import types
 from pathlib import Path
 
 import pytest
 import trio
 import trio.testing
 
-from config import Broker, Config, parse_broker_url
+from config import Broker, Config, ConfigError, parse_broker_url
+from proxy.admin.health import BrokerProber
 from proxy.app import Sidecar
 from proxy.reconnect import brokers as brokers_module
-from proxy.reconnect.broker_list import BrokerList, NoBrokers
+from proxy.reconnect.broker_list import RELOAD, BrokerList, NoBrokers
 from proxy.reconnect.brokers import (
     BrokerTable,
     EmptyBrokerList,
@@ -32,7 +34,9 @@ from proxy.reconnect.brokers import (
 )
 from proxy.reconnect.policy import ReconnectPolicy
 from proxy.reconnect.resolve import LookupFailed
-from proxy.reload import plan_reload
+from proxy.reload import plan_reload, reload_sidecar
+from proxy.session.core import session_policy
+from proxy.telemetry.vocabulary import ProbeOutcome
 
 A, B, C, D = (Broker(f"10.0.0.{n}", 61613) for n in range(1, 5))
 NAME = parse_broker_url("stomp://mq.test:61613?dns=all")[0][0]
@@ -329,3 +333,77 @@ def test_sighup_applies_the_live_options_and_names_the_others() -> None:
     assert plan.restart == ("listen",)
     assert plan.config.listen == old.listen
     assert (plan.config.brokers, plan.config.retry_interval) == ((A, B), 250)
+
+
+async def test_the_prober_follows_the_list(autojump_clock: trio.testing.MockClock) -> None:
+    """A broker that joins is checked from then on, at once; one that leaves is no longer
+    checked nor reported."""
+    checked: list[str] = []
+
+    async def probe(broker: Broker) -> tuple[ProbeOutcome, str]:
+        checked.append(broker.label)
+        return ProbeOutcome.CONNECTED, "ok"
+
+    prober = BrokerProber(Config(brokers=(A, B), broker_probe_interval=1000), tuple, probe=probe)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(prober.run)
+        await trio.sleep(0.5)
+        prober.follow([B, C])
+        await trio.sleep(0.1)
+        assert [h.broker for h in prober.statistics()] == [B.label, C.label]
+        assert [h.state for h in prober.statistics()] == ["up", "up"]  # C checked at once
+        checked.clear()
+        await trio.sleep(2.0)
+        nursery.cancel_scope.cancel()
+    assert sorted(set(checked)) == [B.label, C.label]  # A no longer
+
+
+async def test_sighup_applies_what_it_can_to_running_sessions_in_one_line(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "mq_sidecar")
+    path = tmp_path / "brokers.txt"
+    path.write_text(f"stomp://{B.label}\n")
+    config = Config(brokers=(A,), brokers_file=str(path))
+    sidecar = Sidecar(config, resolve=Answers())
+    await sidecar.start_broker_list()
+
+    class Running:  # what a reload and an evacuation touch of a live session
+        core = types.SimpleNamespace(policy=session_policy(config))
+
+        def statistics(self) -> types.SimpleNamespace:
+            return types.SimpleNamespace(broker=B.label)
+
+    running = Running()
+    sidecar.sessions.add(running)  # type: ignore[arg-type]
+    path.write_text(f"stomp://{C.label}\n")
+    new = dataclasses.replace(
+        config, retry_interval=250, max_sessions=5, log_level="warning", listen=("127.0.0.1", 5)
+    )
+    root = logging.getLogger("mq_sidecar")
+    level = root.level
+    try:
+        line = await reload_sidecar(sidecar, lambda: new)
+        assert root.level == logging.WARNING
+    finally:
+        root.setLevel(level)
+    assert line == (
+        "reload (SIGHUP): applied retry_interval, max_sessions, log_level; needs a restart: "
+        f"listen; broker list in force: {A.label}, {C.label}"
+    )
+    assert running.core.policy.retry_interval == 0.25
+    assert (sidecar.config.max_sessions, sidecar.config.listen) == (5, config.listen)
+    assert [e.broker for e in sidecar.evacuations()] == [B.label]
+
+    def refuse() -> Config:
+        raise ConfigError(["retry_interval: must be > 0, got -1 (from /etc/x.toml)"])
+
+    line = await reload_sidecar(sidecar, refuse)
+    assert line == (
+        "reload (SIGHUP) refused: retry_interval: must be > 0, got -1 (from /etc/x.toml); the "
+        "configuration in force stays"
+    )
+    assert [f.source for f in sidecar.broker_list.statistics().failed] == [RELOAD]
+    assert sidecar.config.retry_interval == 250
+    await reload_sidecar(sidecar, lambda: sidecar.config)
+    assert sidecar.broker_list.statistics().failed == ()
