@@ -22,8 +22,9 @@ Credentials never appear in a repr, str, :meth:`Config.redacted` view or error m
 
 from __future__ import annotations
 
+from ._brokers_file import read_brokers_file
 from ._dns import parse_dns_server
-from ._load import CONFIG_ENV, load_config, read_brokers_file
+from ._load import CONFIG_ENV, load_config
 from ._model import (
     REDACTED,
     Broker,

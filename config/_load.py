@@ -32,14 +32,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._brokers_file import parse_brokers_file
 from ._dns import parse_dns_server
 from ._model import Broker, Config, ConfigError, Secret
 from ._options import ENV_PREFIX, OPTIONS, Option, convert
 from ._url import is_host_name, parse_url
 from ._values import InvalidValue, closest, describe, suggest
 
-__all__ = ["CONFIG_ENV", "load_config", "read_brokers_file"]
+__all__ = ["CONFIG_ENV", "load_config"]
 
 logger = logging.getLogger("mq_sidecar.config")
 
@@ -440,8 +439,9 @@ def _validate(cfg: Config, settings: Mapping[str, _Setting], skip: set[str]) -> 
 
 def _broker_list_problems(cfg: Config, where: Callable[[str], str], skip: set[str]) -> list[str]:
     """The live broker list's options (docs/configuration.md, "A live broker list"): a
-    refresh interval, DNS servers that are IP addresses, a brokers file that parses now (it
-    is read here as at start; later it is re-read when it changes)."""
+    refresh interval, DNS servers that are IP addresses, a brokers file path. The file is not
+    opened here (it may exist only in the sidecar's container): the daemon reads it at start
+    and whenever it changes, and keeps the list in force when it does not parse."""
     problems: list[str] = []
     if "dns_refresh_interval" not in skip and cfg.dns_refresh_interval <= 0:
         problems.append(
@@ -457,29 +457,9 @@ def _broker_list_problems(cfg: Config, where: Callable[[str], str], skip: set[st
         problems.append(
             f"dns_servers: empty list (unset it for the system resolver) {where('dns_servers')}"
         )
-    if "brokers_file" not in skip and cfg.brokers_file is not None:
-        problems.extend(
-            f"brokers_file: {p} {where('brokers_file')}"
-            for p in read_brokers_file(cfg.brokers_file)[1]
-        )
+    if "brokers_file" not in skip and cfg.brokers_file == "":
+        problems.append(f"brokers_file: must not be empty {where('brokers_file')}")
     return problems
-
-
-def read_brokers_file(path: str) -> tuple[tuple[Broker, ...], list[str]]:
-    """The brokers of the brokers file at ``path`` and the problems found (a file that cannot
-    be read or parsed gives no brokers and at least one problem, naming the line)."""
-    if not path:
-        return (), ["must not be empty"]
-    try:
-        text = Path(path).read_bytes().decode("utf-8")
-    except OSError as exc:
-        return (), [f"cannot read {path}: {exc.strerror or exc}"]
-    except UnicodeDecodeError as exc:
-        return (), [f"{path} is not UTF-8 (byte offset {exc.start})"]
-    try:
-        return parse_brokers_file(text, path), []
-    except ConfigError as exc:
-        return (), exc.problems
 
 
 def _tls_problems(cfg: Config, where: Callable[[str], str], skip: set[str]) -> list[str]:

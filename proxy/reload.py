@@ -13,9 +13,10 @@ changed is split in two:
 - everything else needs a restart (listeners, TLS, limits a session holds from its start, the
   outbox...): named in the log line, left as it is.
 
-Whatever changed, the brokers file is re-read and the DNS names looked up again. A
-configuration that does not load is refused whole, with its problems; the one in force stays.
-One log line says what was applied and what needs a restart.
+Whatever changed, the brokers file is re-read and the DNS names looked up again; a file that
+does not parse or a lookup that fails keeps the list in force and is named in the line ("not
+applied"). A configuration that does not load is refused whole, with its problems; the one in
+force stays. One log line says what was applied and what needs a restart.
 """
 
 from __future__ import annotations
@@ -127,12 +128,14 @@ async def reload_sidecar(sidecar: Reloadable, load: Callable[[], Config]) -> str
         sidecar.admin.token = sidecar.admin.actions.token = token
     await sidecar.broker_list.reload(plan.config)
     brokers = ", ".join(sidecar.broker_list.table.labels())
+    failed = sidecar.broker_list.statistics().failed
+    standing = "".join(f"; not applied: {f.source}: {f.reason}" for f in failed)
     line = (
         f"reload (SIGHUP): applied {', '.join(plan.applied) or 'nothing (no live option changed)'}"
         f"; needs a restart: {', '.join(plan.restart) or 'nothing'}; broker list in force: "
-        f"{brokers}"
+        f"{brokers}{standing}"
     )
-    (log.warning if plan.restart else log.info)("%s", line)
+    (log.warning if plan.restart or failed else log.info)("%s", line)
     return line
 
 

@@ -313,7 +313,12 @@ class BrokerList:
 
     def _succeed(self, source: str) -> None:
         if self._failed.pop(source, None) is not None:
-            log.info("broker list: %s answers again", source)
+            if source.startswith("brokers_file"):
+                log.info("broker list: %s parses again", source)
+            elif source.startswith(("DNS name", "SRV name")):
+                log.info("broker list: %s answers again", source)
+            else:
+                log.info("broker list: %s: updates apply again", source)
 
     def statistics(self) -> BrokerListStatistics:
         """The list in force and the updates not applied (``/status``)."""
