@@ -41,24 +41,37 @@ def make_resolver(servers: Sequence[str] | None, timeout: float) -> Resolve:
     domains included: a Kubernetes short name). Each lookup (both address families, or the SRV
     query) gives up after ``timeout`` seconds.
 
+    The system's configuration is read at the first lookup, not before: a sidecar without
+    DNS names never reads it, and one whose ``/etc/resolv.conf`` is missing or unreadable
+    gets that as the lookup's failure (and keeps its last good list), not a crash.
+
     Raises:
         ValueError: a server that is not ``ip[:port]`` (the configuration checked it).
     """
-    if servers is None:
-        resolver = dns.asyncresolver.Resolver()
-        search: bool | None = True
-    else:
-        resolver = dns.asyncresolver.Resolver(configure=False)
-        resolver.nameservers = [
+    nameservers = (
+        None
+        if servers is None
+        else [
             dns.nameserver.Do53Nameserver(host, port)
             for host, port in (parse_dns_server(s) for s in servers)
         ]
-        search = False
-    resolver.lifetime = timeout
-    resolver.timeout = timeout
+    )
+    made: list[dns.asyncresolver.Resolver] = []
+
+    def resolver() -> dns.asyncresolver.Resolver:
+        if not made:
+            try:
+                one = dns.asyncresolver.Resolver(configure=nameservers is None)
+            except dns.exception.DNSException as exc:
+                raise LookupFailed(f"the system's DNS configuration is unusable: {exc}") from None
+            if nameservers is not None:
+                one.nameservers = list(nameservers)
+            one.lifetime = one.timeout = timeout
+            made.append(one)
+        return made[0]
 
     async def resolve(template: Broker) -> tuple[Broker, ...]:
-        return await expand(resolver, template, search=search)
+        return await expand(resolver(), template, search=nameservers is None)
 
     return resolve
 
@@ -153,10 +166,8 @@ async def _query(
         raise LookupFailed(f"{what} {name} does not exist (NXDOMAIN)") from None
     except dns.resolver.NoAnswer:
         raise LookupFailed(f"{what} {name}: the answer has no {kind} record") from None
-    except dns.resolver.LifetimeTimeout as exc:
-        raise LookupFailed(
-            f"{what} {name}: no answer within {exc.kwargs['timeout']:.1f} s"
-        ) from None
+    except dns.resolver.LifetimeTimeout:
+        raise LookupFailed(f"{what} {name}: no answer within {resolver.lifetime:g} s") from None
     except dns.resolver.NoNameservers:
         raise LookupFailed(
             f"{what} {name}: every DNS server failed (SERVFAIL or refused)"
