@@ -22,6 +22,7 @@ import trio.testing
 
 from config import Broker, Config, ConfigError, parse_broker_url
 from proxy.admin.health import BrokerProber
+from proxy.admin.server import AdminServer
 from proxy.app import Sidecar
 from proxy.reconnect import brokers as brokers_module
 from proxy.reconnect.broker_list import RELOAD, BrokerList, NoBrokers
@@ -405,3 +406,22 @@ async def test_sighup_applies_what_it_can_to_running_sessions_in_one_line(
     assert sidecar.config.retry_interval == 250
     await reload_sidecar(sidecar, lambda: sidecar.config)
     assert sidecar.broker_list.statistics().failed == ()
+
+
+async def test_sighup_gives_the_admin_plane_a_new_token_file(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    old, new = tmp_path / "old-token", tmp_path / "new-token"
+    config = Config(brokers=(A,), admin_token_file=str(old))
+    sidecar = Sidecar(config)
+    await sidecar.start_broker_list()
+    sidecar.admin = AdminServer(sidecar)
+    assert sidecar.admin.token is not None
+    assert sidecar.admin.token.path == str(old)
+    line = await reload_sidecar(
+        sidecar, lambda: dataclasses.replace(config, admin_token_file=str(new))
+    )
+    assert line.startswith("reload (SIGHUP): applied admin_token_file; needs a restart: nothing")
+    assert sidecar.admin.token is sidecar.admin.actions.token
+    assert sidecar.admin.token is not None
+    assert sidecar.admin.token.path == str(new)
