@@ -1,11 +1,12 @@
 """The live broker list against real brokers and a real DNS server (docs/configuration.md, "A
 live broker list"; docs/operations.md, "The broker list at run time", "Reload on SIGHUP").
 
-Two independent ActiveMQ brokers, A and B, behind a broker list that changes mid-transfer: a
-producer (persistent SENDs, each with a receipt) and a consumer (ACKing each MESSAGE) through
-the sidecar; the list goes from A to B (every session moves to B, FAILOVER with the reason of
-the list) and back to A (the consumer gets what A still holds), and in the end the app has
-every body exactly once and nothing is left on either broker.
+Two independent brokers of one kind, A and B (ActiveMQ; for DNS, RabbitMQ too), behind a
+broker list that changes mid-transfer: a producer (persistent SENDs, each with a receipt) and a
+consumer (ACKing each MESSAGE) through the sidecar; the list goes from A to B (every session
+moves to B, FAILOVER with the reason of the list) and back to A (the consumer gets what A still
+holds), and in the end the app has every body exactly once and nothing is left on either
+broker.
 
 - By DNS: the SRV name ``_stomp._tcp.mq.test`` served by dnsmasq on loopback (records rewritten
   and dnsmasq restarted; while it is down the lookups fail and the list in force stays).
@@ -44,7 +45,13 @@ from tests.integration.support import (
     unique,
     wait_until,
 )
-from tests.integration.test_evacuation import drain_directly, moved, settle
+from tests.integration.test_evacuation import (  # noqa: F401 (two_brokers: a fixture)
+    Broker,
+    drain_directly,
+    moved,
+    settle,
+    two_brokers,
+)
 from tests.integration.test_failover import (
     FAST,
     Consumer,
@@ -96,7 +103,7 @@ class Transfer:
         self.producer.client.close()
         self.control.close()
 
-    def check(self, first: ActiveMQ, second: ActiveMQ) -> str:
+    def check(self, first: Broker, second: Broker) -> str:
         """Exactly once, nothing left on either broker; returns the summary."""
         left = [drain_directly(first, self.dest), drain_directly(second, self.dest)]
         missing, duplicated = exactly_once(self.consumer.bodies, N)
@@ -115,26 +122,27 @@ def in_force(status: dict[str, Any]) -> list[str]:
     return [b["broker"] for b in status["broker_list"]["in_force"]]
 
 
-@pytest.mark.activemq
 def test_a_dns_srv_change_moves_every_session_and_loses_nothing(
-    activemq: ActiveMQ, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    two_brokers: tuple[Broker, Broker],  # noqa: F811 (the fixture imported above)
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """SRV ``_stomp._tcp.mq.test`` -> A; dnsmasq stopped (lookups fail: the list stays A,
     /status names the failed update); restarted with SRV -> B: B joins, A leaves and is
-    evacuated; then SRV -> A again: back, nothing lost or twice."""
+    evacuated; then SRV -> A again: back, nothing lost or twice. ActiveMQ, then RabbitMQ."""
     caplog.set_level(logging.INFO, "mq_sidecar")
-    with (
-        ActiveMQ("live-b", tmp_path) as second,
-        dnsmasq_server(tmp_path, {"a.mq.test": "127.0.0.1", "b.mq.test": "127.0.0.1"}) as dns,
-    ):
+    first, second = two_brokers
+    with dnsmasq_server(tmp_path, {"a.mq.test": "127.0.0.1", "b.mq.test": "127.0.0.1"}) as dns:
         # the records' targets are looked up through dnsmasq too: the labels are addresses
-        a, b = f"127.0.0.1:{activemq.stomp_port}", f"127.0.0.1:{second.stomp_port}"
-        dns.set_records(srv={SRV_NAME: [("a.mq.test", activemq.stomp_port)]})
+        a, b = f"127.0.0.1:{first.stomp_port}", f"127.0.0.1:{second.stomp_port}"
+        dns.set_records(srv={SRV_NAME: [("a.mq.test", first.stomp_port)]})
         config = sidecar_config(
-            f"stomp://{SRV_NAME}",
+            f"stomp://{SRV_NAME}?host={first.vhost}",  # RabbitMQ's vhost, as by name
             dns_servers=dns.server,
             dns_refresh_interval="250",
             broker_probe_interval="200",
+            login="guest",  # RabbitMQ's default user; ActiveMQ takes anyone
+            passcode="guest",
             **CLIENT,
             **FAST,
         )
@@ -153,14 +161,14 @@ def test_a_dns_srv_change_moves_every_session_and_loses_nothing(
                 dns.set_records(srv={SRV_NAME: [("b.mq.test", second.stomp_port)]})
 
             def to_a() -> None:
-                dns.set_records(srv={SRV_NAME: [("a.mq.test", activemq.stomp_port)]})
+                dns.set_records(srv={SRV_NAME: [("a.mq.test", first.stomp_port)]})
 
             started = time.monotonic()
             away, back, receipts, errors = app.there_and_back(a, b, to_b, to_a)
             took = time.monotonic() - started
             status = sidecar.status()
             app.close()
-        summary = app.check(activemq, second)
+        summary = app.check(first, second)
     assert receipts == N
     assert errors == []
     reason = "left the broker list (SRV name _stomp._tcp.mq.test no longer resolves to it)"
@@ -173,7 +181,8 @@ def test_a_dns_srv_change_moves_every_session_and_loses_nothing(
         for m in caplog.messages
         if m.startswith(("broker list", f"broker {a} evacuated", f"broker {b} evacuated"))
     ]
-    print(f"\n[live broker list, DNS] {summary} took_s={took:.1f}\n" + "\n".join(lines))
+    kind = type(first).__name__
+    print(f"\n[live broker list, DNS, {kind}] {summary} took_s={took:.1f}\n" + "\n".join(lines))
     assert f"broker list updated: {b} joined (SRV name {SRV_NAME}); {a} left; in force: {b}" in (
         lines
     )
