@@ -11,6 +11,8 @@ Public API (everything else is private)::
 * :func:`parse_broker_url`: ActiveMQ/Artemis failover URLs
   (``failover:(stomp://a:61613,stomp+ssl://b:61614)?retryInterval=100``).
 * :func:`parse_address`: ``host:port`` / ``[::1]:61613``.
+* :func:`read_brokers_file`: the brokers file (``brokers_file``), read and parsed, problems
+  naming their lines; :func:`parse_dns_server`: one entry of ``dns_servers``.
 * :data:`OPTIONS`: the option table (``Config`` field name -> :class:`Option`), for
   building the CLI and ``--help``; :data:`ENV_PREFIX` = ``"MQ_SIDECAR_"``.
 
@@ -20,6 +22,8 @@ Credentials never appear in a repr, str, :meth:`Config.redacted` view or error m
 
 from __future__ import annotations
 
+from ._brokers_file import read_brokers_file
+from ._dns import parse_dns_server
 from ._load import CONFIG_ENV, load_config
 from ._model import (
     REDACTED,
@@ -52,4 +56,6 @@ __all__ = (
     "load_config",
     "parse_address",
     "parse_broker_url",
+    "parse_dns_server",
+    "read_brokers_file",
 )

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ._dns import parse_dns_server
 from ._model import Broker, Config, ConfigError, Secret
 from ._options import ENV_PREFIX, OPTIONS, Option, convert
 from ._url import is_host_name, parse_url
@@ -317,7 +318,7 @@ def _validate(cfg: Config, settings: Mapping[str, _Setting], skip: set[str]) -> 
     # brokers (docs/configuration.md, "Brokers"): at least one, real ports, no duplicates,
     # paired credentials
     if "brokers" not in skip:
-        if not cfg.brokers:
+        if not cfg.brokers and not cfg.brokers_file:
             problems.append(_NO_BROKERS)
         seen: set[tuple[str, int]] = set()
         for n, b in enumerate(cfg.brokers, 1):
@@ -368,6 +369,7 @@ def _validate(cfg: Config, settings: Mapping[str, _Setting], skip: set[str]) -> 
         "must be >= 0 (0 = initial_connect_attempts alone bound a first connection)",
     )
     check("jitter", 0.0 <= cfg.jitter <= 1.0, "must be between 0 and 1")
+    problems.extend(_broker_list_problems(cfg, where, skip))
     for name in (
         "call_timeout",
         "connect_timeout",
@@ -441,6 +443,31 @@ def _validate(cfg: Config, settings: Mapping[str, _Setting], skip: set[str]) -> 
             problems.append(f"{login}: given without {passcode} {where(login)}")
         if getattr(cfg, passcode) is not None and getattr(cfg, login) is None:
             problems.append(f"{passcode}: given without {login} {where(passcode)}")
+    return problems
+
+
+def _broker_list_problems(cfg: Config, where: Callable[[str], str], skip: set[str]) -> list[str]:
+    """The live broker list's options (docs/configuration.md, "A live broker list"): a
+    refresh interval, DNS servers that are IP addresses, a brokers file path. The file is not
+    opened here (it may exist only in the sidecar's container): the daemon reads it at start
+    and whenever it changes, and keeps the list in force when it does not parse."""
+    problems: list[str] = []
+    if "dns_refresh_interval" not in skip and cfg.dns_refresh_interval <= 0:
+        problems.append(
+            f"dns_refresh_interval: must be > 0, got {cfg.dns_refresh_interval} "
+            f"{where('dns_refresh_interval')}"
+        )
+    for server in cfg.dns_servers or () if "dns_servers" not in skip else ():
+        try:
+            parse_dns_server(server)
+        except ValueError as exc:
+            problems.append(f"dns_servers: {exc} {where('dns_servers')}")
+    if "dns_servers" not in skip and cfg.dns_servers == ():
+        problems.append(
+            f"dns_servers: empty list (unset it for the system resolver) {where('dns_servers')}"
+        )
+    if "brokers_file" not in skip and cfg.brokers_file == "":
+        problems.append(f"brokers_file: must not be empty {where('brokers_file')}")
     return problems
 
 

@@ -125,6 +125,12 @@ class Broker:
             ``verifyHost``, Artemis' name); ``None`` = the top-level option.
         server_name: This broker's own ``tls_server_name`` (URL option ``sniHost``,
             Artemis' name); ``None`` = the top-level option, else ``host``.
+        dns: ``None``: one broker, ``host`` resolved at each connect. ``"all"`` (URL option
+            ``dns=all``): ``host`` names a set of brokers, one per address it resolves to (a
+            Kubernetes headless Service), on ``port``. ``"srv"`` (``dns=srv``, or a host
+            starting with ``_`` such as ``_stomp._tcp.rabbitmq.ns.svc``): one broker per SRV
+            record, host and port from the record (RFC 2782). Either is re-resolved every
+            ``dns_refresh_interval`` (docs/configuration.md, "A live broker list").
     """
 
     host: str
@@ -135,6 +141,7 @@ class Broker:
     virtual_host: str | None = None
     verify_hostname: bool | None = None
     server_name: str | None = None
+    dns: str | None = None
 
     @property
     def label(self) -> str:
@@ -177,7 +184,18 @@ class Config:
             interval it opens one (unless a live session leg already proves the broker
             answers). 5000 ms: readiness follows a broker within seconds, and a probe
             connection every 5 s is negligible load.
-        brokers: The upstream brokers in failover order. At least one is required.
+        brokers: The upstream brokers in failover order. At least one is required, unless
+            ``brokers_file`` is given. A broker with ``dns`` set stands for the brokers its
+            name resolves to (:attr:`Broker.dns`).
+        brokers_file: Path of a file of more brokers, one broker URL per line (``#`` starts a
+            comment), after ``brokers`` in the list; re-read when it changes (looked at
+            every ``dns_refresh_interval``) and on SIGHUP. A file that does not parse leaves
+            the list in force (docs/configuration.md, "A live broker list").
+        dns_refresh_interval: ms between lookups of the DNS names of the broker list (and
+            looks at ``brokers_file``), > 0, each drawn from 0.8..1.2 times it (jitter, so a
+            fleet of sidecars does not query in step). 5000 ms: Envoy's STRICT_DNS default.
+        dns_servers: ``host[:port]`` of the DNS servers asked (IP literals, port 53 by
+            default); ``None`` = the system's resolver (``/etc/resolv.conf``).
         login: The sidecar's own upstream login, used for every broker without its
             own. When set, the app's ``login``/``passcode`` are not forwarded.
         passcode: Passcode for ``login``; required with it, forbidden without it.
@@ -311,6 +329,9 @@ class Config:
     admin_token_metrics: bool = False
     broker_probe_interval: int = 5_000
     brokers: tuple[Broker, ...] = ()
+    brokers_file: str | None = None
+    dns_refresh_interval: int = 5_000
+    dns_servers: tuple[str, ...] | None = None
     login: str | None = None
     passcode: Secret | None = None
     client_login: str | None = None
@@ -421,6 +442,7 @@ class Durations:
     connect_timeout: float
     drain_timeout: float
     broker_probe_interval: float
+    dns_refresh_interval: float
     retry_interval: float
     max_retry_interval: float
     reconnect_period: float | None
@@ -436,6 +458,7 @@ class Durations:
             connect_timeout=config.connect_timeout / 1000,
             drain_timeout=config.drain_timeout / 1000,
             broker_probe_interval=config.broker_probe_interval / 1000,
+            dns_refresh_interval=config.dns_refresh_interval / 1000,
             retry_interval=config.retry_interval / 1000,
             max_retry_interval=config.max_retry_interval / 1000,
             reconnect_period=config.reconnect_period / 1000 if config.reconnect_period else None,

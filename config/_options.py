@@ -100,6 +100,22 @@ _ROWS = (
         "broker list: failover:(stomp://a:61613,stomp+ssl://b:61614)?retryInterval=100 "
         "(ActiveMQ/Artemis failover URL syntax)",
     ),
+    Option(
+        "brokers_file",
+        "str",
+        "file of more brokers, one URL per line, re-read when it changes and on SIGHUP",
+    ),
+    Option(
+        "dns_refresh_interval",
+        "int",
+        "ms between lookups of the broker list's DNS names (dns=all, SRV), > 0, jittered",
+        "ms",
+    ),
+    Option(
+        "dns_servers",
+        "strings",
+        "DNS servers to ask, ip[:port] (port 53 by default); unset = the system resolver",
+    ),
     Option("login", "str", "upstream login for every broker without its own (needs passcode)"),
     Option("passcode", "secret", "upstream passcode for `login`"),
     Option("client_login", "str", "login apps must present in CONNECT (needs client_passcode)"),

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 from urllib.parse import unquote
 
+from ._dns import dns_kind
 from ._model import Broker, Config, ConfigError, Secret
 from ._values import InvalidValue, normalize_name, parse_bool, parse_float, parse_int, suggest
 
@@ -458,10 +459,13 @@ def _parse_entry(entry: str, nested: dict[str, object], problems: list[str]) -> 
         ok = False
     virtual_host: str | None = None
     own_tls: dict[str, object] = {}
+    dns: str | None = None
     for key, value in _query_pairs(query):
         normal = normalize_name(key)
         java = _java_tls_problem(repr(shown), key)
-        if normal in _TLS_OPTIONS:
+        if normal == "dns":
+            dns = value.strip().lower()
+        elif normal in _TLS_OPTIONS:
             ok = _tls_option(repr(shown), key, value, own_tls, problems) and ok
         elif java is not None:
             problems.append(java)
@@ -498,6 +502,8 @@ def _parse_entry(entry: str, nested: dict[str, object], problems: list[str]) -> 
     if port == 0:
         problems.append(f"{shown!r}: broker port must be 1..65535, got 0")
         ok = False
+    dns = dns_kind(dns, host, ":" in hostport.lstrip("[").rpartition("]")[2], problems, shown)
+    ok = ok and dns != ""
     verify = tls_settings.get("verifyHost")
     sni = tls_settings.get("sniHost")
     if virtual_host is not None and (not virtual_host or _CONTROL.search(virtual_host)):
@@ -516,6 +522,7 @@ def _parse_entry(entry: str, nested: dict[str, object], problems: list[str]) -> 
         virtual_host,
         verify_hostname=verify if isinstance(verify, bool) else None,
         server_name=sni if isinstance(sni, str) else None,
+        dns=dns,
     )
 
 

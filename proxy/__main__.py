@@ -26,7 +26,7 @@ import trio
 from config import Config, ConfigError, load_config
 from proxy._version import VERSION
 from proxy.admin.http import TokenUnavailable, read_token
-from proxy.app import ListenError, OutboxUnusable, TracingUnavailable, serve
+from proxy.app import ListenError, NoBrokers, OutboxUnusable, TracingUnavailable, serve
 from proxy.legs.memory import keep_mmap_threshold
 from proxy.legs.tls import TlsFailed, client_context
 from proxy.telemetry.logs import configure_logging
@@ -125,11 +125,13 @@ def unusable_files(config: Config) -> list[str]:
     return problems
 
 
-def run_sidecar(config: Config) -> None:
+def run_sidecar(config: Config, reload_config: Callable[[], Config] | None = None) -> None:
     """Run the daemon with ``config`` until SIGTERM/SIGINT; exit 1 if it cannot listen, a
     file it is given cannot be used (:func:`unusable_files`), its ``outbox_dir`` cannot
-    (another sidecar holds it, or it cannot be written), or ``tracing = true`` cannot start
-    (:class:`~proxy.app.TracingUnavailable`)."""
+    (another sidecar holds it, or it cannot be written), ``tracing = true`` cannot start
+    (:class:`~proxy.app.TracingUnavailable`), or no broker is found at start (DNS names that
+    do not resolve, an empty brokers file). SIGHUP loads the configuration again with
+    ``reload_config`` (:mod:`proxy.reload`)."""
     configure_logging(config.log_level, config.log_format)
     problems = unusable_files(config)
     for problem in problems:
@@ -138,8 +140,8 @@ def run_sidecar(config: Config) -> None:
         sys.exit(1)
     keep_mmap_threshold()  # RSS follows what the memory budget counts
     try:
-        trio.run(lambda: serve(config, handle_signals=True))
-    except* (ListenError, OutboxUnusable, TracingUnavailable) as group:
+        trio.run(lambda: serve(config, handle_signals=True, reload_config=reload_config))
+    except* (ListenError, OutboxUnusable, TracingUnavailable, NoBrokers) as group:
         for exc in group.exceptions:
             click.echo(f"mq-sidecar: {exc}", err=True)
         sys.exit(1)
@@ -198,9 +200,11 @@ def run(
     log_level: str | None,
     log_format: str | None,
 ) -> None:
-    """Run the sidecar: accept STOMP apps and relay them to the brokers."""
+    """Run the sidecar: accept STOMP apps and relay them to the brokers (SIGHUP: reload)."""
+    flags = _flags(listen, admin_listen, brokers, log_level, log_format)
     run_sidecar(
-        load_or_exit(config_path, _flags(listen, admin_listen, brokers, log_level, log_format))
+        load_or_exit(config_path, flags),
+        reload_config=lambda: load_config(path=config_path, overrides=flags),
     )
 
 
@@ -220,7 +224,8 @@ def check_config(
     (a Secret mounted into its container); ``run`` checks them at start."""
     config = load_or_exit(config_path, _flags(listen, admin_listen, brokers, log_level, log_format))
     click.echo(json.dumps(config.redacted(), indent=2, sort_keys=True))
-    click.echo(f"mq-sidecar: configuration OK ({len(config.brokers)} broker(s))", err=True)
+    more = f" and those of {config.brokers_file}" if config.brokers_file else ""
+    click.echo(f"mq-sidecar: configuration OK ({len(config.brokers)} broker(s){more})", err=True)
 
 
 if __name__ == "__main__":

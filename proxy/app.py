@@ -37,13 +37,14 @@ import errno
 import itertools
 import logging
 import secrets
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import trio
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
 import protocol
-from config import Config
+from config import Broker, Config
 from proxy._errors import ListenError, OutboxUnusable, TracingUnavailable
 from proxy.admin.server import AdminLimits, AdminServer
 from proxy.legs.memory import MemoryGate
@@ -52,7 +53,10 @@ from proxy.legs.stream import FrameStream, TransportLost
 from proxy.outbox.forwarder import OutboxForwarder
 from proxy.outbox.service import OutboxService, forward_before_exit, open_outbox
 from proxy.reconnect.board import ReconnectBoard
+from proxy.reconnect.broker_list import BrokerList, NoBrokers
 from proxy.reconnect.evacuations import Evacuation, EvacuationRefused, UnknownBroker, stranded
+from proxy.reconnect.resolve import Resolve
+from proxy.reload import reload_on_signal
 from proxy.session import Session
 from proxy.session.ending import error_frame
 from proxy.shutdown import drain_sessions, log_drain, shutdown_on_signals
@@ -67,6 +71,7 @@ if TYPE_CHECKING:  # imported at run time only when tracing is on (start_tracing
 
 __all__ = [
     "ListenError",
+    "NoBrokers",
     "OutboxUnusable",
     "Sidecar",
     "SidecarStatistics",
@@ -120,6 +125,7 @@ class Sidecar:
 
     Args:
         config: validated configuration.
+        resolve: the DNS lookup of the broker list's names (tests); default: dnspython's.
 
     Attributes:
         registry: this sidecar's Prometheus registry (``/metrics``), with the process,
@@ -138,18 +144,32 @@ class Sidecar:
             runs; None otherwise.
         recovery: the outbox's outbox forwarder (:mod:`proxy.outbox.forwarder`), with the outbox.
         tracing: the sessions' tracing (``tracing = true``, :func:`start_tracing`), or None.
+        broker_list: the live broker list (:mod:`proxy.reconnect.broker_list`): DNS names, the
+            brokers file, what a SIGHUP changes; the list in force is ``reconnects.brokers``.
     """
 
-    def __init__(self, config: Config, *, tracing: Tracing | None = None) -> None:
+    def __init__(
+        self, config: Config, *, tracing: Tracing | None = None, resolve: Resolve | None = None
+    ) -> None:
         self.config = config
         self.tracing = tracing
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
         GCCollector(registry=self.registry)
-        self.metrics = Metrics(self.registry, brokers=[b.label for b in config.brokers])
+        static = [b for b in config.brokers if not b.dns]  # DNS names: resolved at start
+        self.metrics = Metrics(self.registry, brokers=[b.label for b in static])
         self.events = EventBus()
-        self.reconnects = ReconnectBoard()
+        self.reconnects = ReconnectBoard(static)
+        self.broker_list = BrokerList(
+            config,
+            self.reconnects.brokers,
+            on_join=self._broker_joined,
+            on_leave=self._broker_left,
+            resolve=resolve,
+        )
+        #: Brokers evacuated because they left the list (restored when they come back).
+        self._left_list: set[str] = set()
         self.streams = BrokerStreams(config)
         self.admin: AdminServer | None = None
         self.outbox: OutboxService | None = None
@@ -231,13 +251,15 @@ class Sidecar:
         return self.reconnects.evacuations.active(trio.current_time())
 
     def _labels(self, broker: str) -> list[str]:
-        """The broker list's labels, ``broker`` among them.
+        """The labels of the broker list in force; ``broker`` is in it, or was (a broker that
+        left the list is evacuated by its label).
 
         Raises:
-            UnknownBroker: it is not.
+            UnknownBroker: it is not and never was.
         """
-        labels = [b.label for b in self.config.brokers]
-        if broker not in labels:
+        table = self.reconnects.brokers
+        labels = list(table.labels())
+        if table.index_of(broker) is None:
             raise UnknownBroker(f"{broker} is not in the broker list ({', '.join(labels)})")
         return labels
 
@@ -245,6 +267,43 @@ class Sidecar:
     def draining(self) -> bool:
         """Whether the sessions were asked to drain (the listener is closed)."""
         return self._drain_deadline is not None
+
+    async def start_broker_list(self) -> None:
+        """The broker list at start: the brokers file read, the DNS names looked up
+        (:meth:`BrokerList.start <proxy.reconnect.broker_list.BrokerList.start>`); their
+        metrics' children made.
+
+        Raises:
+            NoBrokers: none found.
+        """
+        await self.broker_list.start()
+        for broker in self.brokers():
+            self.metrics.add_broker(broker.label)
+
+    def brokers(self) -> tuple[Broker, ...]:
+        """The broker list in force, in its order (:mod:`proxy.reconnect.broker_list`)."""
+        return self.reconnects.brokers.in_force()
+
+    def _broker_joined(self, broker: Broker, source: str) -> None:
+        """A broker joined the list: into the rotation (restored if it had left it), the
+        prober's rounds and the metrics."""
+        label = broker.label
+        if label in self._left_list:
+            self._left_list.discard(label)
+            entry = self.reconnects.restore(label)
+            if entry is not None:
+                log.warning("broker %s back in the broker list (%s)", label, source)
+        self.metrics.add_broker(label)
+        if self.admin is not None:
+            self.admin.prober.follow(self.brokers())
+
+    def _broker_left(self, broker: Broker, reason: str) -> None:
+        """A broker left the list: evacuated (its sessions have to go, whatever the others'
+        state), no longer probed."""
+        self._left_list.add(broker.label)
+        self.evacuate(broker.label, reason, check=False)
+        if self.admin is not None:
+            self.admin.prober.follow(self.brokers())
 
     def statistics(self) -> SidecarStatistics:
         """Listener address and per-session statistics."""
@@ -270,6 +329,7 @@ class Sidecar:
             ListenError: the listen address cannot be bound (in use, permission).
             OutboxUnusable: ``outbox_dir`` is locked by another sidecar or unusable.
         """
+        await self.start_broker_list()
         if not self.config.outbox:
             await self._serve(task_status)
             self._stopped()
@@ -460,17 +520,22 @@ async def serve(
     handle_signals: bool = False,
     admin_limits: AdminLimits | None = None,
     tracing: Tracing | None = None,
+    reload_config: Callable[[], Config] | None = None,
     task_status: trio.TaskStatus[Sidecar] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run a sidecar for ``config`` until shutdown; report the :class:`Sidecar` when bound.
 
     Args:
         config: validated configuration.
-        handle_signals: turn SIGTERM/SIGINT into a graceful shutdown (main thread only).
+        handle_signals: turn SIGTERM/SIGINT into a graceful shutdown and SIGHUP into a
+            reload (:mod:`proxy.reload`; main thread only).
         admin_limits: bounds of the admin plane (default :class:`~proxy.admin.server.AdminLimits`).
         tracing: the sessions' tracing, owned by the caller (a test's in-memory exporter);
             None: :func:`start_tracing` makes it from ``config`` and the environment, and it
             is shut down (what it queued exported) when the sidecar stops.
+        reload_config: loads the configuration again for a SIGHUP (the CLI's file, environment
+            and flags); None: the configuration in force (the brokers file and DNS names are
+            read again all the same).
 
     Raises:
         ListenError: the STOMP or the admin address cannot be bound (raised as the only
@@ -483,8 +548,11 @@ async def serve(
     async with trio.open_nursery(strict_exception_groups=True) as nursery:
         if handle_signals:
             nursery.start_soon(shutdown_on_signals, sidecar.request_shutdown)
+            load = reload_config if reload_config is not None else lambda: sidecar.config
+            nursery.start_soon(reload_on_signal, sidecar, load)
         nursery.start_soon(_log_events, sidecar.events)
         await nursery.start(sidecar.serve)
+        nursery.start_soon(sidecar.broker_list.run)
         sidecar.admin = AdminServer(sidecar, limits=admin_limits)
         sidecar.admin_address = await nursery.start(sidecar.admin.serve)
         task_status.started(sidecar)

@@ -42,8 +42,8 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$REPO/.venv"
 STAMP="$VENV/.mq-sidecar-setup"
-PACKAGES=(activemq rabbitmq-server prometheus ruby-stomp curl openssl socat strace chromium chromium-driver)
-SERVICES=(rabbitmq-server epmd.socket epmd.service activemq prometheus)
+PACKAGES=(activemq rabbitmq-server prometheus ruby-stomp curl openssl socat strace chromium chromium-driver dnsmasq)
+SERVICES=(rabbitmq-server epmd.socket epmd.service activemq prometheus dnsmasq)
 
 say() { printf 'setup.sh: %s\n' "$*" >&2; }
 die() { say "$*"; exit 1; }

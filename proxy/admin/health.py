@@ -253,7 +253,7 @@ class _Record:
 
 
 class BrokerProber:
-    """Checks every configured broker in the background; see the module docstring.
+    """Checks every broker in the list in the background; see the module docstring.
 
     Args:
         config: brokers, credentials, ``connect_timeout``, ``broker_probe_interval``.
@@ -263,6 +263,8 @@ class BrokerProber:
             pass their own).
         streams: the sidecar's :class:`~proxy.legs.broker.BrokerStreams` (TLS as the sessions
             have it, and one tracker of the brokers' certificates); a private one when None.
+        brokers: the brokers to check (the list in force); default ``config.brokers``.
+            :meth:`follow` changes them while it runs.
 
     A broker is ``up`` while its last check was answered less than ``stale_after`` ago
     (two intervals plus ``connect_timeout``: a check in progress never makes it stale).
@@ -278,6 +280,7 @@ class BrokerProber:
         metrics: Metrics | None = None,
         probe: ProbeFunction | None = None,
         streams: BrokerStreams | None = None,
+        brokers: Sequence[Broker] | None = None,
     ) -> None:
         self.config = config
         seconds = config.durations
@@ -288,22 +291,57 @@ class BrokerProber:
         opener = streams if streams is not None else BrokerStreams(config)
         self._probe: ProbeFunction = probe or (lambda b: probe_broker(b, config, opener))
         self._records = [
-            _Record(b, b.login is not None or config.login is not None) for b in config.brokers
+            self._new_record(b) for b in (config.brokers if brokers is None else brokers)
         ]
+        self._scopes: dict[str, trio.CancelScope] = {}
+        self._nursery: trio.Nursery | None = None
         self._checked = 0
         #: Set once every broker has been checked at least once.
         self.first_round_done = trio.Event()
         if not self._records:
             self.first_round_done.set()
 
+    def _new_record(self, broker: Broker) -> _Record:
+        return _Record(broker, broker.login is not None or self.config.login is not None)
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Check every broker every ``interval`` until cancelled."""
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             for record in self._records:
                 nursery.start_soon(self._watch, record)
             task_status.started()
 
+    def follow(self, brokers: Sequence[Broker]) -> None:
+        """Make ``brokers`` (the list in force, in its order) the brokers checked: a broker
+        that joined is checked from now on (its first check at once), one that left is no
+        longer checked nor reported. Call it from trio, while :meth:`run` runs or before."""
+        old = {r.broker.label: r for r in self._records}
+        records = []
+        for broker in brokers:
+            record = old.pop(broker.label, None)
+            if record is None:
+                record = self._new_record(broker)
+                if self._nursery is not None:
+                    self._nursery.start_soon(self._watch, record)
+            records.append(record)
+        for label, record in old.items():
+            scope = self._scopes.pop(label, None)
+            if scope is not None:
+                scope.cancel()
+            if record.last_check is not None:
+                self._checked -= 1
+        self._records = records
+        if self._checked >= len(self._records):
+            self.first_round_done.set()
+
     async def _watch(self, record: _Record) -> None:
+        label = record.broker.label
+        with trio.CancelScope() as scope:
+            self._scopes[label] = scope
+            await self._check_forever(record)
+
+    async def _check_forever(self, record: _Record) -> None:
         label = record.broker.label
         while True:
             try:
@@ -323,7 +361,7 @@ class BrokerProber:
         now = trio.current_time()
         if record.last_check is None:
             self._checked += 1
-            if self._checked == len(self._records):
+            if self._checked >= len(self._records):
                 self.first_round_done.set()
         record.last_check = now
         record.last_outcome = outcome

@@ -176,6 +176,7 @@ class AdminServer:
             lambda: sidecar.statistics().sessions,
             metrics=sidecar.metrics,
             streams=sidecar.streams,
+            brokers=sidecar.brokers(),
         )
         self.address: tuple[str, int] | None = None
         self.connections = 0

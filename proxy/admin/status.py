@@ -101,6 +101,7 @@ def status_document(
         "listen": format_address(*stats.listen) if stats.listen else None,
         "admin_listen": format_address(*admin_address) if admin_address else None,
         "brokers": brokers,
+        "broker_list": _broker_list(sidecar, wall),
         "sessions_open": len(stats.sessions),
         "sessions_total": stats.sessions_total,
         "sessions_truncated": len(stats.sessions) > len(sessions),
@@ -120,4 +121,24 @@ def status_document(
         "sessions": sessions,
         "events": dataclasses.asdict(sidecar.events.statistics()),
         "admin": admin,
+    }
+
+
+def _broker_list(sidecar: SidecarView, wall: float) -> dict[str, object]:
+    """The broker list in force, each broker's source, and the updates not applied (a lookup
+    that failed, a brokers file that does not parse: docs/operations.md, "The broker list at
+    run time")."""
+    stats = sidecar.broker_list.statistics()
+    return {
+        "in_force": [
+            {"broker": label, "source": source} for label, source in sidecar.broker_list.sources()
+        ],
+        "updates": stats.updates,
+        "last_change_age_seconds": None
+        if stats.last_change is None
+        else round(wall - stats.last_change, 3),
+        "failed_updates": [
+            {"source": f.source, "reason": f.reason, "age_seconds": round(wall - f.since, 3)}
+            for f in stats.failed
+        ],
     }

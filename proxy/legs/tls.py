@@ -183,7 +183,7 @@ class TlsTracker:
     and one when it works again, not one per attempt (300 sessions reconnect at once)."""
 
     def __init__(self, brokers: Iterable[Broker]) -> None:
-        self._records = {b.label: TlsRecord(b.label) for b in brokers if b.tls}
+        self._records = {b.label: TlsRecord(b.label) for b in brokers if b.tls and not b.dns}
         self._logged: dict[str, str | None] = {}
 
     def succeeded(self, broker: Broker, certificate: PeerCertificate) -> None:

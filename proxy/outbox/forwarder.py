@@ -74,7 +74,8 @@ class OutboxForwarder:
         open_stream: opens the byte stream to a broker (the sidecar's ``BrokerStreams``).
         metrics: ``mq_sidecar_outbox_forwarded_total`` is counted there.
         prefix: the sidecar's id prefix: its receipt ids are ``<prefix>-o<seq>``.
-        reconnects: the sidecar's board: the brokers evacuated there are skipped.
+        reconnects: the sidecar's board: its broker list in force is walked, the brokers
+            evacuated there are skipped.
         events: where its OUTBOX_FORWARDING and OUTBOX_FORWARDED events go (the sidecar's
             bus; a private one when None).
     """
@@ -186,7 +187,7 @@ class OutboxForwarder:
         while True:
             try:
                 upstream, _, _ = await connect_by_policy(
-                    config.brokers,
+                    config.brokers if self.reconnects is None else self.reconnects.brokers,
                     self.policy,
                     self.rng,
                     connect_one,

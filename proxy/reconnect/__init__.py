@@ -7,6 +7,11 @@
 - ``board``: what the sessions of one sidecar share during an outage: reconnects in progress,
   the brokers' refusals (:class:`~proxy.reconnect.board.ReconnectBoard`).
 - ``tally``: the board's pure counting (reconnects in progress, refusals' cool-downs).
+- ``brokers``: the broker list in force, a stable index per broker, the diff of an update
+  (pure: :class:`~proxy.reconnect.brokers.BrokerTable`).
+- ``broker_list``: the live broker list, its owner: DNS names and the brokers file, refreshed
+  every ``dns_refresh_interval`` and on SIGHUP (:class:`~proxy.reconnect.broker_list.BrokerList`).
+- ``resolve``: the DNS lookups (dnspython's async resolver, on trio).
 
 This file imports nothing: the pure modules here may be imported by pure code.
 """

@@ -13,12 +13,14 @@ import contextlib
 import hashlib
 import hmac
 import secrets
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 
 import trio
 
+from config import Broker
 from protocol import Frame
 from proxy.legs.broker import Upstream, UpstreamRefused, UpstreamUnavailable
+from proxy.reconnect.brokers import BrokerTable
 from proxy.reconnect.evacuations import Evacuation, Evacuations
 from proxy.reconnect.policy import ReconnectPolicy
 from proxy.reconnect.tally import ReconnectTally, Refusals
@@ -41,13 +43,19 @@ class ReconnectBoard:
     by broker index and :meth:`identity`. The sidecar owns one
     (``proxy.app.Sidecar.reconnects``); a Session built alone gets its own.
 
+    ``brokers`` is the broker list the sessions walk (:class:`~proxy.reconnect.brokers.
+    BrokerTable`, built from ``brokers``; the sidecar's
+    :class:`~proxy.reconnect.broker_list.BrokerList` changes it at run time).
+
     The evacuated brokers are an :class:`~proxy.reconnect.evacuations.Evacuations` (one entry
     per broker) read with :meth:`evacuated`, changed with :meth:`evacuate` and :meth:`restore`;
     each session's link waits with :meth:`wait_evacuated` for its broker to be evacuated
     (proxy.session.link).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, brokers: Sequence[Broker] = ()) -> None:
+        #: The broker list in force, by stable index (the sidecar's BrokerList changes it).
+        self.brokers = BrokerTable(brokers)
         self.tally = ReconnectTally()
         self.refusals: Refusals[RefusalKey, UpstreamRefused] = Refusals()
         self.evacuations = Evacuations()

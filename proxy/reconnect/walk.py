@@ -16,7 +16,8 @@ goes on by the policy, the refusing ones tried again as each cool-down ends (doc
 
 An evacuated broker (:mod:`proxy.reconnect.evacuations`) is out of the rotation: the walk
 skips it, unless every broker of the list is evacuated (then it walks them all: a broker that
-answers beats none).
+answers beats none). A broker that left the list (a :class:`~proxy.reconnect.brokers.BrokerTable`
+slot out of force) is never walked.
 
 What the sessions of one sidecar share while they walk (their reconnects in progress, the
 brokers' refusals, the evacuations) is the :class:`~proxy.reconnect.board.ReconnectBoard`.
@@ -41,6 +42,7 @@ from proxy.legs.broker import (
     UpstreamUnavailable,
 )
 from proxy.reconnect.board import ReconnectBoard, RefusalKey, lasting_refusal
+from proxy.reconnect.brokers import walk_order
 from proxy.reconnect.policy import ReconnectPolicy
 from proxy.reconnect.tally import Refusals
 
@@ -153,7 +155,8 @@ async def connect_by_policy(
     then tried first.
 
     Args:
-        brokers: the configured broker list.
+        brokers: the broker list: the sidecar's :class:`~proxy.reconnect.brokers.BrokerTable`
+            (its brokers in force are walked, in list order), or a plain sequence.
         policy: delays, limits and order.
         rng: randomness for jitter and ``randomize`` (seeded in tests).
         connect_one: opens one upstream leg; raises :class:`UpstreamUnavailable` on failure.
@@ -287,7 +290,8 @@ class _Walk:
                     first = reached
                 self._give_up_if_exhausted()
             refused = True
-            for index in self._in_rotation(policy.order(len(self.brokers), first, self.rng)):
+            order = walk_order(self.brokers, policy, first, self.rng)
+            for index in self._in_rotation(order):
                 broker = self.brokers[index]
                 key = (index, b"" if self.identity is None else self.identity(broker))
                 standing = self.refusals.claim(key, trio.current_time())

@@ -77,7 +77,7 @@ class ControlChannel:
         elif core.leg.loss is not None:
             broker = core.leg.loss.broker
         elif core.leg.broker_index is not None:
-            broker = core.config.brokers[core.leg.broker_index].label
+            broker = core.brokers[core.leg.broker_index].label
         await self.publish(
             SessionEvent(
                 EventKind.OUTCOME, core.id, reason, from_broker=broker, frames=tuple(frames)

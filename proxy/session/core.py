@@ -14,12 +14,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import trio
 
 import protocol
-from config import Config, Durations
+from config import Broker, Config, Durations
 from protocol import Command
 from proxy.legs.memory import MemoryGate
 from proxy.legs.stream import RECEIVE_SIZE, FrameStream
@@ -59,6 +60,19 @@ GOODBYE_TIMEOUT = 2.0
 ERROR_CLOSE_WINDOW = 2.0
 
 
+def session_policy(config: Config) -> ReconnectPolicy:
+    """The reconnect policy of a session under ``config`` (also what a SIGHUP gives the live
+    sessions): ``config``'s, except in outbox mode, where the outbox holds what the app sends
+    while no broker is up (docs/outbox.md), so a session reconnects, and makes its first
+    connection, without end."""
+    policy = ReconnectPolicy.from_config(config)
+    if config.outbox:
+        policy = dataclasses.replace(
+            policy, reconnect_attempts=-1, initial_connect_attempts=-1, reconnect_period=None
+        )
+    return policy
+
+
 class SessionCore:
     """The shared state of one session (see the module docstring).
 
@@ -69,6 +83,9 @@ class SessionCore:
         bus: where session events go.
         metrics: where counters go.
         rng: randomness for backoff jitter and ``randomize``.
+        brokers: the broker list the session walks (the sidecar's
+            :class:`~proxy.reconnect.brokers.BrokerTable`, which changes at run time);
+            default: ``config.brokers``.
 
     Attributes:
         durations: ``config``'s durations in seconds (:class:`config.Durations`).
@@ -92,6 +109,7 @@ class SessionCore:
         "app_nursery",
         "app_scope",
         "asked",
+        "brokers",
         "bus",
         "config",
         "drain",
@@ -122,23 +140,16 @@ class SessionCore:
         metrics: Metrics,
         rng: random.Random,
         memory: MemoryGate | None = None,
+        brokers: Sequence[Broker] | None = None,
     ) -> None:
         self.config = config
+        self.brokers: Sequence[Broker] = brokers if brokers is not None else config.brokers
         self.durations: Durations = config.durations
         self.id = session_id
         self.bus = bus
         self.metrics = metrics
         self.rng = rng
-        self.policy = ReconnectPolicy.from_config(config)
-        if config.outbox:
-            # The outbox holds what the app sends while no broker is up (docs/outbox.md): a
-            # session reconnects, and makes its first connection, without end.
-            self.policy = dataclasses.replace(
-                self.policy,
-                reconnect_attempts=-1,
-                initial_connect_attempts=-1,
-                reconnect_period=None,
-            )
+        self.policy = session_policy(config)
         self.limits = protocol.Limits(
             max_frame_bytes=config.max_frame_bytes,
             max_headers=config.max_headers,

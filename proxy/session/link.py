@@ -25,6 +25,7 @@ from proxy.legs.connect_frame import connect_frame
 from proxy.legs.opening import StreamOpener
 from proxy.legs.stream import TransportLost
 from proxy.reconnect.board import ReconnectBoard
+from proxy.reconnect.brokers import first_in_force, in_force_count, walk_order
 from proxy.reconnect.walk import Attempt, ReconnectExhausted, attempt_outcome, connect_by_policy
 from proxy.session.acks import SidecarAcks
 from proxy.session.broker_side import BrokerSide
@@ -146,7 +147,7 @@ class Link:
         """One broker of a first connection did not answer (or was skipped)."""
         if not self._started:
             self._first_failures += 1
-            if self._first_failures >= len(self.core.config.brokers):
+            if self._first_failures >= in_force_count(self.core.brokers):
                 self.first_round_failed.set()
 
     def _log_attempt(self, attempt: Attempt) -> None:
@@ -195,7 +196,7 @@ class Link:
             else:
                 try:
                     upstream, index, attempts = await connect_by_policy(
-                        core.config.brokers,
+                        core.brokers,
                         core.policy,
                         core.rng,
                         self._connect_one,
@@ -242,7 +243,7 @@ class Link:
                     # The restore writes while the relay reads: a broker blocked writing
                     # RECEIPTs we do not read would stop reading what we replay (deadlock).
                     leg.start_soon(self._restore, upstream, attempts, loss, end)
-                if core.policy.priority_backup and index != 0:
+                if core.policy.priority_backup and index != first_in_force(core.brokers):
                     leg.start_soon(self._watch_first_broker)
                 leg.start_soon(self._watch_evacuation, index)
                 self._relay_scope = trio.CancelScope()
@@ -304,7 +305,7 @@ class Link:
         now = trio.current_time()
         if period is not None and now - since >= period:
             index = core.leg.broker_index
-            broker = core.config.brokers[index if index is not None else 0]
+            broker = core.brokers[index if index is not None else 0]
             exc = ReconnectExhausted(
                 [], core.leg.unstable, now - since, UpstreamUnavailable(broker, loss.reason)
             )
@@ -341,8 +342,9 @@ class Link:
         broker"). A session that keeps sending moves too: its app is held for the time the
         backup takes to confirm what it was sent, at most :data:`FAILBACK_HOLD`."""
         core = self.core
-        first = core.config.brokers[0]
-        key = (0, self._identity(first))
+        first_index = first_in_force(core.brokers)
+        first = core.brokers[first_index]
+        key = (first_index, self._identity(first))
 
         def wanted() -> bool:
             return self.reconnects.evacuated(first.label) is None
@@ -357,7 +359,9 @@ class Link:
                 )
             except UpstreamUnavailable:
                 continue
-            move = _Move(candidate, 0, "failback to the first broker", FailoverReason.FAILBACK)
+            move = _Move(
+                candidate, first_index, "failback to the first broker", FailoverReason.FAILBACK
+            )
             if await self._move_to(move, wanted):
                 return
 
@@ -370,12 +374,12 @@ class Link:
         the window does not drain in time, it tries again ``max_retry_interval`` later, for
         as long as the evacuation holds."""
         core = self.core
-        label = core.config.brokers[index].label
+        label = core.brokers[index].label
         while True:
             evacuation = await self.reconnects.wait_evacuated(label)
             move = await self._other_broker(index, f"broker {label} evacuated: {evacuation.reason}")
             if move is not None:
-                target = core.config.brokers[move.index].label
+                target = core.brokers[move.index].label
                 wanted = functools.partial(self._evacuation_holds, label, target)
                 if await self._move_to(move, wanted):
                     return
@@ -393,9 +397,11 @@ class Link:
         <proxy.reconnect.board.ReconnectBoard.attempt_alone>`): the first that accepts, as a
         move with ``reason``, or None when none does."""
         core = self.core
-        brokers = core.config.brokers
+        brokers = core.brokers
         attempts: list[Attempt] = []
-        for other in core.policy.order(len(brokers), index, core.rng)[1:]:
+        for other in walk_order(brokers, core.policy, index, core.rng):
+            if other == index:
+                continue
             broker = brokers[other]
             if self.reconnects.evacuated(broker.label) is not None:
                 continue
@@ -440,7 +446,7 @@ class Link:
                 log.info(
                     "session %s: moving to %s: %s",
                     core.id,
-                    core.config.brokers[move.index].label,
+                    core.brokers[move.index].label,
                     move.reason,
                 )
                 self._move = move

@@ -152,6 +152,9 @@ class Session:
         tracing: Tracing | None = None,
         memory: MemoryGate | None = None,
     ) -> None:
+        board = reconnects if reconnects is not None else ReconnectBoard()
+        if not board.brokers:  # a board built without a list: this configuration's
+            board.brokers.update(config.brokers, allow_empty=True)
         core = SessionCore(
             config,
             stream,
@@ -160,6 +163,7 @@ class Session:
             metrics=metrics if metrics is not None else Metrics(),
             rng=rng if rng is not None else _RNG,
             memory=memory,
+            brokers=board.brokers,
         )
         self.core = core
         if tracing is not None:
@@ -186,7 +190,7 @@ class Session:
             BrokerSide(core, self.acks, self.out, self.confirmations),
             Restorer(core, self.out, self.control, not_taken=self.app_side.not_taken),
             open_stream=open_stream if open_stream is not None else BrokerStreams(config),
-            reconnects=reconnects if reconnects is not None else ReconnectBoard(),
+            reconnects=board,
         )
         self.outbox: SessionOutbox | None = None
         if outbox is not None:

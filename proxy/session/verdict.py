@@ -12,6 +12,7 @@ import protocol
 from protocol import Frame
 from proxy.legs.opening import StreamOpener
 from proxy.legs.stream import FrameStream, TransportLost
+from proxy.reconnect.brokers import in_force
 from proxy.session.core import SessionCore, log
 
 __all__ = ["broker_verdict"]
@@ -28,7 +29,7 @@ async def broker_verdict(
     """
     timeout = core.durations.connect_timeout
     data = protocol.serialize(frame, "1.0")  # before CONNECTED a frame is read as STOMP 1.0
-    for broker in core.config.brokers:
+    for broker in in_force(core.brokers):
         stream: trio.abc.Stream | None = None
         try:
             with trio.fail_after(timeout):

@@ -254,6 +254,22 @@ class Metrics:
 
     # -- upstream legs ----------------------------------------------------------------------
 
+    def add_broker(self, broker: str) -> None:
+        """A broker joined the list at run time: its children now, so it shows zeros before
+        its first event, as a configured one does."""
+        if broker in self.brokers:
+            return
+        self.brokers = (*self.brokers, broker)
+        for outcome in ConnectOutcome:
+            self._connect.setdefault(
+                (broker, outcome), self._connect_attempts.labels(broker, outcome)
+            )
+        for probe in ProbeOutcome:
+            self._probe.setdefault((broker, probe), self._probes.labels(broker, probe))
+        for reason in FailoverReason:
+            self._reattach.setdefault((broker, reason), self._reattaches.labels(broker, reason))
+        self._refusal_skip.setdefault(broker, self._refusal_skips.labels(broker))
+
     def connect_attempt(self, broker: str, outcome: ConnectOutcome) -> None:
         """One ``open_upstream`` attempt by a session (first connect or reconnect) ended."""
         child = self._connect.get((broker, outcome))

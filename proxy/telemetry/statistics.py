@@ -13,8 +13,9 @@ from typing import Protocol
 import trio
 from prometheus_client import CollectorRegistry
 
-from config import Config
+from config import Broker, Config
 from proxy.legs.opening import BrokerStreams
+from proxy.reconnect.broker_list import BrokerList
 from proxy.reconnect.evacuations import Evacuation
 from proxy.telemetry.events import EventBus
 from proxy.telemetry.metrics import Metrics
@@ -205,6 +206,9 @@ class SidecarView(Protocol):
     @property
     def streams(self) -> BrokerStreams: ...
     def statistics(self) -> SidecarStatistics: ...
+    def brokers(self) -> tuple[Broker, ...]: ...
+    @property
+    def broker_list(self) -> BrokerList: ...
     def evacuations(self) -> tuple[Evacuation, ...]: ...
     def evacuate(
         self, broker: str, reason: str, *, for_seconds: float | None = None, check: bool = True

@@ -87,11 +87,11 @@ def test_broker_repr_hides_credentials() -> None:
     broker = Broker("mq", 1, True, "alice", Secret("pw"), "/")
     assert repr(broker) == (
         "Broker(host='mq', port=1, tls=True, login='***', passcode=Secret('***'), "
-        "virtual_host='/', verify_hostname=None, server_name=None)"
+        "virtual_host='/', verify_hostname=None, server_name=None, dns=None)"
     )
     assert repr(Broker("mq", 1)) == (
         "Broker(host='mq', port=1, tls=False, login=None, passcode=None, virtual_host=None, "
-        "verify_hostname=None, server_name=None)"
+        "verify_hostname=None, server_name=None, dns=None)"
     )
     assert str(broker) == "mq:1"
 

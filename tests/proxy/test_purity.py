@@ -24,6 +24,7 @@ PURE = [
     "reconnect/tally.py",
     "reconnect/policy.py",
     "reconnect/evacuations.py",
+    "reconnect/brokers.py",
     "legs/__init__.py",
     "legs/dialect.py",
     "telemetry/__init__.py",
