@@ -251,11 +251,6 @@ class Connection:
                     f"{command} frame received before the CONNECTED frame was sent",
                     "Wait for CONNECTED before sending other frames (STOMP 1.2 'Connecting').",
                 )
-            elif self._state is State.DISCONNECTING:
-                raise remote_error(
-                    f"{command} frame received after DISCONNECT",
-                    "A client sends nothing after DISCONNECT (STOMP 1.2 'DISCONNECT').",
-                )
         elif self._connected_frame is None:
             if command not in (Command.CONNECTED, Command.ERROR):
                 raise remote_error(
@@ -273,6 +268,9 @@ class Connection:
         if command in _CONNECT:
             self._heartbeat_of(frame, remote=True)
             self._connect_frame = frame
+        elif command is Command.DISCONNECT:
+            # What a client writes after its DISCONNECT is never read (FrameParser.discard_rest).
+            self._parser.discard_rest()
         elif command is Command.CONNECTED:
             connect = self._connect_frame
             assert connect is not None

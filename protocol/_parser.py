@@ -9,7 +9,8 @@ between two ``next_event`` calls applies to everything still buffered.
 
 Reading a frame has three phases:
 
-BETWEEN   at a frame boundary. An LF or a CRLF is a heart-beat; anything else starts a frame.
+BETWEEN   at a frame boundary. An LF or a CRLF is a heart-beat, a NUL is skipped; anything
+          else starts a frame.
 HEAD      one regex search for the blank line that ends the head (``\\n\\r?\\n``), resuming at
           ``_head_scan``. When it is there and the head is ordinary (short, UTF-8, no NUL, every
           line has a ``:``), the head is decoded, split and partitioned by a few C-level calls.
@@ -119,6 +120,9 @@ class FrameParser:
     Rules (STOMP 1.2 "STOMP Frames", "Value Encoding", "Heart-beating", "Size Limits"):
 
     * Each LF or CRLF between frames (also right after a frame's NUL) is one ``HEARTBEAT``.
+    * A NUL between frames (a stray frame end, before a command) is skipped: not a frame in
+      STOMP 1.2's grammar, but ActiveMQ 5.17 and RabbitMQ 3.10 both skip it, before CONNECT
+      too (measured; tests/differential/test_regressions.py, test_stray_nul_before_a_command).
     * Command and header lines end in LF; one trailing CR is stripped in every version.
     * Headers are split on the first ``:`` and decoded as UTF-8; they are unescaped per
       ``version``, except in CONNECT, STOMP and CONNECTED frames.
@@ -136,6 +140,7 @@ class FrameParser:
         "_buf",
         "_command",
         "_content_length",
+        "_discarding",
         "_eof",
         "_error",
         "_escapes",
@@ -166,6 +171,7 @@ class FrameParser:
         self._escapes = False  # a backslash was seen in this frame's headers
         self._content_length = -1
         self._eof = False
+        self._discarding = False
         self._error: RemoteProtocolError | None = None
 
     @property
@@ -194,6 +200,8 @@ class FrameParser:
             return
         if self._eof:
             raise LocalProtocolError("received data after EOF")
+        if self._discarding:
+            return
         pos = self._pos
         buf = self._buf
         if pos:
@@ -204,6 +212,20 @@ class FrameParser:
                 del buf[:pos]
                 self._shift(pos)
         buf += data
+
+    def discard_rest(self) -> None:
+        """Read nothing more: drop what is buffered and every byte received from now on;
+        only EOF still counts (``next_event`` returns ``NEED_DATA``, then
+        ``CONNECTION_CLOSED``). For a server after the client's DISCONNECT: ActiveMQ 5.17 and
+        RabbitMQ 3.10 close the connection after it and never read what follows (measured:
+        a second DISCONNECT gets no answer)."""
+        self._discarding = True
+        self._buf = bytearray()
+        self._pos = self._scan = self._frame_start = self._head_scan = 0
+        self._line_start = self._body_start = 0
+        self._phase = _BETWEEN
+        self._raw_headers = []
+        self._command = None
 
     def _shift(self, by: int) -> None:
         self._pos -= by
@@ -257,6 +279,9 @@ class FrameParser:
         if self._phase == _BETWEEN:
             pos = self._pos
             size = len(buf)
+            while pos < size and buf[pos] == _NUL:
+                pos += 1  # a stray NUL between frames is skipped, as brokers do
+            self._pos = pos
             if pos >= size:
                 if pos:
                     # Everything buffered was read: release it now, not at the next

@@ -405,12 +405,7 @@ class AppSide:
                 await core.app_nursery.start(self.control.pump)
             await self.out.answer_locally(app_receipt)
             return False
-        if (
-            state.app_version == "1.0"
-            and core.leg.dialect.rabbitmq_stomp10_rules
-            and frame.get("id") is None
-            and frame.get("durable") == "true"
-        ):
+        if core.leg.dialect.refuses_durable_without_id(frame):
             raise ForBroker("durable SUBSCRIBE without id")  # RabbitMQ refuses it
         upstream = state.subscribe(frame)
         if core.seen is not None:  # outbox mode: before the SUBSCRIBE goes upstream
@@ -437,6 +432,8 @@ class AppSide:
         core = self.core
         state = core.state
         assert state is not None
+        if core.leg.dialect.refuses_durable_without_id(frame):
+            raise ForBroker("durable UNSUBSCRIBE without id")  # RabbitMQ refuses it
         app_receipt = frame.get("receipt")
         bare = frame.without("receipt")
         sub = state.unsubscribe(frame)

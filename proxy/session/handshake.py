@@ -18,6 +18,7 @@ from config import FailoverMode
 from protocol import Command, ConnectionClosed, Frame
 from proxy._version import VERSION
 from proxy.legs.broker import Upstream
+from proxy.legs.dialect import HeartBeatAnswer
 from proxy.legs.opening import StreamOpener
 from proxy.legs.stream import TransportLost
 from proxy.session.core import SessionCore, log
@@ -155,27 +156,36 @@ def _credentials_ok(core: SessionCore, connect: Frame) -> bool:
 
 
 def connected_frame(core: SessionCore, upstream: Upstream) -> Frame:
-    """The CONNECTED the app gets once ``upstream`` accepted the session: the app's version
-    and the sidecar's heart-beats (``client_heartbeat``; none for STOMP 1.0), the session id,
-    and ``server`` naming the broker behind the sidecar."""
+    """The CONNECTED the app gets once ``upstream`` accepted the session: the app's version,
+    the heart-beats that broker answers the app's ask with (:class:`HeartBeatAnswer`; the
+    sidecar's ``client_heartbeat`` for a broker whose rule is not known), the session id, and
+    ``server`` naming the broker behind the sidecar."""
     # The broker's own `server` (apps tell brokers apart by it, as the sidecar itself does);
     # the sidecar's name only when the broker gives none.
-    return _connected(core, upstream.connected.get("server") or f"mq-sidecar/{VERSION}")
+    server = upstream.connected.get("server") or f"mq-sidecar/{VERSION}"
+    return _connected(core, server, upstream.dialect.heart_beat_answer)
 
 
 def local_connected_frame(core: SessionCore) -> Frame:
     """The CONNECTED the sidecar answers itself when no broker answered the first round
     (outbox mode, docs/outbox.md): as :func:`connected_frame`, with ``server`` naming
-    mq-sidecar (no broker is behind it yet)."""
-    return _connected(core, f"mq-sidecar/{VERSION} (outbox; no broker connected yet)")
+    mq-sidecar (no broker is behind it yet) and the sidecar's ``client_heartbeat``."""
+    server = f"mq-sidecar/{VERSION} (outbox; no broker connected yet)"
+    return _connected(core, server, HeartBeatAnswer.UNKNOWN)
 
 
-def _connected(core: SessionCore, server: str) -> Frame:
+def _connected(core: SessionCore, server: str, rule: HeartBeatAnswer) -> Frame:
     assert core.state is not None
+    assert core.asked.connect is not None
     version = core.state.app_version
-    # STOMP 1.0 has no heart-beating, but ActiveMQ and RabbitMQ both answer a 1.0 client with
-    # `version:1.0` and `heart-beat:0,0` (measured), and so does the sidecar.
-    sx, sy = core.config.client_heartbeat if version != "1.0" else (0, 0)
+    # The app's heart-beat header was checked when its CONNECT was read (protocol.Connection).
+    ask = protocol.parse_heartbeat(core.asked.connect.get("heart-beat"))
+    answer = rule.answer(ask)
+    if answer is None:
+        # STOMP 1.0 has no heart-beating, but ActiveMQ and RabbitMQ both answer a 1.0 client
+        # with `version:1.0` and `heart-beat:0,0` (measured), and so does the sidecar.
+        answer = core.config.client_heartbeat if version != "1.0" else (0, 0)
+    sx, sy = answer
     headers: list[tuple[str, str]] = [("version", version), ("heart-beat", f"{sx},{sy}")]
     headers += [("session", core.id), ("server", server)]
     return Frame(Command.CONNECTED, tuple(headers))

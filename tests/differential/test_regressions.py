@@ -422,3 +422,89 @@ def test_a_large_send_after_one_in_an_open_transaction(lab: Lab) -> None:
             f("c", "DISCONNECT", ("receipt", "r6")),
         ],
     )
+
+
+# -- issue 25 part 8: the last differences an app saw -----------------------------------
+
+
+@pytest.mark.parametrize("lab", brokers(), indirect=True)
+@pytest.mark.parametrize("version", [None, "1.2"], ids=["1.0", "1.2"])
+def test_durable_subscribe_without_id_marked_persistent(lab: Lab, version: str | None) -> None:
+    """A SUBSCRIBE without ``id`` marked durable by the legacy ``persistent:true`` header
+    (RabbitMQ: ERROR ``Missing Header``, as for ``durable:true``, any version; ActiveMQ: a
+    RECEIPT for 1.0, its own ERROR for 1.2)."""
+    sub = f(
+        "c",
+        "SUBSCRIBE",
+        ("destination", "/topic/{run}.t"),
+        ("persistent", "true"),
+        ("receipt", "r1"),
+    )
+    check(lab, [connect("c", version), sub, f("c", "DISCONNECT", ("receipt", "bye"))])
+
+
+@pytest.mark.parametrize("lab", brokers(), indirect=True)
+def test_stray_nul_before_a_command(lab: Lab) -> None:
+    """A NUL (or several, and EOLs) before a command: both brokers skip them (measured)."""
+    check(
+        lab,
+        [
+            connect("p"),
+            Raw("p", b"\0SEND\ndestination:/queue/{run}.a\nreceipt:r1\n\nx\0"),
+            Raw("p", b"\0\0\r\n\0SEND\ndestination:/queue/{run}.a\nreceipt:r2\n\ny\0"),
+            f("p", "DISCONNECT", ("receipt", "bye")),
+        ],
+    )
+
+
+@pytest.mark.parametrize("lab", brokers(), indirect=True)
+def test_stray_nul_before_connect(lab: Lab) -> None:
+    """A NUL before the CONNECT: both brokers skip it (measured)."""
+    check(
+        lab,
+        [
+            Raw("c", b"\0CONNECT\naccept-version:1.2\nhost:/\n\n\0"),
+            f("c", "DISCONNECT", ("receipt", "bye")),
+        ],
+    )
+
+
+@pytest.mark.parametrize("lab", brokers(), indirect=True)
+def test_unknown_command_before_connect(lab: Lab) -> None:
+    """An unknown command as the first frame (ActiveMQ: ``Unknown STOMP action: FROB`` with
+    its receipt-id, then closed; RabbitMQ: ``Illegal command``, stays open)."""
+    check(lab, [Raw("p", b"FROB\nreceipt:bad\n\n\0")])
+
+
+@pytest.mark.parametrize("lab", brokers(), indirect=True)
+def test_second_disconnect(lab: Lab) -> None:
+    """A DISCONNECT after a DISCONNECT: both brokers close the connection after the first
+    one's RECEIPT (measured), so the second is never answered."""
+    check(
+        lab,
+        [
+            connect("p"),
+            Raw("p", b"DISCONNECT\nreceipt:d1\n\n\0DISCONNECT\nreceipt:d2\n\n\0"),
+        ],
+    )
+
+
+@pytest.mark.parametrize("lab", brokers(), indirect=True)
+@pytest.mark.parametrize("version", ["1.2", None], ids=["1.2", "1.0"])
+@pytest.mark.parametrize("heart_beat", [None, "0,0", "0,100", "0,1500", "0,2500", "5000,0"])
+def test_connected_heart_beat_is_the_brokers(
+    lab: Lab, version: str | None, heart_beat: str | None
+) -> None:
+    """The CONNECTED ``heart-beat`` an app gets for its ask: ActiveMQ swaps the app's two
+    values, RabbitMQ swaps them in whole seconds (under 1 s: 1 s); the app never sends
+    heart-beats here, so its asks leave the servers nothing to wait for."""
+    check(
+        lab,
+        [connect("c", version, heart_beat=heart_beat), f("c", "DISCONNECT", ("receipt", "bye"))],
+    )
+
+
+@pytest.mark.rabbitmq
+def test_rabbitmq_heart_beat_of_100_ms(rmq_lab: Lab) -> None:
+    """The issue's case: an app asking ``100,100`` gets ``1000,1000`` from RabbitMQ."""
+    check(rmq_lab, [connect("c", heart_beat="100,100"), f("c", "DISCONNECT", ("receipt", "bye"))])

@@ -384,10 +384,18 @@ def test_disconnect_flow() -> None:
         pair.client.send(frame(C.DISCONNECT))
 
 
-def test_server_rejects_frames_after_disconnect() -> None:
+def test_server_reads_nothing_after_disconnect() -> None:
+    """ActiveMQ and RabbitMQ close after a DISCONNECT and never read what follows (a second
+    DISCONNECT gets no answer, measured): the server's Connection discards it, EOF still
+    counts."""
     pair = connected_pair()
-    pair.send(pair.client, frame(C.DISCONNECT))
-    expect_remote_error(pair.server, b"SEND\ndestination:/q\n\n\x00", "after DISCONNECT")
+    pair.server.receive_data(b"DISCONNECT\nreceipt:d1\n\n\x00DISCONNECT\nreceipt:d2\n\n\x00")
+    assert drain(pair.server) == [frame(C.DISCONNECT, ("receipt", "d1"))]
+    pair.server.receive_data(b"SEND\ndestination:/q\n\n\x00garbage\x00")
+    assert pair.server.next_event() is NEED_DATA
+    assert pair.server.state is State.DISCONNECTING
+    pair.server.receive_data(b"")
+    assert drain(pair.server) == [CONNECTION_CLOSED]
 
 
 def test_client_receives_error_answering_connect_as_final() -> None:
