@@ -9,7 +9,7 @@ caused by frames live in :mod:`._state`.
 
 from __future__ import annotations
 
-from ._errors import LocalProtocolError, RemoteProtocolError, remote_error
+from ._errors import LocalProtocolError, RemoteProtocolError, UnknownCommand, remote_error
 from ._events import ConnectionClosed, Event
 from ._frame import CLIENT_COMMANDS, SERVER_COMMANDS, Command, Frame
 from ._heartbeat import negotiate_heartbeat, parse_heartbeat
@@ -184,6 +184,9 @@ class Connection:
         frame boundary sets the state to CLOSED (unless it is ERROR).
 
         Raises:
+            UnknownCommand: (SERVER role) a frame whose command STOMP does not define, read
+                whole and consumed; the state is unchanged, and the next call reads on after it
+                (the caller answers it, and may close). In CLIENT role it is fatal, as below.
             RemoteProtocolError: the peer broke the protocol; the state becomes ERROR and every
                 later call raises the same error. Its ``error_frame`` is the ERROR to answer with
                 (in SERVER role, :meth:`send` still accepts that one ERROR frame).
@@ -215,6 +218,8 @@ class Connection:
             elif isinstance(event, ConnectionClosed) and self._state is not State.ERROR:
                 self._state = State.CLOSED
         except RemoteProtocolError as exc:
+            if isinstance(exc, UnknownCommand) and self._our_role is Role.SERVER:
+                raise  # consumed; the server decides whether to read on (UnknownCommand)
             self._receive_error = exc
             self._state = State.ERROR
             self._parser._break(exc)  # drop the buffer; later data is discarded

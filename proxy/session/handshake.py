@@ -46,7 +46,13 @@ async def accept_connect(core: SessionCore, open_stream: StreamOpener) -> Frame 
     try:
         with trio.fail_after(timeout):
             while True:
-                event = await core.app.receive_event()
+                try:
+                    event = await core.app.receive_event()
+                except protocol.UnknownCommand as exc:
+                    early += 1
+                    if not await _answer_early_frame(core, exc, open_stream, early):
+                        return None
+                    continue
                 if isinstance(event, Frame):
                     if event.command in _CONNECT:
                         connect = event
@@ -77,7 +83,8 @@ async def accept_connect(core: SessionCore, open_stream: StreamOpener) -> Frame 
     version = protocol.negotiate_version(accept, SUPPORTED_VERSIONS)
     if version is None:
         core.metrics.client_protocol_error(ClientErrorReason.UNSUPPORTED_VERSION)
-        answer = await broker_verdict(core, connect, open_stream)
+        verdict = await broker_verdict(core, protocol.serialize(connect, "1.0"), open_stream)
+        answer = verdict.answer if verdict is not None else None
         if answer is None or answer.command is not Command.ERROR:
             supported = ",".join(SUPPORTED_VERSIONS)
             answer = error_frame(
@@ -112,11 +119,16 @@ async def accept_connect(core: SessionCore, open_stream: StreamOpener) -> Frame 
 
 
 async def _answer_early_frame(
-    core: SessionCore, frame: Frame, open_stream: StreamOpener, count: int
+    core: SessionCore,
+    frame: Frame | protocol.UnknownCommand,
+    open_stream: StreamOpener,
+    count: int,
 ) -> bool:
-    """Answer a frame that came before CONNECT with the broker's verdict, keeping the
-    connection as brokers do (False: the session ended instead). A broker that accepts it
-    (RabbitMQ with ``stomp.implicit_connect``) is not followed: the sidecar needs a CONNECT."""
+    """Answer a frame that came before CONNECT (or one whose command STOMP does not define)
+    with the broker's verdict, keeping the connection as the broker does (False: the session
+    ended instead: the broker closed after its answer, ActiveMQ after an unknown command). A
+    broker that accepts it (RabbitMQ with ``stomp.implicit_connect``) is not followed: the
+    sidecar needs a CONNECT (docs/behaviour.md, "Limits and bad input")."""
     if count > MAX_EARLY_FRAMES:
         core.metrics.client_protocol_error(ClientErrorReason.MALFORMED_FRAME)
         core.end(
@@ -126,16 +138,25 @@ async def _answer_early_frame(
             )
         )
         return False
-    answer = await broker_verdict(core, frame, open_stream)
+    if isinstance(frame, Frame):
+        command, receipt = str(frame.command), frame.get("receipt")
+        data = protocol.serialize(frame, "1.0")  # before CONNECTED a frame is read as STOMP 1.0
+    else:
+        command, receipt, data = frame.command, frame.receipt, frame.data
+    verdict = await broker_verdict(core, data, open_stream)
+    answer = verdict.answer if verdict is not None else None
+    core.metrics.client_protocol_error(ClientErrorReason.MALFORMED_FRAME)
+    if verdict is not None and answer is not None and verdict.closed:
+        core.end(Ending(f"{command} before CONNECT, the broker closed", app_error=answer))
+        return False
     if answer is None or answer.command is not Command.ERROR:
-        log.info("session %s: %s before CONNECT, not refused by the broker", core.id, frame.command)
+        log.info("session %s: %s before CONNECT, not refused by the broker", core.id, command)
         answer = error_frame(
             "mq-sidecar needs a CONNECT frame first",
-            receipt_id=frame.get("receipt"),
-            detail=f"{frame.command} before CONNECT: a session starts with CONNECT (STOMP 1.2 "
+            receipt_id=receipt,
+            detail=f"{command} before CONNECT: a session starts with CONNECT (STOMP 1.2 "
             "'Connecting'); mq-sidecar does not connect implicitly.",
         )
-    core.metrics.client_protocol_error(ClientErrorReason.MALFORMED_FRAME)
     try:
         await core.app.send(answer, fatal=False)
     except TransportLost as exc:

@@ -154,7 +154,8 @@ class Session:
         self.out = AppOutput(core, self.acks)
         self.control = ControlChannel(core, self.out)
         self.confirmations = Confirmations(core, self.out, self.control)
-        self.app_side = AppSide(core, self.out, self.control, self.confirmations)
+        opener = open_stream if open_stream is not None else BrokerStreams(config)
+        self.app_side = AppSide(core, self.out, self.control, self.confirmations, opener)
         #: How the drain on SIGTERM ended (None: no drain), and how many frames were still
         #: unconfirmed at its deadline.
         self.drain_result: DrainResult | None = None
@@ -165,7 +166,7 @@ class Session:
             self.control,
             BrokerSide(core, self.acks, self.out, self.confirmations),
             Restorer(core, self.out, self.control, not_taken=self.app_side.not_taken),
-            open_stream=open_stream if open_stream is not None else BrokerStreams(config),
+            open_stream=opener,
             reconnects=reconnects if reconnects is not None else ReconnectBoard(),
         )
         self.outbox: SessionOutbox | None = None

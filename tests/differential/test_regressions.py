@@ -311,11 +311,21 @@ def test_stomp_1_1_send_with_crlf_line_ends(lab: Lab) -> None:
     check(lab, [connect("c"), subscribe, connect("p", "1.1"), send])
 
 
-@pytest.mark.parametrize("lab", _own_error("unknown command"), indirect=True)
+@pytest.mark.parametrize("lab", brokers(), indirect=True)
 def test_unknown_command(lab: Lab) -> None:
     """Found by the harness: an unknown command (ActiveMQ: ERROR ``Unknown STOMP action``
-    with the frame's receipt-id, then closed; RabbitMQ: ERROR ``Bad command``, stays open)."""
-    check(lab, [connect("p"), Raw("p", b"FROB\nreceipt:bad\n\n\0")])
+    with the frame's receipt-id, then closed; RabbitMQ: ERROR ``Bad command``, stays open and
+    reads on). The sidecar refused it with its own ERROR and closed; now it asks the broker
+    (proxy/session/verdict.py); fixed."""
+    check(
+        lab,
+        [
+            connect("p"),
+            f("p", "SEND", ("destination", Q), ("receipt", "r1"), body=b"before"),
+            Raw("p", b"FROB\nreceipt:bad\n\n\0"),
+            f("p", "SEND", ("destination", Q), ("receipt", "r2"), body=b"after"),
+        ],
+    )
 
 
 @pytest.mark.parametrize("lab", _own_error("a header line without ':'"), indirect=True)

@@ -17,6 +17,7 @@ from protocol import (
     RemoteProtocolError,
     Role,
     State,
+    UnknownCommand,
     serialize,
 )
 from tests.protocol.helpers import ConnectionPair, check_error_frame, drain
@@ -168,7 +169,6 @@ def test_server_rejects_frames_read_before_connected_was_sent() -> None:
         (b"CONNECTED\n\n\x00", "CONNECTED frame not allowed from a client"),
         (b"CONNECT\nheart-beat:x\n\n\x00", "invalid heart-beat header in CONNECT frame"),
         (b"CONNECT\n\nbody\x00", "CONNECT frame must not have a body"),
-        (b"GARBAGE\n\n\x00", "unknown command 'GARBAGE'"),
     ],
 )
 def test_server_rejects_first_frames(data: bytes, match: str) -> None:
@@ -180,6 +180,31 @@ def test_server_rejects_first_frames(data: bytes, match: str) -> None:
     with pytest.raises(LocalProtocolError, match="ERROR"):
         server.send(exc.error_frame)
     assert server.state is State.ERROR
+
+
+@pytest.mark.parametrize("connected", [False, True], ids=["before-connect", "connected"])
+def test_server_reads_on_after_an_unknown_command(connected: bool) -> None:
+    """A server may answer an unknown command and read on (RabbitMQ does): the Connection
+    raises UnknownCommand without entering ERROR, and the next frame is read."""
+    if connected:
+        pair = connected_pair()
+        server, after = pair.server, frame(C.SEND, ("destination", "/q"))
+    else:
+        server, after = Connection(Role.SERVER), frame(C.CONNECT, ("accept-version", "1.2"))
+    before = server.state
+    server.receive_data(b"GARBAGE\nreceipt:r\n\n\x00" + serialize(after, "1.2"))
+    with pytest.raises(UnknownCommand, match="unknown command 'GARBAGE'") as info:
+        server.next_event()
+    assert info.value.data == b"GARBAGE\nreceipt:r\n\n\x00"
+    assert server.state is before
+    assert drain(server) == [after]
+
+
+def test_client_breaks_on_an_unknown_command() -> None:
+    pair = ConnectionPair()
+    pair.send(pair.client, frame(C.CONNECT, ("accept-version", "1.2")))
+    expect_remote_error(pair.client, b"GARBAGE\n\n\x00", "unknown command 'GARBAGE'")
+    assert pair.client.state is State.ERROR
 
 
 def test_server_rejects_second_connect() -> None:
