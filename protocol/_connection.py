@@ -391,6 +391,25 @@ class Connection:
         ):
             raise LocalProtocolError(f"cannot send {command}: the connection is in state ERROR")
 
+    def connect_implicitly(self, connect: Frame, connected: Frame) -> None:
+        """SERVER role, before CONNECT: open the session as if ``connect`` had been received
+        and ``connected`` sent, writing nothing (a server that connects implicitly: RabbitMQ's
+        ``stomp.implicit_connect`` takes a first frame that is not a CONNECT as an empty
+        CONNECT and answers no CONNECTED; measured with RabbitMQ 3.10).
+
+        Raises:
+            LocalProtocolError: not a SERVER still waiting for CONNECT, or frames that are not
+                a CONNECT and its CONNECTED (as :meth:`send` would refuse them).
+        """
+        if self._our_role is not Role.SERVER or self._connect_frame is not None:
+            raise LocalProtocolError("only a server waiting for CONNECT can connect implicitly")
+        if connect.command not in _CONNECT or connected.command is not Command.CONNECTED:
+            raise LocalProtocolError("an implicit connect takes a CONNECT and a CONNECTED frame")
+        self._heartbeat_of(connect, remote=False)
+        self._connect_frame = connect
+        self._state = next_state(Role.SERVER, self._state, Direction.RECEIVED, connect.command)
+        self.send(connected)  # the bytes are not written: the app gets no CONNECTED
+
     def send_heartbeat(self) -> bytes:
         """Return :data:`HEARTBEAT_BYTES` (one EOL) to write (STOMP 1.2 "Heart-beating").
 

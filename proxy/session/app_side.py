@@ -156,11 +156,14 @@ class AppSide:
         if self._waiting:
             self.reading_stopped.set()
 
-    async def relay(self) -> None:
+    async def relay(self, *, first: Frame | None = None) -> None:
         """Relay app → broker until the app leaves or breaks the protocol (the session
         ends), the drain stops the reading (:meth:`stop_reading`; the session goes on) or the
-        app side is cancelled."""
+        app side is cancelled. ``first``: a frame read before, handled first (the frame that
+        opened an implicitly connected session, ``AppRequests.implicit_first``)."""
         core = self.core
+        if first is not None and await self._dispatch(first, True):
+            return
         while True:
             # The burst read so far is handled: what went to the outbox is stored and answered, what
             # it queued for the broker leaves in one write, before we wait for the app again.

@@ -3,8 +3,9 @@ its STOMP version, check its credentials when the sidecar has its own (``client_
 build the CONNECTED it gets once a broker has accepted the session.
 
 What the sidecar does not judge gets the broker's own answer (:mod:`proxy.session.verdict`): a
-frame before CONNECT (answered, and the connection kept, as brokers do), and a CONNECT offering
-no version the sidecar speaks."""
+frame before CONNECT (answered, and the connection kept or closed as the broker does; or, with
+a broker that connects implicitly, the session opened by it), and a CONNECT offering no
+version the sidecar speaks."""
 
 from __future__ import annotations
 
@@ -58,7 +59,12 @@ async def accept_connect(core: SessionCore, open_stream: StreamOpener) -> Frame 
                         connect = event
                         break
                     early += 1
-                    if not await _answer_early_frame(core, event, open_stream, early):
+                    answered = await _answer_early_frame(core, event, open_stream, early)
+                    if answered is None:  # the broker connects implicitly: so does the sidecar
+                        core.asked.implicit_first = event
+                        connect = Frame(Command.CONNECT)
+                        break
+                    if not answered:
                         return None
                 elif isinstance(event, ConnectionClosed):
                     core.end(Ending("app closed before CONNECT", disconnect_upstream=False))
@@ -123,12 +129,13 @@ async def _answer_early_frame(
     frame: Frame | protocol.UnknownCommand,
     open_stream: StreamOpener,
     count: int,
-) -> bool:
+) -> bool | None:
     """Answer a frame that came before CONNECT (or one whose command STOMP does not define)
     with the broker's verdict, keeping the connection as the broker does (False: the session
-    ended instead: the broker closed after its answer, ActiveMQ after an unknown command). A
-    broker that accepts it (RabbitMQ with ``stomp.implicit_connect``) is not followed: the
-    sidecar needs a CONNECT (docs/behaviour.md, "Limits and bad input")."""
+    ended instead: the broker closed after its answer, ActiveMQ after an unknown command).
+    None: the broker connects implicitly (RabbitMQ with ``stomp.implicit_connect``; asked
+    before the frame is sent, so that it takes effect once, on the session): the frame opens
+    the session (docs/behaviour.md, "Transparency first")."""
     if count > MAX_EARLY_FRAMES:
         core.metrics.client_protocol_error(ClientErrorReason.MALFORMED_FRAME)
         core.end(
@@ -143,7 +150,11 @@ async def _answer_early_frame(
         data = protocol.serialize(frame, "1.0")  # before CONNECTED a frame is read as STOMP 1.0
     else:
         command, receipt, data = frame.command, frame.receipt, frame.data
-    verdict = await broker_verdict(core, data, open_stream)
+    # Only the first frame can connect implicitly: the ones after it are the session's.
+    implicit = isinstance(frame, Frame) and count == 1
+    verdict = await broker_verdict(core, data, open_stream, implicit=implicit)
+    if verdict is not None and verdict.implicit_connect:
+        return None
     answer = verdict.answer if verdict is not None else None
     core.metrics.client_protocol_error(ClientErrorReason.MALFORMED_FRAME)
     if verdict is not None and answer is not None and verdict.closed:

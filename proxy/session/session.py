@@ -382,7 +382,13 @@ class Session:
                 local_connected_frame(core) if upstream is None else connected_frame(core, upstream)
             )
             try:
-                await core.app.send(connected)
+                if core.asked.implicit_first is not None:
+                    # The broker connects implicitly and sends no CONNECTED: neither does the
+                    # sidecar; the app's connection is open all the same.
+                    assert core.asked.connect is not None
+                    core.app.conn.connect_implicitly(core.asked.connect, connected)
+                else:
+                    await core.app.send(connected)
             except TransportLost as exc:
                 core.end(Ending(f"app connection lost: {exc}"))
                 return
@@ -465,7 +471,7 @@ class Session:
                 if self.outbox is not None:  # ends with the app side, as core.end() does
                     nursery.start_soon(self.outbox.forward)
                     nursery.start_soon(self.outbox.remove_confirmed)
-                await self.app_side.relay()
+                await self.app_side.relay(first=core.asked.implicit_first)
 
     async def _app_heartbeats(self) -> None:
         try:

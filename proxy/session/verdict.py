@@ -3,8 +3,9 @@ session's leg: a frame before CONNECT, a CONNECT whose versions the sidecar does
 frame whose command STOMP does not define. Brokers answer those with an ERROR of their own
 words (ActiveMQ: ``Not connected.``, ``Unknown STOMP action: FROB``; RabbitMQ: ``You must log
 in using CONNECT first``, ``Bad command``; measured), and some close the connection after it
-(ActiveMQ after an unknown command) while others read on. The sidecar asks the broker, on a
-connection of its own, rather than inventing its own text, and learns both.
+(ActiveMQ after an unknown command) while others read on; and a broker may connect implicitly
+(RabbitMQ's ``stomp.implicit_connect``). The sidecar asks the broker, on a connection of its
+own, rather than inventing its own text, and learns which.
 
 How it asks: the app's frame, as the app wrote it, is the first frame of the connection (or
 the first after a CONNECT of the session's, for a frame of a connected session); when the
@@ -63,10 +64,14 @@ class Verdict:
         answer: the first frame it sent after the app's (an ERROR, as a rule); None when it
             sent none before answering the probe or closing.
         closed: it closed the connection after that answer, instead of reading on.
+        implicit_connect: (asked with ``implicit``) the broker took a frame before CONNECT as
+            opening the session (RabbitMQ's ``stomp.implicit_connect``): the app's frame was
+            not sent, nothing else is known.
     """
 
     answer: Frame | None
     closed: bool
+    implicit_connect: bool = False
 
 
 async def broker_verdict(
@@ -75,11 +80,14 @@ async def broker_verdict(
     open_stream: StreamOpener,
     *,
     connected: bool = False,
+    implicit: bool = False,
 ) -> Verdict | None:
     """Ask a broker what it does with ``data`` (one app frame, its bytes as the app wrote
     them): on a new connection, as its first frame, or, ``connected``, after a CONNECT of the
     session's (:func:`proxy.legs.connect_frame.connect_frame` for the app's CONNECT, without
     its ``client-id``, which the session's own leg holds); then the probe (module docstring).
+    ``implicit`` (a frame before CONNECT): the probe goes first, and a broker that answers it
+    with its RECEIPT connects implicitly: ``data`` is not sent (:attr:`Verdict.implicit_connect`).
 
     The broker asked is the session's current one first, then the others of the list in
     order, each within ``connect_timeout``; the connection is closed after.
@@ -100,7 +108,9 @@ async def broker_verdict(
         try:
             with trio.fail_after(timeout):
                 stream = await open_stream(broker)
-                verdict = await _ask(core, broker, stream, data, connected=connected)
+                verdict = await _ask(
+                    core, broker, stream, data, connected=connected, implicit=implicit
+                )
             if verdict is not None:
                 return verdict
         except (
@@ -117,7 +127,13 @@ async def broker_verdict(
 
 
 async def _ask(
-    core: SessionCore, broker: Broker, stream: trio.abc.Stream, data: bytes, *, connected: bool
+    core: SessionCore,
+    broker: Broker,
+    stream: trio.abc.Stream,
+    data: bytes,
+    *,
+    connected: bool,
+    implicit: bool,
 ) -> Verdict | None:
     """One broker's :class:`Verdict` on ``stream`` (None: it refused the session's CONNECT)."""
     parser = protocol.FrameParser(core.upstream_limits)
@@ -148,6 +164,13 @@ async def _ask(
         if answer is None or answer.command is not Command.CONNECTED:
             return None
         parser.version = answer.get("version") or "1.0"
+    if implicit:
+        await stream.send_all(protocol.serialize(_PROBE, "1.0"))
+        answer = await next_frame()
+        if answer is None:
+            return None
+        if answer.command is Command.RECEIPT and answer.get("receipt-id") == PROBE_RECEIPT:
+            return Verdict(None, closed=False, implicit_connect=True)
     await stream.send_all(data)
     first: Frame | None = None
     with trio.move_on_after(ANSWER_WAIT):

@@ -17,8 +17,9 @@ without destination, a SUBSCRIBE id in use, an unsupported version (ActiveMQ), a
 without id, RabbitMQ's NACK/ACK of 1.0/1.1 apps, RabbitMQ's 1.0 durable SUBSCRIBE without
 id, and a frame before CONNECT; and of issue 25: an unknown command (the broker's ERROR, and
 ActiveMQ's close after it), the CONNECTED ``heart-beat`` (the broker's answer to the app's ask,
-now compared by value), a stray NUL before a command or CONNECT, a second DISCONNECT, and
-RabbitMQ's durable SUBSCRIBE without id marked by the legacy ``persistent:true``.
+now compared by value), a stray NUL before a command or CONNECT, a second DISCONNECT,
+RabbitMQ's durable SUBSCRIBE without id marked by the legacy ``persistent:true``, and RabbitMQ's
+implicit connect (``stomp.implicit_connect``, a node of its own in the test bed).
 """
 
 from __future__ import annotations

@@ -381,6 +381,25 @@ def test_frame_before_connect(lab: Lab) -> None:
     check(lab, [f("p", "SEND", ("destination", Q), ("receipt", "r1"), body=b"early")])
 
 
+@pytest.mark.rabbitmq
+def test_rabbitmq_implicit_connect(rmq_implicit_lab: Lab) -> None:
+    """RabbitMQ with ``stomp.implicit_connect`` takes a first frame that is not a CONNECT as an
+    empty CONNECT (STOMP 1.0, its default user and vhost, no heart-beats) and answers no
+    CONNECTED: the frames get their RECEIPTs and MESSAGEs (measured). The sidecar refused it
+    with its own ERROR, after its verdict had sent the SEND to the broker (the message was
+    published all the same); now it asks the broker with a probe before the frame, and
+    connects implicitly too (docs/behaviour.md, "Transparency first"); fixed."""
+    check(
+        rmq_implicit_lab,
+        [
+            f("c", "SUBSCRIBE", ("id", "s1"), ("destination", Q), ("receipt", "r1")),
+            f("p", "SEND", ("destination", Q), ("receipt", "r2"), body=b"implicit"),
+            f("p", "SEND", ("destination", Q), ("receipt", "r3"), body=b"and again"),
+            f("c", "DISCONNECT", ("receipt", "bye")),
+        ],
+    )
+
+
 @pytest.mark.parametrize("lab", brokers(), indirect=True)
 def test_connected_server_is_the_brokers(lab: Lab) -> None:
     """Found by the harness: an app that tells brokers apart by ``server`` (as the sidecar

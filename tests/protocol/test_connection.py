@@ -207,6 +207,25 @@ def test_client_breaks_on_an_unknown_command() -> None:
     assert pair.client.state is State.ERROR
 
 
+def test_a_server_connects_implicitly() -> None:
+    """RabbitMQ's stomp.implicit_connect: the session opens without a CONNECT received or a
+    CONNECTED written (nothing to write), and the first frame is then an ordinary one."""
+    server = Connection(Role.SERVER)
+    server.connect_implicitly(frame(C.CONNECT), frame(C.CONNECTED, ("heart-beat", "0,0")))
+    assert (server.state, server.version, server.heartbeat) == (State.CONNECTED, "1.0", (0, 0))
+    server.receive_data(b"SEND\ndestination:/q\n\nx\x00")
+    assert drain(server) == [frame(C.SEND, ("destination", "/q"), body=b"x")]
+    with pytest.raises(LocalProtocolError, match="waiting for CONNECT"):
+        server.connect_implicitly(frame(C.CONNECT), frame(C.CONNECTED))
+
+
+def test_only_a_server_connects_implicitly() -> None:
+    with pytest.raises(LocalProtocolError, match="waiting for CONNECT"):
+        Connection(Role.CLIENT).connect_implicitly(frame(C.CONNECT), frame(C.CONNECTED))
+    with pytest.raises(LocalProtocolError, match="a CONNECT and a CONNECTED"):
+        Connection(Role.SERVER).connect_implicitly(frame(C.CONNECT), frame(C.RECEIPT))
+
+
 def test_server_rejects_second_connect() -> None:
     pair = connected_pair()
     expect_remote_error(pair.server, b"CONNECT\n\n\x00", "unexpected second CONNECT frame")
