@@ -519,8 +519,18 @@ def test_second_disconnect(lab: Lab) -> None:
 
 
 @pytest.mark.parametrize("lab", brokers(), indirect=True)
-@pytest.mark.parametrize("version", ["1.2", None], ids=["1.2", "1.0"])
-@pytest.mark.parametrize("heart_beat", [None, "0,0", "0,100", "0,1500", "0,2500", "5000,0"])
+@pytest.mark.parametrize(
+    ("version", "heart_beat"),
+    [
+        ("1.2", None),
+        ("1.2", "0,100"),
+        ("1.2", "0,1500"),
+        ("1.2", "5000,0"),
+        ("1.1", "0,2500"),
+        (None, "0,100"),
+    ],
+    ids=["1.2-none", "1.2-0,100", "1.2-0,1500", "1.2-5000,0", "1.1-0,2500", "1.0-0,100"],
+)
 def test_connected_heart_beat_is_the_brokers(
     lab: Lab, version: str | None, heart_beat: str | None
 ) -> None:
