@@ -182,12 +182,10 @@ class AppSide:
             except HeartBeatTimeout as exc:
                 if not self.reading_stopped.is_set():  # else the drain stopped the reading
                     core.metrics.client_protocol_error(ClientErrorReason.HEARTBEAT_TIMEOUT)
-                    core.end(
-                        Ending(
-                            f"app silent: {exc}",
-                            app_error=error_frame(f"heart-beat timeout: {exc}"),
-                        )
-                    )
+                    # Closed with no frame where the broker does so (BrokerDialect).
+                    quiet = core.leg.dialect.closes_silent_clients_quietly
+                    error = None if quiet else error_frame(f"heart-beat timeout: {exc}")
+                    core.end(Ending(f"app silent: {exc}", app_error=error))
                 return
             except TransportLost as exc:
                 if not self.reading_stopped.is_set():

@@ -25,6 +25,7 @@ def test_rabbitmq() -> None:
     assert d.rabbitmq_stomp10_rules
     assert not d.receipt_breaks_wildcard_subscribe
     assert not d.stable_message_ids
+    assert d.closes_silent_clients_quietly
 
 
 def test_activemq_classic() -> None:
@@ -34,6 +35,7 @@ def test_activemq_classic() -> None:
     assert d.receipt_breaks_wildcard_subscribe
     assert d.stable_message_ids
     assert not d.copies_receipt_into_messages
+    assert d.closes_silent_clients_quietly
 
 
 @pytest.mark.parametrize("server", ["ActiveMQ-Artemis/2.31.2 ActiveMQ Artemis Messaging Engine"])
@@ -42,6 +44,7 @@ def test_artemis(server: str) -> None:
     assert d.artemis_duplicate_ids
     assert d.stable_message_ids
     assert not d.receipt_breaks_wildcard_subscribe
+    assert not d.closes_silent_clients_quietly  # not measured: the sidecar's ERROR
     assert d.server == server
 
 
