@@ -462,14 +462,10 @@ def test_durable_subscribe_without_id_marked_persistent(lab: Lab, version: str |
     """A SUBSCRIBE without ``id`` marked durable by the legacy ``persistent:true`` header
     (RabbitMQ: ERROR ``Missing Header``, as for ``durable:true``, any version; ActiveMQ: a
     RECEIPT for 1.0, its own ERROR for 1.2)."""
-    sub = f(
-        "c",
-        "SUBSCRIBE",
-        ("destination", "/topic/{run}.t"),
-        ("persistent", "true"),
-        ("receipt", "r1"),
-    )
-    check(lab, [connect("c", version), sub, f("c", "DISCONNECT", ("receipt", "bye"))])
+    marked = (("destination", "/topic/{run}.t"), ("persistent", "true"))
+    sub = f("c", "SUBSCRIBE", *marked, ("receipt", "r1"))
+    unsub = f("c", "UNSUBSCRIBE", *marked, ("receipt", "r2"))  # RabbitMQ: Missing Header too
+    check(lab, [connect("c", version), sub, unsub, f("c", "DISCONNECT", ("receipt", "bye"))])
 
 
 @pytest.mark.parametrize("lab", brokers(), indirect=True)
