@@ -266,7 +266,8 @@ class Config:
         upstream_heartbeat: ``(cx, cy)`` ms the sidecar offers the broker in its
             ``heart-beat`` header (STOMP 1.2 "Heart-beating"), each >= 0, 0 = none.
         client_heartbeat: ``(sx, sy)`` ms the sidecar offers apps in ``CONNECTED``,
-            each >= 0.
+            each >= 0, when the broker's answer to the app's ask is not known (ActiveMQ and
+            RabbitMQ: the app gets theirs; docs/brokers.md, "Heart-beats").
         heartbeat_grace: A peer silent for the negotiated interval times this is
             dead, > 1.0 (STOMP 1.2: "use some tolerance to account for timing
             inaccuracies"; docs/behaviour.md, "Failure detection").

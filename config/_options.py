@@ -221,7 +221,8 @@ _ROWS = (
     Option(
         "client_heartbeat",
         "heartbeat",
-        "heart-beat offered to apps in CONNECTED 'sx,sy', ms, >= 0 (STOMP 1.2)",
+        "heart-beat offered to apps in CONNECTED 'sx,sy', ms, >= 0 (STOMP 1.2), when the "
+        "broker's answer to the app's ask is not known (ActiveMQ's and RabbitMQ's are)",
         "ms",
     ),
     Option(

@@ -16,6 +16,7 @@ from ._connection import Connection as Connection
 from ._errors import LocalProtocolError as LocalProtocolError
 from ._errors import ProtocolError as ProtocolError
 from ._errors import RemoteProtocolError as RemoteProtocolError
+from ._errors import UnknownCommand as UnknownCommand
 from ._events import CONNECTION_CLOSED as CONNECTION_CLOSED
 from ._events import HEARTBEAT as HEARTBEAT
 from ._events import NEED_DATA as NEED_DATA
@@ -66,6 +67,7 @@ __all__ = (
     "RemoteProtocolError",
     "Role",
     "State",
+    "UnknownCommand",
     "escape_header",
     "negotiate_heartbeat",
     "negotiate_version",

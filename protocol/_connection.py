@@ -9,7 +9,7 @@ caused by frames live in :mod:`._state`.
 
 from __future__ import annotations
 
-from ._errors import LocalProtocolError, RemoteProtocolError, remote_error
+from ._errors import LocalProtocolError, RemoteProtocolError, UnknownCommand, remote_error
 from ._events import ConnectionClosed, Event
 from ._frame import CLIENT_COMMANDS, SERVER_COMMANDS, Command, Frame
 from ._heartbeat import negotiate_heartbeat, parse_heartbeat
@@ -191,6 +191,9 @@ class Connection:
         frame boundary sets the state to CLOSED (unless it is ERROR).
 
         Raises:
+            UnknownCommand: (SERVER role) a frame whose command STOMP does not define, read
+                whole and consumed; the state is unchanged, and the next call reads on after it
+                (the caller answers it, and may close). In CLIENT role it is fatal, as below.
             RemoteProtocolError: the peer broke the protocol; the state becomes ERROR and every
                 later call raises the same error. Its ``error_frame`` is the ERROR to answer with
                 (in SERVER role, :meth:`send` still accepts that one ERROR frame).
@@ -222,6 +225,8 @@ class Connection:
             elif isinstance(event, ConnectionClosed) and self._state is not State.ERROR:
                 self._state = State.CLOSED
         except RemoteProtocolError as exc:
+            if isinstance(exc, UnknownCommand) and self._our_role is Role.SERVER:
+                raise  # consumed; the server decides whether to read on (UnknownCommand)
             self._receive_error = exc
             self._state = State.ERROR
             self._parser._break(exc)  # drop the buffer; later data is discarded
@@ -258,11 +263,6 @@ class Connection:
                     f"{command} frame received before the CONNECTED frame was sent",
                     "Wait for CONNECTED before sending other frames (STOMP 1.2 'Connecting').",
                 )
-            elif self._state is State.DISCONNECTING:
-                raise remote_error(
-                    f"{command} frame received after DISCONNECT",
-                    "A client sends nothing after DISCONNECT (STOMP 1.2 'DISCONNECT').",
-                )
         elif self._connected_frame is None:
             if command not in (Command.CONNECTED, Command.ERROR):
                 raise remote_error(
@@ -280,6 +280,9 @@ class Connection:
         if command in _CONNECT:
             self._heartbeat_of(frame, remote=True)
             self._connect_frame = frame
+        elif command is Command.DISCONNECT:
+            # What a client writes after its DISCONNECT is never read (FrameParser.discard_rest).
+            self._parser.discard_rest()
         elif command is Command.CONNECTED:
             connect = self._connect_frame
             assert connect is not None
@@ -394,6 +397,25 @@ class Connection:
             command is Command.ERROR and not self._error_sent and not self._send_failed
         ):
             raise LocalProtocolError(f"cannot send {command}: the connection is in state ERROR")
+
+    def connect_implicitly(self, connect: Frame, connected: Frame) -> None:
+        """SERVER role, before CONNECT: open the session as if ``connect`` had been received
+        and ``connected`` sent, writing nothing (a server that connects implicitly: RabbitMQ's
+        ``stomp.implicit_connect`` takes a first frame that is not a CONNECT as an empty
+        CONNECT and answers no CONNECTED; measured with RabbitMQ 3.10).
+
+        Raises:
+            LocalProtocolError: not a SERVER still waiting for CONNECT, or frames that are not
+                a CONNECT and its CONNECTED (as :meth:`send` would refuse them).
+        """
+        if self._our_role is not Role.SERVER or self._connect_frame is not None:
+            raise LocalProtocolError("only a server waiting for CONNECT can connect implicitly")
+        if connect.command not in _CONNECT or connected.command is not Command.CONNECTED:
+            raise LocalProtocolError("an implicit connect takes a CONNECT and a CONNECTED frame")
+        self._heartbeat_of(connect, remote=False)
+        self._connect_frame = connect
+        self._state = next_state(Role.SERVER, self._state, Direction.RECEIVED, connect.command)
+        self.send(connected)  # the bytes are not written: the app gets no CONNECTED
 
     def send_heartbeat(self) -> bytes:
         """Return :data:`HEARTBEAT_BYTES` (one EOL) to write (STOMP 1.2 "Heart-beating").

@@ -10,7 +10,7 @@ from __future__ import annotations
 from ._frame import Command, Frame
 
 # Everything in `__all__` gets re-exported as part of the public API of `protocol`.
-__all__ = ["LocalProtocolError", "ProtocolError", "RemoteProtocolError"]
+__all__ = ["LocalProtocolError", "ProtocolError", "RemoteProtocolError", "UnknownCommand"]
 
 #: Longest ``message`` header we put in an ERROR frame, in characters.
 _MAX_MESSAGE_CHARS = 200
@@ -66,6 +66,31 @@ class RemoteProtocolError(ProtocolError):
         self.error_frame = error_frame
 
 
+class UnknownCommand(RemoteProtocolError):
+    """A whole frame whose command STOMP does not define (``FROB``, ``send``), read to its NUL
+    within the limits and consumed, so that reading can go on after it.
+
+    Brokers differ on it (measured): RabbitMQ 3.10 answers ``ERROR Bad command`` and reads
+    on, ActiveMQ 5.17 answers ``ERROR Unknown STOMP action`` and closes. So a server may answer
+    it and keep the connection: :class:`FrameParser` raises it without breaking, and
+    :class:`Connection` in SERVER role without entering ERROR (the caller decides). In CLIENT
+    role (a server sent it) it breaks the connection like any :class:`RemoteProtocolError`.
+
+    Attributes:
+        command: the command line as received (UTF-8, undecodable bytes replaced).
+        data: the frame's bytes as received, from its command line to its NUL.
+        receipt: its first ``receipt`` header, not unescaped; None without one.
+    """
+
+    def __init__(
+        self, message: str, *, error_frame: Frame, command: str, data: bytes, receipt: str | None
+    ) -> None:
+        super().__init__(message, error_frame=error_frame)
+        self.command = command
+        self.data = data
+        self.receipt = receipt
+
+
 def one_line(text: str) -> str:
     """``text`` squeezed to one line of at most 200 characters (for a ``message`` header)."""
     text = " ".join(text.split())
@@ -93,3 +118,45 @@ def build_error_frame(message: str, detail: str = "") -> Frame:
 def remote_error(message: str, detail: str = "") -> RemoteProtocolError:
     """A :class:`RemoteProtocolError` whose ERROR frame body carries ``detail``."""
     return RemoteProtocolError(message, error_frame=build_error_frame(message, detail))
+
+
+def line_too_long(limit: int) -> RemoteProtocolError:
+    """A command or header line over ``limit`` bytes (``max_header_line_bytes``)."""
+    return remote_error(
+        f"header line too long (more than {limit} bytes)",
+        f"This server accepts command and header lines of at most {limit} bytes.",
+    )
+
+
+def frame_too_large(limit: int) -> RemoteProtocolError:
+    """A frame over ``limit`` bytes (``max_frame_bytes``: command, headers and body)."""
+    return remote_error(
+        f"frame too large (more than {limit} bytes)",
+        f"This server accepts frames of at most {limit} bytes (command, headers and body).",
+    )
+
+
+def shown(raw: bytes | bytearray, limit: int = 40) -> str:
+    """A short printable rendering of wire bytes for an error message."""
+    text = bytes(raw[:limit]).decode("utf-8", "replace")
+    text = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)
+    return text + ("..." if len(raw) > limit else "")
+
+
+def unknown_command(raw: bytes, data: bytes, receipt: str | None) -> UnknownCommand:
+    """The :class:`UnknownCommand` of a frame read whole: its command line ``raw``, its bytes
+    ``data`` (command line to NUL), its first ``receipt`` header."""
+    message = f"unknown command '{shown(raw)}'"
+    error_frame = build_error_frame(
+        message,
+        "STOMP commands are CONNECT, STOMP, SEND, SUBSCRIBE, UNSUBSCRIBE, ACK, NACK, BEGIN, "
+        "COMMIT, ABORT, DISCONNECT (client) and CONNECTED, MESSAGE, RECEIPT, ERROR (server), "
+        "in upper case.",
+    )
+    return UnknownCommand(
+        message,
+        error_frame=error_frame,
+        command=raw.decode("utf-8", "replace"),
+        data=data,
+        receipt=receipt,
+    )

@@ -22,6 +22,7 @@ that really ends in CR can't be carried where CR is not escaped (1.0, 1.1, CONNE
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from ._errors import LocalProtocolError, RemoteProtocolError, remote_error
 from ._versions import check_version
@@ -140,3 +141,34 @@ def check_representable(name: str, value: str, version: str, escaped: bool) -> N
             f"value of header {name!r} ends with CR, which STOMP 1.1 cannot escape "
             "(it would read as a CRLF line end)"
         )
+
+
+def _unescape_fast(raw: str, version: str) -> str:
+    """:func:`unescape_header` for the common case (no escaped backslash) in a few
+    ``str.replace`` calls; anything else, or an undefined escape, goes to it."""
+    if "\\\\" not in raw:
+        text = raw.replace("\\c", ":").replace("\\n", "\n")
+        if version == "1.2":
+            text = text.replace("\\r", "\r")
+        if "\\" not in text:
+            return text
+    return unescape_header(raw, version)
+
+
+def unescaped_headers(
+    headers: Iterable[tuple[str, str]], version: str
+) -> tuple[tuple[str, str], ...]:
+    """Headers read in an escaping ``version`` (1.1, 1.2) in their logical form.
+
+    Raises:
+        RemoteProtocolError: an undefined escape sequence (STOMP 1.2 "Value Encoding").
+    """
+    return tuple(
+        [
+            (
+                _unescape_fast(name, version) if "\\" in name else name,
+                _unescape_fast(value, version) if "\\" in value else value,
+            )
+            for name, value in headers
+        ]
+    )

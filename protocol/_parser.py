@@ -9,7 +9,8 @@ between two ``next_event`` calls applies to everything still buffered.
 
 Reading a frame has three phases:
 
-BETWEEN   at a frame boundary. An LF or a CRLF is a heart-beat; anything else starts a frame.
+BETWEEN   at a frame boundary. An LF or a CRLF is a heart-beat, a NUL is skipped; anything
+          else starts a frame.
 HEAD      one regex search for the blank line that ends the head (``\\n\\r?\\n``), resuming at
           ``_head_scan``. When it is there and the head is ordinary (short, UTF-8, no NUL, every
           line has a ``:``), the head is decoded, split and partitioned by a few C-level calls.
@@ -43,12 +44,20 @@ phases above, which decide.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 
-from ._errors import LocalProtocolError, RemoteProtocolError, remote_error
+from ._errors import (
+    LocalProtocolError,
+    RemoteProtocolError,
+    UnknownCommand,
+    frame_too_large,
+    line_too_long,
+    remote_error,
+    shown,
+    unknown_command,
+)
 from ._events import CONNECTION_CLOSED, HEARTBEAT, NEED_DATA, Event
 from ._frame import NEVER_ESCAPED, Command, Frame, trusted_frame
-from ._headers import unescape_header
+from ._headers import unescaped_headers
 from ._limits import Limits
 from ._raw import RawFrame, command_prefixes, copy_out, frame_end, read_raw
 from ._versions import check_version
@@ -73,42 +82,6 @@ _BODY = 2
 _COMPACT_BYTES = 64 * 1024
 
 
-def _unescape(raw: str, version: str) -> str:
-    """:func:`unescape_header` for the common case (no escaped backslash) in a few
-    ``str.replace`` calls; anything else, or an undefined escape, goes to it."""
-    if "\\\\" not in raw:
-        text = raw.replace("\\c", ":").replace("\\n", "\n")
-        if version == "1.2":
-            text = text.replace("\\r", "\r")
-        if "\\" not in text:
-            return text
-    return unescape_header(raw, version)
-
-
-def _unescaped(headers: Iterable[tuple[str, str]], version: str) -> tuple[tuple[str, str], ...]:
-    """Headers read in an escaping ``version`` (1.1, 1.2) in their logical form.
-
-    Raises:
-        RemoteProtocolError: an undefined escape sequence (STOMP 1.2 "Value Encoding").
-    """
-    return tuple(
-        [
-            (
-                _unescape(name, version) if "\\" in name else name,
-                _unescape(value, version) if "\\" in value else value,
-            )
-            for name, value in headers
-        ]
-    )
-
-
-def _shown(raw: bytes | bytearray, limit: int = 40) -> str:
-    """A short printable rendering of wire bytes for an error message."""
-    text = bytes(raw[:limit]).decode("utf-8", "replace")
-    text = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)
-    return text + ("..." if len(raw) > limit else "")
-
-
 class FrameParser:
     """Incremental STOMP parser: bytes in (:meth:`receive_data`), events out (:meth:`next_event`).
 
@@ -119,6 +92,8 @@ class FrameParser:
     Rules (STOMP 1.2 "STOMP Frames", "Value Encoding", "Heart-beating", "Size Limits"):
 
     * Each LF or CRLF between frames (also right after a frame's NUL) is one ``HEARTBEAT``.
+    * A NUL between frames is skipped: not in STOMP 1.2's grammar, but ActiveMQ 5.17 and
+      RabbitMQ 3.10 skip it (measured, tests/differential: test_stray_nul_before_a_command).
     * Command and header lines end in LF; one trailing CR is stripped in every version.
     * Headers are split on the first ``:`` and decoded as UTF-8; they are unescaped per
       ``version``, except in CONNECT, STOMP and CONNECTED frames.
@@ -128,7 +103,8 @@ class FrameParser:
     * Frames are O(bytes received) to parse for any chunking.
 
     After a :class:`RemoteProtocolError` the parser stays broken: every later :meth:`next_event`
-    raises the same error again, and received data is discarded.
+    raises the same error again, and received data is discarded. But an unknown command's frame
+    is read whole within the limits and consumed (:class:`UnknownCommand`): reading goes on.
     """
 
     __slots__ = (
@@ -136,6 +112,7 @@ class FrameParser:
         "_buf",
         "_command",
         "_content_length",
+        "_discarding",
         "_eof",
         "_error",
         "_escapes",
@@ -147,6 +124,7 @@ class FrameParser:
         "_pos",
         "_raw_headers",
         "_scan",
+        "_unknown",
         "_version",
     )
 
@@ -162,10 +140,12 @@ class FrameParser:
         self._line_start = 0
         self._body_start = 0
         self._command: Command | None = None
+        self._unknown: bytes | None = None  # the command line of an unknown command's frame
         self._raw_headers: list[tuple[str, str]] = []
         self._escapes = False  # a backslash was seen in this frame's headers
         self._content_length = -1
         self._eof = False
+        self._discarding = False
         self._error: RemoteProtocolError | None = None
 
     @property
@@ -194,6 +174,8 @@ class FrameParser:
             return
         if self._eof:
             raise LocalProtocolError("received data after EOF")
+        if self._discarding:
+            return
         pos = self._pos
         buf = self._buf
         if pos:
@@ -217,6 +199,16 @@ class FrameParser:
         if self._phase == _BODY and self._content_length >= 0:
             return buffered, self._body_start + self._content_length + 1 - self._frame_start
         return buffered, -1
+
+    def discard_rest(self) -> None:
+        """Read nothing more: drop what is buffered and every byte received from now on;
+        only EOF still counts (``next_event`` returns ``NEED_DATA``, then
+        ``CONNECTION_CLOSED``). For a server after the client's DISCONNECT: ActiveMQ 5.17 and
+        RabbitMQ 3.10 close the connection after it and never read what follows (measured:
+        a second DISCONNECT gets no answer). Call it between frames."""
+        self._discarding = True
+        self._buf.clear()
+        self._shift(self._pos)
 
     def _shift(self, by: int) -> None:
         self._pos -= by
@@ -250,6 +242,8 @@ class FrameParser:
             raise RemoteProtocolError(str(self._error), error_frame=self._error.error_frame)
         try:
             return self._next_event(raw)
+        except UnknownCommand:
+            raise  # the frame is consumed: reading goes on after it
         except RemoteProtocolError as exc:
             self._break(exc)
             raise
@@ -270,6 +264,9 @@ class FrameParser:
         if self._phase == _BETWEEN:
             pos = self._pos
             size = len(buf)
+            while pos < size and buf[pos] == _NUL:
+                pos += 1  # a stray NUL between frames is skipped, as brokers do
+            self._pos = pos
             if pos >= size:
                 if pos:
                     # Everything buffered was read: release it now, not at the next
@@ -302,6 +299,7 @@ class FrameParser:
             self._phase = _HEAD
             self._frame_start = self._line_start = self._scan = self._head_scan = pos
             self._command = None
+            self._unknown = None
             self._raw_headers = []
             self._escapes = False
         if self._phase == _HEAD and not self._read_head(buf):
@@ -352,7 +350,7 @@ class FrameParser:
         if end < 0:
             return None
         if "\\" in text and self._version != "1.0" and command not in NEVER_ESCAPED:
-            headers = _unescaped(headers, self._version)
+            headers = unescaped_headers(headers, self._version)
         frame = trusted_frame(command, headers, copy_out(buf, body_start, end))
         self._pos = end + 1
         if end - pos >= _COMPACT_BYTES:
@@ -384,7 +382,7 @@ class FrameParser:
         if self._content_length >= 0 and (
             self._body_start + self._content_length - frame_start > max_frame
         ):
-            raise self._frame_too_large()
+            raise frame_too_large(self._limits.max_frame_bytes)
         self._phase = _BODY
         self._scan = self._body_start
         return True
@@ -418,6 +416,8 @@ class FrameParser:
                 lines = [line[:-1] if line.endswith("\r") else line for line in lines]
         command = self._command
         if command is None:
+            if self._unknown is not None:
+                return False  # the careful path reads the rest of an unknown frame
             command = _COMMANDS_BY_TEXT.get(lines[0])
             if command is None:
                 return False
@@ -459,29 +459,25 @@ class FrameParser:
                 if size and buf[size - 1] == _CR:
                     pending -= 1  # may be the CR of a CRLF
                 if pending > max_line:
-                    raise self._line_too_long()
+                    raise line_too_long(self._limits.max_header_line_bytes)
                 if size - frame_start > max_frame:
-                    raise self._frame_too_large()
+                    raise frame_too_large(self._limits.max_frame_bytes)
                 self._check_eof()
                 self._scan = size
                 return False
             end = lf - 1 if lf > line_start and buf[lf - 1] == _CR else lf
             if end - line_start > max_line:
-                raise self._line_too_long()
+                raise line_too_long(self._limits.max_header_line_bytes)
             if lf + 1 - frame_start > max_frame:
-                raise self._frame_too_large()
+                raise frame_too_large(self._limits.max_frame_bytes)
             self._line_start = self._scan = lf + 1
-            if self._command is None:
+            if self._command is None and self._unknown is None:
                 raw = bytes(buf[line_start:end])
                 command = _COMMANDS_BY_BYTES.get(raw)
                 if command is None:
-                    raise remote_error(
-                        f"unknown command '{_shown(raw)}'",
-                        "STOMP commands are CONNECT, STOMP, SEND, SUBSCRIBE, UNSUBSCRIBE, ACK, "
-                        "NACK, BEGIN, COMMIT, ABORT, DISCONNECT (client) and CONNECTED, MESSAGE, "
-                        "RECEIPT, ERROR (server), in upper case.",
-                    )
-                self._command = command
+                    self._unknown = raw  # read on to the frame's end (UnknownCommand)
+                else:
+                    self._command = command
             elif end == line_start:
                 self._body_start = lf + 1
                 return True
@@ -502,12 +498,12 @@ class FrameParser:
             raise remote_error(
                 "header line is not valid UTF-8",
                 f"STOMP headers are UTF-8 text (STOMP 1.2 'Value Encoding'); the line read "
-                f"'{_shown(buf[start:end])}'.",
+                f"'{shown(buf[start:end])}'.",
             ) from None
         name, colon, value = line.partition(":")
         if not colon:
             raise remote_error(
-                f"header line without ':': '{_shown(buf[start:end])}'",
+                f"header line without ':': '{shown(buf[start:end])}'",
                 "Each header line is 'name:value' (STOMP 1.2 'STOMP Frames').",
             )
         headers.append((name, value))
@@ -527,7 +523,7 @@ class FrameParser:
                 if len(digits) > len(str(self._limits.max_frame_bytes)):
                     # Longer than any frame we accept; and int() refuses more than 4300
                     # digits (ValueError, sys.get_int_max_str_digits), so never convert it.
-                    raise self._frame_too_large()
+                    raise frame_too_large(self._limits.max_frame_bytes)
                 return int(digits or "0")
         return -1
 
@@ -551,21 +547,37 @@ class FrameParser:
             if end < 0:
                 size = len(buf)
                 if size >= limit:
-                    raise self._frame_too_large()
+                    raise frame_too_large(self._limits.max_frame_bytes)
                 self._check_eof()
                 self._scan = size
                 return NEED_DATA
+        if self._unknown is not None:
+            raise self._unknown_frame(buf, end)
         body = copy_out(buf, body_start, end)
         command = self._command
         assert command is not None
         frame = trusted_frame(command, self._unescape_headers(command), body)
+        self._past_frame(buf, end)
+        return frame
+
+    def _past_frame(self, buf: bytearray, end: int) -> None:
+        """The frame whose NUL is at ``end`` is read: the parser is between frames again."""
         self._pos = end + 1
         self._phase = _BETWEEN
         self._raw_headers = []
         self._command = None
+        self._unknown = None
         if end - self._frame_start >= _COMPACT_BYTES:
             self._release(buf)
-        return frame
+
+    def _unknown_frame(self, buf: bytearray, end: int) -> UnknownCommand:
+        """The :class:`UnknownCommand` of the frame whose NUL is at ``end``, consumed."""
+        raw = self._unknown
+        assert raw is not None
+        receipt = next((v for k, v in self._raw_headers if k == "receipt"), None)
+        data = bytes(buf[self._frame_start : end + 1])
+        self._past_frame(buf, end)
+        return unknown_command(raw, data, receipt)
 
     def _release(self, buf: bytearray) -> None:
         """After a large frame: drop the consumed bytes now if they are most of the buffer
@@ -583,18 +595,4 @@ class FrameParser:
         version = self._version
         if not self._escapes or version == "1.0" or command in NEVER_ESCAPED:
             return tuple(raw)
-        return _unescaped(raw, version)
-
-    def _line_too_long(self) -> RemoteProtocolError:
-        limit = self._limits.max_header_line_bytes
-        return remote_error(
-            f"header line too long (more than {limit} bytes)",
-            f"This server accepts command and header lines of at most {limit} bytes.",
-        )
-
-    def _frame_too_large(self) -> RemoteProtocolError:
-        limit = self._limits.max_frame_bytes
-        return remote_error(
-            f"frame too large (more than {limit} bytes)",
-            f"This server accepts frames of at most {limit} bytes (command, headers and body).",
-        )
+        return unescaped_headers(raw, version)

@@ -32,6 +32,7 @@ import socket
 import string
 import subprocess
 import time
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
@@ -69,6 +70,8 @@ class RabbitMQ(BrokerProcess):
     see ``stomp_ssl_url``). Start to STOMP-ready takes ~5 s (docs/brokers.md), an orderly stop
     ~1 s.
 
+    ``conf``: more ``rabbitmq.conf`` lines (``stomp.implicit_connect = true``...).
+
     ``shared_epmd``: the node uses an epmd that someone else runs on ``epmd_port`` (a
     ``RabbitMQCluster``'s) instead of starting its own; ``start()`` raises ``BrokerError`` if
     nothing listens there. ``cookie``: the Erlang cookie to write (default: a random one), the
@@ -90,6 +93,7 @@ class RabbitMQ(BrokerProcess):
         tls_port: int | None = None,
         shared_epmd: bool = False,
         cookie: str | None = None,
+        conf: Sequence[str] = (),
     ) -> None:
         given = (stomp_port, amqp_port, dist_port, epmd_port, tls_port)
         taken = {p for p in given if p is not None}
@@ -114,6 +118,7 @@ class RabbitMQ(BrokerProcess):
         self.home = self.base_dir / "home"
         self.shared_epmd = shared_epmd
         self.cookie = cookie
+        self.conf = tuple(conf)
         self._epmd_child: _Child | None = None
         self._beam: tuple[int, int] | None = None  # (pid, starttime) of beam.smp
 
@@ -175,7 +180,9 @@ class RabbitMQ(BrokerProcess):
             d.mkdir(parents=True, exist_ok=True)
         template = string.Template((files / "rabbitmq.conf").read_text())
         conf = template.substitute(
-            amqp_port=self.amqp_port, stomp_port=self.stomp_port, tls=self._tls_conf()
+            amqp_port=self.amqp_port,
+            stomp_port=self.stomp_port,
+            extra="\n".join([self._tls_conf(), *self.conf]),
         )
         (self.base_dir / "rabbitmq.conf").write_text(conf)
         (self.base_dir / "enabled_plugins").write_bytes((files / "enabled_plugins").read_bytes())

@@ -12,10 +12,47 @@ receipts, Artemis' duplicate-detection header understood).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 from protocol import Frame
 
-__all__ = ["RETRYABLE_ERRORS", "BrokerDialect", "RetryableError"]
+__all__ = ["RETRYABLE_ERRORS", "BrokerDialect", "HeartBeatAnswer", "RetryableError"]
+
+
+class HeartBeatAnswer(Enum):
+    """How a broker answers the ``heart-beat:cx,cy`` of a client's CONNECT in its CONNECTED
+    (STOMP 1.2 "Heart-beating" leaves the server's values to the server), measured for every
+    version the client speaks (a STOMP 1.0 client asking gets them too; one that does not ask,
+    ``0,0``): tests/differential/test_regressions.py, test_connected_heart_beat_is_the_brokers.
+    """
+
+    #: Not known (a broker other than these): the sidecar answers its own
+    #: ``client_heartbeat`` (none to a STOMP 1.0 app).
+    UNKNOWN = "unknown"
+    #: ``cy,cx``: the client's values swapped (ActiveMQ Classic 5.17, ProtocolConverter).
+    SWAPPED = "swapped"
+    #: ``cy,cx`` each in whole seconds: 0 stays 0, under 1000 ms is 1000, else rounded down
+    #: to a second (RabbitMQ 3.10: ``100,100`` -> ``1000,1000``, ``1500,2500`` ->
+    #: ``2000,1000``; rabbit_stomp_processor's millis_to_seconds).
+    SWAPPED_WHOLE_SECONDS = "swapped-whole-seconds"
+
+    def answer(self, ask: tuple[int, int]) -> tuple[int, int] | None:
+        """The broker's CONNECTED ``(sx, sy)`` ms for a client asking ``ask`` = ``(cx, cy)``
+        ms; None for :attr:`UNKNOWN`."""
+        cx, cy = ask
+        if self is HeartBeatAnswer.SWAPPED:
+            return (cy, cx)
+        if self is HeartBeatAnswer.SWAPPED_WHOLE_SECONDS:
+            return (_whole_seconds(cy), _whole_seconds(cx))
+        return None
+
+
+def _whole_seconds(ms: int) -> int:
+    """RabbitMQ's rounding of a heart-beat interval: 0 -> 0, 1..999 -> 1000, else down to a
+    whole second, in ms."""
+    if ms <= 0:
+        return 0
+    return max(ms // 1000, 1) * 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,8 +137,10 @@ class BrokerDialect:
     copies_receipt_into_messages: bool = False
     #: STOMP 1.0 frames follow RabbitMQ's rules: a 1.0 client's NACK is accepted (ActiveMQ
     #: refuses it: "NACK received but connection is in v1.0 mode"), and a durable SUBSCRIBE
-    #: without ``id`` is refused ("Header 'id' is required for durable subscriptions";
-    #: ActiveMQ accepts it). Measured with RabbitMQ 3.10 / ActiveMQ 5.17.
+    #: or UNSUBSCRIBE without ``id`` is refused ("Header 'id' is required for durable
+    #: subscriptions"; ActiveMQ accepts it), durable meaning ``durable:true`` or the legacy
+    #: ``persistent:true`` (:meth:`refuses_durable_without_id`). Measured with RabbitMQ 3.10 /
+    #: ActiveMQ 5.17.
     rabbitmq_stomp10_rules: bool = False
     #: A ``receipt`` on a SUBSCRIBE to a wildcard destination (``/queue/a.*``, ``/queue/a.>``)
     #: can make the broker dispatch none of the messages already waiting: ActiveMQ Classic
@@ -111,6 +150,14 @@ class BrokerDialect:
     #: The broker keeps a message's ``message-id`` across redelivery and failover: ActiveMQ
     #: Classic and Artemis do, RabbitMQ does not (docs/brokers.md, "Message ids").
     stable_message_ids: bool = False
+    #: How its CONNECTED answers a client's ``heart-beat`` (:class:`HeartBeatAnswer`): what
+    #: the sidecar answers the app (the upstream leg keeps the sidecar's own heart-beats,
+    #: ``upstream_heartbeat``, for failure detection).
+    heart_beat_answer: HeartBeatAnswer = HeartBeatAnswer.UNKNOWN
+    #: A client silent past the heart-beats it promised is closed without an ERROR frame:
+    #: ActiveMQ 5.17 and RabbitMQ 3.10 (measured: asked 100,100, ActiveMQ closes after 0.3 s,
+    #: RabbitMQ, at 1000 ms, after 3 s; neither writes a frame first).
+    closes_silent_clients_quietly: bool = False
 
     @classmethod
     def from_server(cls, server: str | None) -> BrokerDialect:
@@ -129,12 +176,31 @@ class BrokerDialect:
             rabbitmq_stomp10_rules=rabbitmq,
             receipt_breaks_wildcard_subscribe=server.startswith("ActiveMQ/"),
             stable_message_ids=activemq,
+            closes_silent_clients_quietly=rabbitmq or server.startswith("ActiveMQ/"),
+            heart_beat_answer=(
+                HeartBeatAnswer.SWAPPED_WHOLE_SECONDS
+                if rabbitmq
+                else HeartBeatAnswer.SWAPPED
+                if server.startswith("ActiveMQ/")
+                else HeartBeatAnswer.UNKNOWN
+            ),
         )
 
     def retryable_error(self, error: Frame) -> RetryableError | None:
         """The :data:`RETRYABLE_ERRORS` entry ``error`` is, when this broker sent it; None
         for every other ERROR (which answers the app's frame and reaches the app)."""
         return next((r for r in RETRYABLE_ERRORS if r.matches(self.server, error)), None)
+
+    def refuses_durable_without_id(self, frame: Frame) -> bool:
+        """Whether this broker refuses ``frame``, a SUBSCRIBE or UNSUBSCRIBE, as durable
+        without ``id``: RabbitMQ (:attr:`rabbitmq_stomp10_rules`) when it has no ``id`` and
+        ``durable:true`` or ``persistent:true`` (ERROR ``Missing Header``, in every version;
+        rabbit_stomp_processor's validate_frame, measured with RabbitMQ 3.10)."""
+        return (
+            self.rabbitmq_stomp10_rules
+            and not frame.has("id")
+            and (frame.get("durable") == "true" or frame.get("persistent") == "true")
+        )
 
     def subscribe_receipt_breaks(self, destination: str) -> bool:
         """Whether a ``receipt`` on a SUBSCRIBE to ``destination`` may make this broker

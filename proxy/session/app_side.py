@@ -30,6 +30,7 @@ import trio
 import protocol
 from config import TransactionFailover
 from protocol import Command, ConnectionClosed, Frame, HeartBeat, RawFrame
+from proxy.legs.opening import StreamOpener
 from proxy.legs.stream import HeartBeatTimeout, TransportLost
 from proxy.session.confirmations import Confirmations
 from proxy.session.control import SCOPE_HEADER, ControlChannel, scope_refused
@@ -41,6 +42,7 @@ from proxy.session.outcomes import report_of_frame, unsettled
 from proxy.session.phase import Phase
 from proxy.session.sends import UpstreamSends
 from proxy.session.to_app import AppOutput
+from proxy.session.verdict import answer_unknown_command
 from proxy.telemetry.vocabulary import ClientErrorReason, FrameOutcome, OutcomeCause
 from proxy.tracking import (
     PASS_THROUGH,
@@ -69,6 +71,8 @@ class TransactionRolledBack(FrameRejected):
 
 #: A command handler: (frame, idle) -> True when the app's DISCONNECT has been handled.
 _Handler = Callable[[Frame, bool], Awaitable[bool]]
+#: One read of the app: a frame, its bytes, a heart-beat, EOF, or an unknown command's frame.
+_Read = Frame | RawFrame | HeartBeat | ConnectionClosed | protocol.UnknownCommand
 
 
 class AppSide:
@@ -80,8 +84,10 @@ class AppSide:
         out: AppOutput,
         control: ControlChannel,
         confirmations: Confirmations,
+        open_stream: StreamOpener,
     ) -> None:
         self.core = core
+        self.open_stream = open_stream  # to ask a broker (proxy.session.verdict)
         self.out = out
         self.control = control
         self.confirmations = confirmations
@@ -101,7 +107,7 @@ class AppSide:
         #: Frames (and receipt ids) a read under way brought after the drain stopped: refused.
         self.after_stop: list[tuple[Frame, str | None]] = []
         #: The frame read ahead of the one being handled (None between bursts).
-        self._upcoming: Frame | RawFrame | HeartBeat | ConnectionClosed | None = None
+        self._upcoming: _Read | None = None
         self._handlers: dict[Command, _Handler] = {
             Command.SEND: self._send,
             Command.SUBSCRIBE: self._subscribe,
@@ -151,11 +157,14 @@ class AppSide:
         if self._waiting:
             self.reading_stopped.set()
 
-    async def relay(self) -> None:
+    async def relay(self, *, first: Frame | None = None) -> None:
         """Relay app → broker until the app leaves or breaks the protocol (the session
         ends), the drain stops the reading (:meth:`stop_reading`; the session goes on) or the
-        app side is cancelled."""
+        app side is cancelled. ``first``: a frame read before, handled first (the frame that
+        opened an implicitly connected session, ``AppRequests.implicit_first``)."""
         core = self.core
+        if first is not None and await self._dispatch(first, True):
+            return
         while True:
             # The burst read so far is handled: what went to the outbox is stored and answered, what
             # it queued for the broker leaves in one write, before we wait for the app again.
@@ -168,16 +177,16 @@ class AppSide:
                 return
             self._waiting = True
             try:
-                event = await core.app.receive_fast_event()
+                event: _Read = await core.app.receive_fast_event()
+            except protocol.UnknownCommand as exc:
+                event = exc
             except HeartBeatTimeout as exc:
                 if not self.reading_stopped.is_set():  # else the drain stopped the reading
                     core.metrics.client_protocol_error(ClientErrorReason.HEARTBEAT_TIMEOUT)
-                    core.end(
-                        Ending(
-                            f"app silent: {exc}",
-                            app_error=error_frame(f"heart-beat timeout: {exc}"),
-                        )
-                    )
+                    # Closed with no frame where the broker does so (BrokerDialect).
+                    quiet = core.leg.dialect.closes_silent_clients_quietly
+                    error = None if quiet else error_frame(f"heart-beat timeout: {exc}")
+                    core.end(Ending(f"app silent: {exc}", app_error=error))
                 return
             except TransportLost as exc:
                 if not self.reading_stopped.is_set():
@@ -202,14 +211,20 @@ class AppSide:
                     core.end(Ending("app closed the connection"))
                     return
                 try:
-                    upcoming = core.app.next_buffered_fast()
+                    upcoming: _Read | None = core.app.next_buffered_fast()
+                except protocol.UnknownCommand as exc:
+                    upcoming = exc  # consumed by the read: handled in its turn
                 except protocol.RemoteProtocolError as exc:
                     upcoming = None  # reported when read again, after this frame
                     core.app_broke = exc
                 self._upcoming = upcoming
                 if core.flow.failback_hold is not None:
                     await core.frame_boundary()  # a failback holds the app (session.link)
-                if isinstance(event, Frame | RawFrame) and await self._dispatch(
+                if isinstance(event, protocol.UnknownCommand):
+                    await self.confirmations.flush_upstream()
+                    if await answer_unknown_command(core, event, self.out, self.open_stream):
+                        return
+                elif isinstance(event, Frame | RawFrame) and await self._dispatch(
                     event, upcoming is None
                 ):
                     return
@@ -409,12 +424,7 @@ class AppSide:
                 await core.app_nursery.start(self.control.pump)
             await self.out.answer_locally(app_receipt)
             return False
-        if (
-            state.app_version == "1.0"
-            and core.leg.dialect.rabbitmq_stomp10_rules
-            and frame.get("id") is None
-            and frame.get("durable") == "true"
-        ):
+        if core.leg.dialect.refuses_durable_without_id(frame):
             raise ForBroker("durable SUBSCRIBE without id")  # RabbitMQ refuses it
         upstream = state.subscribe(frame)
         if core.seen is not None:  # outbox mode: before the SUBSCRIBE goes upstream
@@ -441,6 +451,8 @@ class AppSide:
         core = self.core
         state = core.state
         assert state is not None
+        if core.leg.dialect.refuses_durable_without_id(frame):
+            raise ForBroker("durable UNSUBSCRIBE without id")  # RabbitMQ refuses it
         app_receipt = frame.get("receipt")
         bare = frame.without("receipt")
         sub = state.unsubscribe(frame)
@@ -550,7 +562,7 @@ class AppSide:
         # the DISCONNECT (after it the leg takes no frame), or the broker would redeliver
         # them to another consumer.
         await self.out.flush()
-        if self.outbox is not None and await self._disconnect_stored(frame):
+        if self.outbox is not None and await self.outbox.disconnect(frame):
             return True
         core.asked.disconnect_entry = await self.confirmations.submit(
             frame.without("receipt"), app_receipt=frame.get("receipt"), idle=True
@@ -570,30 +582,4 @@ class AppSide:
             reason += f"; {summary(lost)}"
             await self.control.report(lost, "the app disconnected before they were confirmed")
         core.end(Ending(reason, disconnect_upstream=False))
-        return True
-
-    async def _disconnect_stored(self, frame: Frame) -> bool:
-        """Outbox mode, the app's DISCONNECT: with a broker, what the outbox holds of this
-        session goes first, within ``call_timeout``; the rest is left to the recovery
-        forwarder (docs/outbox.md). With no broker and nothing but outbox frames in the
-        window, the sidecar answers the DISCONNECT itself and ends the session (True): what
-        the app handed over is durable."""
-        core = self.core
-        outbox = self.outbox
-        assert outbox is not None
-        if core.leg.ready:
-            with trio.move_on_after(core.durations.call_timeout):
-                await outbox.drained()
-        outbox.stop()
-        if core.leg.ready or not all(
-            isinstance(e.context, StoredInOutbox) for e in core.flow.window
-        ):
-            return False
-        await self.out.answer_locally(frame.get("receipt"))
-        core.end(
-            Ending(
-                "app disconnected with no broker up; what it sent waits in the outbox",
-                disconnect_upstream=False,
-            )
-        )
         return True

@@ -22,6 +22,10 @@ class AppRequests:
         connected_locally: the sidecar answered the app's CONNECT itself, no broker being up
             (outbox mode, docs/outbox.md); the first leg is then restored onto as after a
             reconnect.
+        implicit_first: the app sent no CONNECT and its broker connects implicitly (RabbitMQ's
+            ``stomp.implicit_connect``): the frame that opened the session, handled as the
+            session's first (``connect`` is then an empty CONNECT, and the app gets no
+            CONNECTED); None otherwise.
         disconnect_entry: the app's DISCONNECT in the confirmation window, once submitted.
         disconnected: set when the broker's RECEIPT for that DISCONNECT arrived.
     """
@@ -32,6 +36,7 @@ class AppRequests:
         "connected_locally",
         "disconnect_entry",
         "disconnected",
+        "implicit_first",
     )
 
     def __init__(self) -> None:
@@ -40,3 +45,4 @@ class AppRequests:
         self.connected_locally = False
         self.disconnect_entry: Entry | None = None
         self.disconnected = trio.Event()
+        self.implicit_first: Frame | None = None

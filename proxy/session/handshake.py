@@ -3,8 +3,9 @@ its STOMP version, check its credentials when the sidecar has its own (``client_
 build the CONNECTED it gets once a broker has accepted the session.
 
 What the sidecar does not judge gets the broker's own answer (:mod:`proxy.session.verdict`): a
-frame before CONNECT (answered, and the connection kept, as brokers do), and a CONNECT offering
-no version the sidecar speaks."""
+frame before CONNECT (answered, and the connection kept or closed as the broker does; or, with
+a broker that connects implicitly, the session opened by it), and a CONNECT offering no
+version the sidecar speaks."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from config import FailoverMode
 from protocol import Command, ConnectionClosed, Frame
 from proxy._version import VERSION
 from proxy.legs.broker import Upstream
+from proxy.legs.dialect import HeartBeatAnswer
 from proxy.legs.opening import StreamOpener
 from proxy.legs.stream import TransportLost
 from proxy.session.core import SessionCore, log
@@ -45,13 +47,24 @@ async def accept_connect(core: SessionCore, open_stream: StreamOpener) -> Frame 
     try:
         with trio.fail_after(timeout):
             while True:
-                event = await core.app.receive_event()
+                try:
+                    event = await core.app.receive_event()
+                except protocol.UnknownCommand as exc:
+                    early += 1
+                    if not await _answer_early_frame(core, exc, open_stream, early):
+                        return None
+                    continue
                 if isinstance(event, Frame):
                     if event.command in _CONNECT:
                         connect = event
                         break
                     early += 1
-                    if not await _answer_early_frame(core, event, open_stream, early):
+                    answered = await _answer_early_frame(core, event, open_stream, early)
+                    if answered is None:  # the broker connects implicitly: so does the sidecar
+                        core.asked.implicit_first = event
+                        connect = Frame(Command.CONNECT)
+                        break
+                    if not answered:
                         return None
                 elif isinstance(event, ConnectionClosed):
                     core.end(Ending("app closed before CONNECT", disconnect_upstream=False))
@@ -76,7 +89,8 @@ async def accept_connect(core: SessionCore, open_stream: StreamOpener) -> Frame 
     version = protocol.negotiate_version(accept, SUPPORTED_VERSIONS)
     if version is None:
         core.metrics.client_protocol_error(ClientErrorReason.UNSUPPORTED_VERSION)
-        answer = await broker_verdict(core, connect, open_stream)
+        verdict = await broker_verdict(core, protocol.serialize(connect, "1.0"), open_stream)
+        answer = verdict.answer if verdict is not None else None
         if answer is None or answer.command is not Command.ERROR:
             supported = ",".join(SUPPORTED_VERSIONS)
             answer = error_frame(
@@ -113,11 +127,17 @@ async def accept_connect(core: SessionCore, open_stream: StreamOpener) -> Frame 
 
 
 async def _answer_early_frame(
-    core: SessionCore, frame: Frame, open_stream: StreamOpener, count: int
-) -> bool:
-    """Answer a frame that came before CONNECT with the broker's verdict, keeping the
-    connection as brokers do (False: the session ended instead). A broker that accepts it
-    (RabbitMQ with ``stomp.implicit_connect``) is not followed: the sidecar needs a CONNECT."""
+    core: SessionCore,
+    frame: Frame | protocol.UnknownCommand,
+    open_stream: StreamOpener,
+    count: int,
+) -> bool | None:
+    """Answer a frame that came before CONNECT (or one whose command STOMP does not define)
+    with the broker's verdict, keeping the connection as the broker does (False: the session
+    ended instead: the broker closed after its answer, ActiveMQ after an unknown command).
+    None: the broker connects implicitly (RabbitMQ with ``stomp.implicit_connect``; asked
+    before the frame is sent, so that it takes effect once, on the session): the frame opens
+    the session (docs/behaviour.md, "Transparency first")."""
     if count > MAX_EARLY_FRAMES:
         core.metrics.client_protocol_error(ClientErrorReason.MALFORMED_FRAME)
         core.end(
@@ -127,16 +147,29 @@ async def _answer_early_frame(
             )
         )
         return False
-    answer = await broker_verdict(core, frame, open_stream)
+    if isinstance(frame, Frame):
+        command, receipt = str(frame.command), frame.get("receipt")
+        data = protocol.serialize(frame, "1.0")  # before CONNECTED a frame is read as STOMP 1.0
+    else:
+        command, receipt, data = frame.command, frame.receipt, frame.data
+    # Only the first frame can connect implicitly: the ones after it are the session's.
+    implicit = isinstance(frame, Frame) and count == 1
+    verdict = await broker_verdict(core, data, open_stream, implicit=implicit)
+    if verdict is not None and verdict.implicit_connect:
+        return None
+    answer = verdict.answer if verdict is not None else None
+    core.metrics.client_protocol_error(ClientErrorReason.MALFORMED_FRAME)
+    if verdict is not None and answer is not None and verdict.closed:
+        core.end(Ending(f"{command} before CONNECT, the broker closed", app_error=answer))
+        return False
     if answer is None or answer.command is not Command.ERROR:
-        log.info("session %s: %s before CONNECT, not refused by the broker", core.id, frame.command)
+        log.info("session %s: %s before CONNECT, not refused by the broker", core.id, command)
         answer = error_frame(
             "mq-sidecar needs a CONNECT frame first",
-            receipt_id=frame.get("receipt"),
-            detail=f"{frame.command} before CONNECT: a session starts with CONNECT (STOMP 1.2 "
+            receipt_id=receipt,
+            detail=f"{command} before CONNECT: a session starts with CONNECT (STOMP 1.2 "
             "'Connecting'); mq-sidecar does not connect implicitly.",
         )
-    core.metrics.client_protocol_error(ClientErrorReason.MALFORMED_FRAME)
     try:
         await core.app.send(answer, fatal=False)
     except TransportLost as exc:
@@ -157,27 +190,36 @@ def _credentials_ok(core: SessionCore, connect: Frame) -> bool:
 
 
 def connected_frame(core: SessionCore, upstream: Upstream) -> Frame:
-    """The CONNECTED the app gets once ``upstream`` accepted the session: the app's version
-    and the sidecar's heart-beats (``client_heartbeat``; none for STOMP 1.0), the session id,
-    and ``server`` naming the broker behind the sidecar."""
+    """The CONNECTED the app gets once ``upstream`` accepted the session: the app's version,
+    the heart-beats that broker answers the app's ask with (:class:`HeartBeatAnswer`; the
+    sidecar's ``client_heartbeat`` for a broker whose rule is not known), the session id, and
+    ``server`` naming the broker behind the sidecar."""
     # The broker's own `server` (apps tell brokers apart by it, as the sidecar itself does);
     # the sidecar's name only when the broker gives none.
-    return _connected(core, upstream.connected.get("server") or f"mq-sidecar/{VERSION}")
+    server = upstream.connected.get("server") or f"mq-sidecar/{VERSION}"
+    return _connected(core, server, upstream.dialect.heart_beat_answer)
 
 
 def local_connected_frame(core: SessionCore) -> Frame:
     """The CONNECTED the sidecar answers itself when no broker answered the first round
     (outbox mode, docs/outbox.md): as :func:`connected_frame`, with ``server`` naming
-    mq-sidecar (no broker is behind it yet)."""
-    return _connected(core, f"mq-sidecar/{VERSION} (outbox; no broker connected yet)")
+    mq-sidecar (no broker is behind it yet) and the sidecar's ``client_heartbeat``."""
+    server = f"mq-sidecar/{VERSION} (outbox; no broker connected yet)"
+    return _connected(core, server, HeartBeatAnswer.UNKNOWN)
 
 
-def _connected(core: SessionCore, server: str) -> Frame:
+def _connected(core: SessionCore, server: str, rule: HeartBeatAnswer) -> Frame:
     assert core.state is not None
+    assert core.asked.connect is not None
     version = core.state.app_version
-    # STOMP 1.0 has no heart-beating, but ActiveMQ and RabbitMQ both answer a 1.0 client with
-    # `version:1.0` and `heart-beat:0,0` (measured), and so does the sidecar.
-    sx, sy = core.config.client_heartbeat if version != "1.0" else (0, 0)
+    # The app's heart-beat header was checked when its CONNECT was read (protocol.Connection).
+    ask = protocol.parse_heartbeat(core.asked.connect.get("heart-beat"))
+    answer = rule.answer(ask)
+    if answer is None:
+        # STOMP 1.0 has no heart-beating, but ActiveMQ and RabbitMQ both answer a 1.0 client
+        # with `version:1.0` and `heart-beat:0,0` (measured), and so does the sidecar.
+        answer = core.config.client_heartbeat if version != "1.0" else (0, 0)
+    sx, sy = answer
     headers: list[tuple[str, str]] = [("version", version), ("heart-beat", f"{sx},{sy}")]
     headers += [("session", core.id), ("server", server)]
     return Frame(Command.CONNECTED, tuple(headers))

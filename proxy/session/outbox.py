@@ -328,6 +328,30 @@ class SessionOutbox:
         broker would take nothing after it); what is left stays in the outbox."""
         self._stopped = True
 
+    async def disconnect(self, frame: Frame) -> bool:
+        """The app's DISCONNECT (``frame``): with a broker, what the outbox holds of this
+        session goes first, within ``call_timeout``; the rest is left to the recovery
+        forwarder (docs/outbox.md). With no broker and nothing but outbox frames in the
+        window, the sidecar answers the DISCONNECT itself and ends the session (True): what
+        the app handed over is durable. False: the DISCONNECT goes upstream as usual."""
+        core = self.core
+        if core.leg.ready:
+            with trio.move_on_after(core.durations.call_timeout):
+                await self.drained()
+        self.stop()
+        if core.leg.ready or not all(
+            isinstance(e.context, StoredInOutbox) for e in core.flow.window
+        ):
+            return False
+        await self.out.answer_locally(frame.get("receipt"))
+        core.end(
+            Ending(
+                "app disconnected with no broker up; what it sent waits in the outbox",
+                disconnect_upstream=False,
+            )
+        )
+        return True
+
     # -- forwarding (a task of the session) ---------------------------------------------------
 
     async def forward(self) -> None:

@@ -167,7 +167,7 @@ class Session:
         )
         self.core = core
         if tracing is not None:
-            core.tracer = tracing.session(session_id, core.leg, config.brokers)
+            core.tracer = tracing.session(session_id, core.leg, board.brokers)
         self.id = session_id
         #: The app's ``host:port`` (``/status``; None when the stream is not a socket).
         self.app_address = _peer_address(stream)
@@ -175,7 +175,8 @@ class Session:
         self.out = AppOutput(core, self.acks)
         self.control = ControlChannel(core, self.out)
         self.confirmations = Confirmations(core, self.out, self.control)
-        self.app_side = AppSide(core, self.out, self.control, self.confirmations)
+        opener = open_stream if open_stream is not None else BrokerStreams(config)
+        self.app_side = AppSide(core, self.out, self.control, self.confirmations, opener)
         #: How the drain on SIGTERM ended (None: no drain), and how many frames were still
         #: unconfirmed at its deadline.
         self.drain_result: DrainResult | None = None
@@ -189,7 +190,7 @@ class Session:
             self.control,
             BrokerSide(core, self.acks, self.out, self.confirmations),
             Restorer(core, self.out, self.control, not_taken=self.app_side.not_taken),
-            open_stream=open_stream if open_stream is not None else BrokerStreams(config),
+            open_stream=opener,
             reconnects=board,
         )
         self.outbox: SessionOutbox | None = None
@@ -436,7 +437,13 @@ class Session:
                 local_connected_frame(core) if upstream is None else connected_frame(core, upstream)
             )
             try:
-                await core.app.send(connected)
+                if core.asked.implicit_first is not None:
+                    # The broker connects implicitly and sends no CONNECTED: neither does the
+                    # sidecar; the app's connection is open all the same.
+                    assert core.asked.connect is not None
+                    core.app.conn.connect_implicitly(core.asked.connect, connected)
+                else:
+                    await core.app.send(connected)
             except TransportLost as exc:
                 core.end(Ending(f"app connection lost: {exc}"))
                 return
@@ -519,7 +526,7 @@ class Session:
                 if self.outbox is not None:  # ends with the app side, as core.end() does
                     nursery.start_soon(self.outbox.forward)
                     nursery.start_soon(self.outbox.remove_confirmed)
-                await self.app_side.relay()
+                await self.app_side.relay(first=core.asked.implicit_first)
 
     async def _app_heartbeats(self) -> None:
         try:

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from opentelemetry.context import Context
@@ -159,9 +159,9 @@ class Tracing:
         log.info("tracing on: exporters %s", ", ".join(names))
         return cls(provider)
 
-    def session(self, session_id: str, leg: LegState, brokers: tuple[Broker, ...]) -> SessionTracer:
+    def session(self, session_id: str, leg: LegState, brokers: Sequence[Broker]) -> SessionTracer:
         """The tracer of one session: its id, its broker leg (which broker, which dialect)
-        and the broker list (``Config.brokers``)."""
+        and the broker list (the board's: ``leg.broker_index`` indexes it)."""
         return SessionTracer(self.tracer, session_id, leg, brokers)
 
     def shutdown(self) -> None:
@@ -213,7 +213,7 @@ class SessionTracer:
     __slots__ = ("_brokers", "_id", "_leg", "_open", "_settle_parents", "_tracer")
 
     def __init__(
-        self, tracer: Tracer, session_id: str, leg: LegState, brokers: tuple[Broker, ...]
+        self, tracer: Tracer, session_id: str, leg: LegState, brokers: Sequence[Broker]
     ) -> None:
         self._tracer = tracer
         self._id = session_id

@@ -39,10 +39,9 @@ Declared (``frame`` normalisation, :func:`normalize_frame`):
   the drain, sees it). (``receipt-id`` of RECEIPT and ERROR is compared: the app's own.)
 * **CONNECTED** (:data:`CONNECTED_PRESENCE_ONLY`): ``session`` is a per-connection id (the
   broker's connection id, or the sidecar's session id): presence compared, value not.
-  ``heart-beat`` is negotiated per leg by the sidecar with its own ``client_heartbeat``
-  (docs/behaviour.md "The relay"): presence compared (a STOMP 1.0 client gets none from
-  ActiveMQ and one from RabbitMQ), value not. ``version`` and ``server`` ARE compared:
-  an app may branch on either (the sidecar itself tells brokers apart by ``server``).
+  ``heart-beat``, ``version`` and ``server`` ARE compared: an app may branch on any of them
+  (the sidecar itself tells brokers apart by ``server``), and an app gets the heart-beats the
+  broker would give it (issue 25; docs/behaviour.md "The relay").
 * **Header order** (:func:`normalize_frame`): STOMP gives meaning only to the order of
   repeated headers (the first wins), so headers are sorted by name, stably: the order of
   repeats of one name is compared.
@@ -95,7 +94,7 @@ DROPPED = frozenset({"mq-sidecar-id", "_AMQ_DUPL_ID"})
 #: Headers of MESSAGE whose value is the sidecar's (ack ids): presence only.
 PRESENCE_ONLY = frozenset({"ack"})
 #: Headers of CONNECTED compared by presence only (see the module docstring).
-CONNECTED_PRESENCE_ONLY = frozenset({"session", "heart-beat"})
+CONNECTED_PRESENCE_ONLY = frozenset({"session"})
 #: Headers whose distinct values are numbered per run (broker-generated message ids).
 PER_RUN_TABLE = frozenset({"message-id"})
 #: Broker clocks: a non-zero value becomes ``<time>``.

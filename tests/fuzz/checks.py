@@ -8,7 +8,9 @@ the fuzzers look for), and a broken invariant is an ``AssertionError``:
 
 * only :class:`protocol.RemoteProtocolError` comes out of ``next_event`` (``receive_data`` never
   raises before EOF); its ERROR frame is well formed and sendable in every version; the error
-  is sticky and the parser's buffer is emptied and stays empty;
+  is sticky and the parser's buffer is emptied and stays empty, except
+  :class:`protocol.UnknownCommand` from a parser or a server Connection: a whole frame,
+  consumed, the state unchanged, and reading goes on (recorded as ``("unknown", command)``);
 * memory is bounded whatever the input: after ``NEED_DATA`` at most ``max_frame_bytes + 1``
   unconsumed bytes are buffered, and the whole buffer (consumed bytes not compacted yet
   included) is at most ``2 * (max_frame_bytes + 2) + 64 KiB + chunk``;
@@ -41,6 +43,7 @@ from protocol import (
     RemoteProtocolError,
     Role,
     State,
+    UnknownCommand,
     negotiate_version,
     serialize,
 )
@@ -165,6 +168,24 @@ def _error(
     return ["error", str(exc)]
 
 
+def _next_or_unknown(target: FrameParser | Connection) -> object:
+    """``target.next_event()``, or ``("unknown", command)`` for an :class:`UnknownCommand` it
+    consumed (its ERROR frame checked, the Connection's state unchanged)."""
+    state = target.state if isinstance(target, Connection) else None
+    unknown: UnknownCommand | None = None
+    try:
+        return target.next_event()
+    except UnknownCommand as exc:
+        if isinstance(target, Connection) and target.our_role is Role.CLIENT:
+            raise
+        unknown = exc
+    check_error_frame(unknown)
+    assert unknown.data.endswith(b"\0"), unknown.data
+    if isinstance(target, Connection):
+        assert target.state is state, (target.state, state)
+    return ("unknown", unknown.command)
+
+
 def run_parser(
     data: bytes,
     *,
@@ -180,7 +201,7 @@ def run_parser(
         for piece in pieces(data, chunks):
             parser.receive_data(piece)
             while True:
-                event = parser.next_event()
+                event = _next_or_unknown(parser)
                 if isinstance(event, NeedData):
                     check_parser_buffer(parser, limits, len(piece))
                     break
@@ -189,7 +210,7 @@ def run_parser(
                     reserialize(event, version)
         parser.receive_data(b"")
         while True:
-            event = parser.next_event()
+            event = _next_or_unknown(parser)
             assert not isinstance(event, NeedData), "NEED_DATA after EOF"
             out.append(_event(event, limits))
             if isinstance(event, ConnectionClosed):
@@ -201,6 +222,8 @@ def run_parser(
 
 
 def _event(event: object, limits: Limits) -> object:
+    if isinstance(event, tuple):  # ("unknown", command): _next_or_unknown
+        return event
     if isinstance(event, Frame):
         _check_frame(event, limits)
         return event
@@ -302,7 +325,7 @@ def run_connection(
         for piece in pieces(data, chunks):
             conn.receive_data(piece)
             while not refused:
-                event = conn.next_event()
+                event = _next_or_unknown(conn)
                 if event is NEED_DATA:
                     check_parser_buffer(parser, limits, len(piece))
                     break
@@ -311,7 +334,7 @@ def run_connection(
                 return [*out, "refused"]
         conn.receive_data(b"")
         while True:
-            event = conn.next_event()
+            event = _next_or_unknown(conn)
             assert event is not NEED_DATA, "NEED_DATA after EOF"
             take(event)
             if isinstance(event, ConnectionClosed):

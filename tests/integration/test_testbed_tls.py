@@ -387,3 +387,12 @@ def test_rabbitmq_without_tls_renders_no_tls_lines(tmp_path: Path) -> None:
     settings = [line for line in lines if line and not line.startswith("#")]
     assert not [line for line in settings if "ssl" in line]
     assert not [line for line in lines if "$" in line]
+
+
+def test_rabbitmq_renders_its_own_conf_lines(tmp_path: Path) -> None:
+    """``conf=`` lines end up in rabbitmq.conf (the differential tests' implicit connect)."""
+    node = RabbitMQ("conf-extra", tmp_path, conf=["stomp.implicit_connect = true"])
+    node._prepare()
+    lines = (node.base_dir / "rabbitmq.conf").read_text().splitlines()
+    assert "stomp.implicit_connect = true" in lines
+    assert not [line for line in lines if "$" in line]

@@ -17,6 +17,7 @@ from protocol import (
     RemoteProtocolError,
     Role,
     State,
+    UnknownCommand,
     serialize,
 )
 from tests.protocol.helpers import ConnectionPair, check_error_frame, drain
@@ -168,7 +169,6 @@ def test_server_rejects_frames_read_before_connected_was_sent() -> None:
         (b"CONNECTED\n\n\x00", "CONNECTED frame not allowed from a client"),
         (b"CONNECT\nheart-beat:x\n\n\x00", "invalid heart-beat header in CONNECT frame"),
         (b"CONNECT\n\nbody\x00", "CONNECT frame must not have a body"),
-        (b"GARBAGE\n\n\x00", "unknown command 'GARBAGE'"),
     ],
 )
 def test_server_rejects_first_frames(data: bytes, match: str) -> None:
@@ -180,6 +180,50 @@ def test_server_rejects_first_frames(data: bytes, match: str) -> None:
     with pytest.raises(LocalProtocolError, match="ERROR"):
         server.send(exc.error_frame)
     assert server.state is State.ERROR
+
+
+@pytest.mark.parametrize("connected", [False, True], ids=["before-connect", "connected"])
+def test_server_reads_on_after_an_unknown_command(connected: bool) -> None:
+    """A server may answer an unknown command and read on (RabbitMQ does): the Connection
+    raises UnknownCommand without entering ERROR, and the next frame is read."""
+    if connected:
+        pair = connected_pair()
+        server, after = pair.server, frame(C.SEND, ("destination", "/q"))
+    else:
+        server, after = Connection(Role.SERVER), frame(C.CONNECT, ("accept-version", "1.2"))
+    before = server.state
+    server.receive_data(b"GARBAGE\nreceipt:r\n\n\x00" + serialize(after, "1.2"))
+    with pytest.raises(UnknownCommand, match="unknown command 'GARBAGE'") as info:
+        server.next_event()
+    assert info.value.data == b"GARBAGE\nreceipt:r\n\n\x00"
+    assert server.state is before
+    assert drain(server) == [after]
+
+
+def test_client_breaks_on_an_unknown_command() -> None:
+    pair = ConnectionPair()
+    pair.send(pair.client, frame(C.CONNECT, ("accept-version", "1.2")))
+    expect_remote_error(pair.client, b"GARBAGE\n\n\x00", "unknown command 'GARBAGE'")
+    assert pair.client.state is State.ERROR
+
+
+def test_a_server_connects_implicitly() -> None:
+    """RabbitMQ's stomp.implicit_connect: the session opens without a CONNECT received or a
+    CONNECTED written (nothing to write), and the first frame is then an ordinary one."""
+    server = Connection(Role.SERVER)
+    server.connect_implicitly(frame(C.CONNECT), frame(C.CONNECTED, ("heart-beat", "0,0")))
+    assert (server.state, server.version, server.heartbeat) == (State.CONNECTED, "1.0", (0, 0))
+    server.receive_data(b"SEND\ndestination:/q\n\nx\x00")
+    assert drain(server) == [frame(C.SEND, ("destination", "/q"), body=b"x")]
+    with pytest.raises(LocalProtocolError, match="waiting for CONNECT"):
+        server.connect_implicitly(frame(C.CONNECT), frame(C.CONNECTED))
+
+
+def test_only_a_server_connects_implicitly() -> None:
+    with pytest.raises(LocalProtocolError, match="waiting for CONNECT"):
+        Connection(Role.CLIENT).connect_implicitly(frame(C.CONNECT), frame(C.CONNECTED))
+    with pytest.raises(LocalProtocolError, match="a CONNECT and a CONNECTED"):
+        Connection(Role.SERVER).connect_implicitly(frame(C.CONNECT), frame(C.RECEIPT))
 
 
 def test_server_rejects_second_connect() -> None:
@@ -384,10 +428,18 @@ def test_disconnect_flow() -> None:
         pair.client.send(frame(C.DISCONNECT))
 
 
-def test_server_rejects_frames_after_disconnect() -> None:
+def test_server_reads_nothing_after_disconnect() -> None:
+    """ActiveMQ and RabbitMQ close after a DISCONNECT and never read what follows (a second
+    DISCONNECT gets no answer, measured): the server's Connection discards it, EOF still
+    counts."""
     pair = connected_pair()
-    pair.send(pair.client, frame(C.DISCONNECT))
-    expect_remote_error(pair.server, b"SEND\ndestination:/q\n\n\x00", "after DISCONNECT")
+    pair.server.receive_data(b"DISCONNECT\nreceipt:d1\n\n\x00DISCONNECT\nreceipt:d2\n\n\x00")
+    assert drain(pair.server) == [frame(C.DISCONNECT, ("receipt", "d1"))]
+    pair.server.receive_data(b"SEND\ndestination:/q\n\n\x00garbage\x00")
+    assert pair.server.next_event() is NEED_DATA
+    assert pair.server.state is State.DISCONNECTING
+    pair.server.receive_data(b"")
+    assert drain(pair.server) == [CONNECTION_CLOSED]
 
 
 def test_client_receives_error_answering_connect_as_final() -> None:

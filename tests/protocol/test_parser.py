@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from protocol import (
@@ -15,8 +17,17 @@ from protocol import (
     Limits,
     LocalProtocolError,
     RemoteProtocolError,
+    UnknownCommand,
 )
-from tests.protocol.helpers import check_error_frame, check_parse, check_parse_error, drain, feed
+from tests.protocol.helpers import (
+    TRAILER,
+    TRAILER_FRAME,
+    check_error_frame,
+    check_parse,
+    check_parse_error,
+    drain,
+    feed,
+)
 
 SEND = Command.SEND
 all_versions = pytest.mark.parametrize("version", VERSIONS)
@@ -98,7 +109,7 @@ def test_lone_cr_waits_for_the_next_byte() -> None:
 
 
 def test_cr_not_followed_by_lf_starts_a_command() -> None:
-    check_parse_error(b"\rSEND\n\n\x00", r"unknown command '\\x0dSEND'")
+    check_unknown(b"\rSEND\n\n\x00", r"unknown command '\\x0dSEND'")
 
 
 @all_versions
@@ -114,6 +125,31 @@ def test_several_frames_in_one_chunk(version: str) -> None:
         ],
         version=version,
     )
+
+
+@all_versions
+def test_stray_nuls_between_frames_are_skipped(version: str) -> None:
+    """ActiveMQ 5.17 and RabbitMQ 3.10 skip a NUL where a command should start (measured):
+    so does the parser, and it is no heart-beat."""
+    check_parse(
+        b"\x00SEND\n\nx\x00\x00\x00\r\n\x00\nBEGIN\ntransaction:t\n\n\x00\x00",
+        [
+            Frame(SEND, (), b"x"),
+            HEARTBEAT,
+            HEARTBEAT,
+            Frame(Command.BEGIN, (("transaction", "t"),)),
+        ],
+        version=version,
+    )
+
+
+def test_only_nuls_are_no_event() -> None:
+    parser = FrameParser()
+    parser.receive_data(b"\x00" * 100)
+    assert parser.next_event() is NEED_DATA
+    assert parser._buf == b""  # released like heart-beats
+    parser.receive_data(b"")
+    assert parser.next_event() is CONNECTION_CLOSED
 
 
 # -- escaping ---------------------------------------------------------------------------------
@@ -186,10 +222,6 @@ def test_unknown_version() -> None:
 @pytest.mark.parametrize(
     ("data", "match"),
     [
-        (b"FOO\n\n\x00", "unknown command 'FOO'"),
-        (b"send\n\n\x00", "unknown command 'send'"),
-        (b"SEND \n\n\x00", "unknown command 'SEND '"),
-        (b"\xff\xfe\n\n\x00", "unknown command"),
         (b"SEND\ndestination\n\n\x00", "header line without ':': 'destination'"),
         (b"SEND\na:\xff\n\n\x00", "not valid UTF-8"),
         (b"SEND\ncontent-length:abc\n\n\x00", "invalid content-length header 'abc'"),
@@ -201,7 +233,6 @@ def test_unknown_version() -> None:
         (b"SEND\ncontent-length:2\n\nabc\x00", "not terminated by NUL after content-length 2"),
         (b"SEND\n\x00", "unexpected NUL byte"),
         (b"SEND\na:b\n\x00", "unexpected NUL byte"),
-        (b"\x00", "unexpected NUL byte"),
     ],
 )
 def test_malformed(version: str, data: bytes, match: str) -> None:
@@ -241,14 +272,77 @@ def test_eof_at_a_frame_boundary() -> None:
 
 def test_errors_are_sticky() -> None:
     parser = FrameParser()
-    parser.receive_data(b"FOO\n\n\x00SEND\n\n\x00")
-    with pytest.raises(RemoteProtocolError, match="unknown command") as first:
+    parser.receive_data(b"SEND\nfoo\n\n\x00SEND\n\n\x00")
+    with pytest.raises(RemoteProtocolError, match="without ':'") as first:
         parser.next_event()
     parser.receive_data(b"SEND\n\n\x00")  # discarded
-    with pytest.raises(RemoteProtocolError, match="unknown command") as second:
+    with pytest.raises(RemoteProtocolError, match="without ':'") as second:
         parser.next_event()
     assert second.value.error_frame == first.value.error_frame
     assert parser._buf == b""
+
+
+def check_unknown(data: bytes, match: str, version: str = "1.2") -> None:
+    """``data`` is one frame with an unknown command: fed whole and one byte at a time it
+    raises :class:`UnknownCommand` carrying its bytes, and the frame after it is read."""
+    for sizes in ([len(data) + len(TRAILER)], [1]):
+        parser = FrameParser(version=version)
+        got: list[object] = []
+        stream = data + TRAILER
+        pos = 0
+        while pos < len(stream):
+            parser.receive_data(stream[pos : pos + sizes[0]])
+            pos += sizes[0]
+            while True:
+                try:
+                    event = parser.next_event()
+                except UnknownCommand as exc:
+                    got.append(exc)
+                    continue
+                if event is NEED_DATA:
+                    break
+                got.append(event)
+        unknown, after = got
+        assert isinstance(unknown, UnknownCommand)
+        check_error_frame(unknown)
+        assert re.search(match, str(unknown))
+        assert (unknown.data, after) == (data, TRAILER_FRAME)
+
+
+@all_versions
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        (b"FOO\n\n\x00", "unknown command 'FOO'"),
+        (b"send\n\n\x00", "unknown command 'send'"),
+        (b"SEND \n\n\x00", "unknown command 'SEND '"),
+        (b"\xff\xfe\n\n\x00", "unknown command"),
+        (b"FROB\nreceipt:bad\na:1\n\nbody\x00", "unknown command 'FROB'"),
+        (b"FROB\r\ncontent-length:3\r\n\r\na\x00b\x00", "unknown command 'FROB'"),
+    ],
+)
+def test_an_unknown_command_is_read_whole_and_reading_goes_on(
+    version: str, data: bytes, match: str
+) -> None:
+    """RabbitMQ answers an unknown command and reads on (measured): the parser reads the
+    frame to its end within the limits, reports it (UnknownCommand, not sticky) and goes on."""
+    check_unknown(data, match, version)
+
+
+def test_an_unknown_command_carries_its_receipt() -> None:
+    parser = FrameParser()
+    parser.receive_data(b"FROB\nreceipt:bad\nreceipt:other\n\n\x00")
+    with pytest.raises(UnknownCommand) as info:
+        parser.next_event()
+    assert (info.value.command, info.value.receipt) == ("FROB", "bad")
+
+
+def test_an_unknown_command_keeps_the_limits() -> None:
+    parser = FrameParser(Limits(max_frame_bytes=64))
+    parser.receive_data(b"FROB\n\n" + b"x" * 100)
+    with pytest.raises(RemoteProtocolError, match="frame too large") as info:
+        parser.next_event()
+    assert not isinstance(info.value, UnknownCommand)
 
 
 # -- limits -----------------------------------------------------------------------------------
