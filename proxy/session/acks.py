@@ -7,7 +7,7 @@ been written (:meth:`SidecarAcks.take` is called by the app flush); a hidden mes
 at once. The relay (the leg's only reader) never writes these itself: it queues them on the leg
 and :meth:`SidecarAcks.flush_loop` writes them, since a broker blocked writing to us may not
 read (see :mod:`proxy.session.link`). Nor does the relay wait for that writer while the leg's
-out-buffer is merely full: only past ``max_unacked`` ACKs queued and not yet written
+out-buffer is merely full: only past ``max_unacked`` ACKs queued and not yet written as well
 (:meth:`SidecarAcks.send`). ActiveMQ stops reading while its writes to us are blocked, so a
 relay waiting for its ACKs to be written stops reading, and neither side moves again: after a
 failover the new broker redelivers a prefetch window of messages the app had acknowledged,
@@ -34,7 +34,7 @@ class SidecarAcks:
     Args:
         max_unacked: ``max_unacked``: past this many held ACKs the relay flushes the app
             (:meth:`defer` and :meth:`coalesce` say so), and past this many ACKs queued on the
-            leg and not yet written :meth:`send` waits for the writer.
+            leg and not yet written (and 64 KiB) :meth:`send` waits for the writer.
     """
 
     def __init__(self, max_unacked: int) -> None:
@@ -109,14 +109,15 @@ class SidecarAcks:
     async def send(self, upstream: Upstream, ack: Frame) -> None:
         """Queue one ACK on ``upstream`` (no I/O) and have :meth:`flush_loop` write it.
 
-        Waits for the writer only while ``max_unacked`` ACKs are queued and not yet written,
-        which bounds the out-buffer; not merely because the buffer is past the leg's flush
-        threshold (64 KiB, about 1,000 ACKs): the caller is the relay, the leg's only reader,
-        and a broker that cannot write to us may stop reading (ActiveMQ does), so a relay
-        waiting for that write would never read again (measured after a failover, see the
-        module docstring). The broker sends no more than its prefetch window of messages
-        unacknowledged, so the ACKs it owes are bounded by that window too."""
-        while self._unwritten >= self.max_unacked and not self._lost:
+        Waits for the writer only while ``max_unacked`` ACKs are queued and not yet written
+        and the leg's out-buffer is past its flush threshold (64 KiB, about 1,000 ACKs),
+        which bounds the buffer; not at that threshold alone: the caller is the relay, the
+        leg's only reader, and a broker that cannot write to us may stop reading (ActiveMQ
+        does), so a relay waiting for that write would never read again (measured after a
+        failover, see the module docstring). The broker sends no more than its prefetch window
+        of messages unacknowledged, so the ACKs it owes are bounded by that window: a window
+        above ``max_unacked`` can still bring that wait."""
+        while self._unwritten >= self.max_unacked and upstream.needs_flush and not self._lost:
             self._want_flush()
             if self._sent is None or self._sent.is_set():
                 self._sent = trio.Event()

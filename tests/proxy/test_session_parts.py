@@ -143,21 +143,22 @@ async def test_the_relay_queues_the_sidecars_acks_while_the_broker_reads_nothing
 async def test_past_max_unacked_unwritten_acks_the_relay_waits_for_the_writer(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """The out-buffer stays bounded: the ACK after ``max_unacked`` unwritten ones waits until
-    the writer has written them; and a leg lost meanwhile ends the wait (nothing to ACK)."""
+    """The out-buffer stays bounded: the ACK after ``max_unacked`` unwritten ones (past 64 KiB)
+    waits until the writer has written them; and a leg lost meanwhile ends the wait (nothing
+    to ACK)."""
     leg = _UnreadLeg()
-    acks = SidecarAcks(max_unacked=100)
+    acks = SidecarAcks(max_unacked=2_000)
     async with trio.open_nursery() as nursery:
         acks.attach(nursery, leg.upstream)
-        for n in range(100):
+        for n in range(2_000):
             await acks.send(leg.upstream, _ack(n))
         with trio.move_on_after(5) as waited:
-            await acks.send(leg.upstream, _ack(100))
+            await acks.send(leg.upstream, _ack(2_000))
         assert waited.cancelled_caught
         leg.reading.set()
-        await acks.send(leg.upstream, _ack(101))
+        await acks.send(leg.upstream, _ack(2_001))
         await trio.testing.wait_all_tasks_blocked()
-        assert [f.get("id") for f in leg.queued][-1] == "ID:broker-1:101"
+        assert [f.get("id") for f in leg.queued][-1] == "ID:broker-1:2001"
         assert leg.written == len(leg.queued)
         nursery.cancel_scope.cancel()
 
@@ -165,7 +166,7 @@ async def test_past_max_unacked_unwritten_acks_the_relay_waits_for_the_writer(
     acks.reset()
     async with trio.open_nursery() as nursery:
         acks.attach(nursery, lost.upstream)
-        for n in range(100):
+        for n in range(2_000):
             await acks.send(lost.upstream, _ack(n))
 
         async def reset_by_peer() -> None:
@@ -175,5 +176,5 @@ async def test_past_max_unacked_unwritten_acks_the_relay_waits_for_the_writer(
 
         nursery.start_soon(reset_by_peer)
         with trio.fail_after(5):
-            await acks.send(lost.upstream, _ack(100))  # returns: the leg is lost
-        assert len(lost.queued) == 100
+            await acks.send(lost.upstream, _ack(2_000))  # returns: the leg is lost
+        assert len(lost.queued) == 2_000
