@@ -82,7 +82,8 @@ CONSUMERS = ("stomp", "spark")
 #: runs on all rows the query got no message after the failover (docs/results.md). Batches of
 #: 1,000 (2,744 ACKs in flight at the kill) went through it. The cause was the sidecar's (its
 #: relay waited for the write of its ACKs of the hidden redeliveries while ActiveMQ read
-#: nothing: fixed in proxy/session/acks.py); 1,000 stays until a drill with 5,000 confirms it.
+#: nothing: fixed in proxy/session/acks.py); one drill with 5,000 passed since (10,000 ACKs in
+#: flight at the kill, 15,000 redeliveries hidden: docs/results.md). 1,000 stays for now.
 READ_BATCH = 1000
 #: ``--consumer spark``: the streaming reader's ``prefetch`` in batches (``--read-batch``). The
 #: reader's own default is 2 (10,000 for batches of 5,000), which deadlocked the query after the
