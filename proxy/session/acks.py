@@ -156,10 +156,10 @@ class SidecarAcks:
             queued = self._unwritten  # the flush hands every one of these to the stream
             try:
                 await upstream.flush()
+                self._unwritten -= queued
             except TransportLost:
                 self._lost = True  # queue() raises from now on: send() waits no more
                 return  # the relay sees the loss; the redelivery will be hidden again
             finally:
                 if self._sent is not None:
                     self._sent.set()
-            self._unwritten -= queued
