@@ -6,7 +6,14 @@ An auto-acked message is acknowledged upstream only after the app's out-buffer h
 been written (:meth:`SidecarAcks.take` is called by the app flush); a hidden message's ACK goes
 at once. The relay (the leg's only reader) never writes these itself: it queues them on the leg
 and :meth:`SidecarAcks.flush_loop` writes them, since a broker blocked writing to us may not
-read (see :mod:`proxy.session.link`).
+read (see :mod:`proxy.session.link`). Nor does the relay wait for that writer while the leg's
+out-buffer is merely full: only past ``max_unacked`` ACKs queued and not yet written as well
+(:meth:`SidecarAcks.send`). ActiveMQ stops reading while its writes to us are blocked, so a
+relay waiting for its ACKs to be written stops reading, and neither side moves again: after a
+failover the new broker redelivers a prefetch window of messages the app had acknowledged,
+which the sidecar hides and acknowledges itself (measured: 5,800-8,250 hidden redeliveries,
+the relay waiting for the write of their ACKs and the writer waiting for the socket, for
+good; docs/behaviour.md, "Acknowledgement modes upstream").
 """
 
 from __future__ import annotations
@@ -26,11 +33,16 @@ class SidecarAcks:
 
     Args:
         max_unacked: ``max_unacked``: past this many held ACKs the relay flushes the app
-            (:meth:`hold` and :meth:`coalesce` say so).
+            (:meth:`defer` and :meth:`coalesce` say so), and past this many ACKs queued on the
+            leg and not yet written (and 64 KiB) :meth:`send` waits for the writer.
     """
 
     def __init__(self, max_unacked: int) -> None:
         self.max_unacked = max_unacked
+        #: ACKs :meth:`send` queued on the leg that no write has handed to the stream yet.
+        self._unwritten = 0
+        #: The writer's last write failed: the leg is lost, nothing waits for it any more.
+        self._lost = False
         #: ACKs of auto-acked messages, held until the app flush.
         self._deferred: list[Frame] = []
         #: Cumulative ACKs of auto subscriptions (``Delivered.coalesce``): the latest of each,
@@ -61,6 +73,8 @@ class SidecarAcks:
         self._latest.clear()
         self._latest_count = 0
         self._flush_wanted = False
+        self._unwritten = 0
+        self._lost = False
         self._leg = None  # the old leg's nursery is closing: no writer starts there
         self._writing = False
 
@@ -93,11 +107,20 @@ class SidecarAcks:
         return held
 
     async def send(self, upstream: Upstream, ack: Frame) -> None:
-        """Queue one ACK on ``upstream`` (no I/O) and have :meth:`flush_loop` write it. When
-        the leg's out-buffer is full, wait for that flush first, which bounds the buffer."""
-        while upstream.needs_flush:
+        """Queue one ACK on ``upstream`` (no I/O) and have :meth:`flush_loop` write it.
+
+        Waits for the writer only while ``max_unacked`` ACKs are queued and not yet written
+        and the leg's out-buffer is past its flush threshold (64 KiB, about 1,000 ACKs),
+        which bounds the buffer; not at that threshold alone: the caller is the relay, the
+        leg's only reader, and a broker that cannot write to us may stop reading (ActiveMQ
+        does), so a relay waiting for that write would never read again (measured after a
+        failover, see the module docstring). The broker sends no more than its prefetch window
+        of messages unacknowledged, so the ACKs it owes are bounded by that window: a window
+        above ``max_unacked`` can still bring that wait."""
+        while self._unwritten >= self.max_unacked and upstream.needs_flush and not self._lost:
             self._want_flush()
-            self._sent = trio.Event()
+            if self._sent is None or self._sent.is_set():
+                self._sent = trio.Event()
             await self._sent.wait()
         try:
             upstream.queue(ack)
@@ -105,6 +128,7 @@ class SidecarAcks:
             # The leg is lost (the redelivery will be hidden again on the next one), or the
             # app's DISCONNECT went up before this delivery arrived: nothing to acknowledge.
             return
+        self._unwritten += 1
         self._want_flush()
 
     def _want_flush(self) -> None:
@@ -129,9 +153,12 @@ class SidecarAcks:
                 self._queued = trio.Event()
                 await self._queued.wait()
             self._flush_wanted = False
+            queued = self._unwritten  # the flush hands every one of these to the stream
             try:
                 await upstream.flush()
+                self._unwritten -= queued
             except TransportLost:
+                self._lost = True  # queue() raises from now on: send() waits no more
                 return  # the relay sees the loss; the redelivery will be hidden again
             finally:
                 if self._sent is not None:

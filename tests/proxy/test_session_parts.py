@@ -1,12 +1,18 @@
-"""The session's state in small parts (proxy/session/asked.py, leg.py, flow.py, drain.py), each
-driven alone on trio's mock clock."""
+"""The session's state in small parts (proxy/session/asked.py, leg.py, flow.py, drain.py,
+acks.py), each driven alone on trio's mock clock."""
 
 from __future__ import annotations
+
+from typing import cast
 
 import trio
 import trio.testing
 
+from protocol import Command, Frame
+from proxy.legs.broker import Upstream
 from proxy.legs.dialect import BrokerDialect
+from proxy.legs.stream import FLUSH_THRESHOLD, TransportLost
+from proxy.session.acks import SidecarAcks
 from proxy.session.asked import AppRequests
 from proxy.session.drain import DrainState
 from proxy.session.flow import FlowControl
@@ -71,3 +77,104 @@ def test_what_the_app_asked_for_and_the_drain_start_empty() -> None:
     assert not asked.disconnected.is_set()
     drain = DrainState()
     assert (drain.requested, drain.deadline, drain.messages_not_shown) == (False, None, 0)
+
+
+class _UnreadLeg:
+    """A leg to a broker that reads nothing while its own writes to us are blocked (ActiveMQ,
+    measured): :meth:`flush` waits until ``reading`` is set, or fails once ``lost`` is; the
+    out-buffer is "full" (``needs_flush``) past 64 KiB, as a :class:`FrameStream`'s is."""
+
+    def __init__(self) -> None:
+        self.queued: list[Frame] = []
+        self.written = 0
+        self.reading = trio.Event()
+        self.lost = False
+
+    @property
+    def upstream(self) -> Upstream:
+        """This fake as the leg :class:`SidecarAcks` takes (only these members are used)."""
+        return cast("Upstream", self)
+
+    @property
+    def needs_flush(self) -> bool:
+        return 60 * (len(self.queued) - self.written) >= FLUSH_THRESHOLD
+
+    def queue(self, frame: Frame) -> None:
+        if self.lost:
+            raise TransportLost("connection reset")
+        self.queued.append(frame)
+
+    async def flush(self) -> None:
+        upto = len(self.queued)
+        await self.reading.wait()
+        if self.lost:
+            raise TransportLost("connection reset")
+        self.written = max(self.written, upto)
+
+
+def _ack(n: int) -> Frame:
+    return Frame(Command.ACK, (("id", f"ID:broker-1:{n}"),))
+
+
+async def test_the_relay_queues_the_sidecars_acks_while_the_broker_reads_nothing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The relay hides a burst of redeliveries the app had acknowledged and queues an ACK for
+    each (docs/results.md, "Stalled after the broker's failover"): with the leg's out-buffer
+    full and the broker not reading, it goes on (it is the leg's only reader: waiting here
+    stalled the session for good); the writer sends them all once the broker reads."""
+    leg = _UnreadLeg()
+    acks = SidecarAcks(max_unacked=10_000)
+    async with trio.open_nursery() as nursery:
+        acks.attach(nursery, leg.upstream)
+        with trio.move_on_after(5) as waited:
+            for n in range(5_000):  # about 300 KB of ACKs: past the 64 KiB threshold
+                await acks.send(leg.upstream, _ack(n))
+        assert not waited.cancelled_caught, "the relay waited for a broker that reads nothing"
+        assert len(leg.queued) == 5_000
+        assert leg.written == 0
+        leg.reading.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert leg.written == 5_000
+        assert not acks.pending
+        nursery.cancel_scope.cancel()
+
+
+async def test_past_max_unacked_unwritten_acks_the_relay_waits_for_the_writer(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The out-buffer stays bounded: the ACK after ``max_unacked`` unwritten ones (past 64 KiB)
+    waits until the writer has written them; and a leg lost meanwhile ends the wait (nothing
+    to ACK)."""
+    leg = _UnreadLeg()
+    acks = SidecarAcks(max_unacked=2_000)
+    async with trio.open_nursery() as nursery:
+        acks.attach(nursery, leg.upstream)
+        for n in range(2_000):
+            await acks.send(leg.upstream, _ack(n))
+        with trio.move_on_after(5) as waited:
+            await acks.send(leg.upstream, _ack(2_000))
+        assert waited.cancelled_caught
+        leg.reading.set()
+        await acks.send(leg.upstream, _ack(2_001))
+        await trio.testing.wait_all_tasks_blocked()
+        assert [f.get("id") for f in leg.queued][-1] == "ID:broker-1:2001"
+        assert leg.written == len(leg.queued)
+        nursery.cancel_scope.cancel()
+
+    lost = _UnreadLeg()
+    acks.reset()
+    async with trio.open_nursery() as nursery:
+        acks.attach(nursery, lost.upstream)
+        for n in range(2_000):
+            await acks.send(lost.upstream, _ack(n))
+
+        async def reset_by_peer() -> None:
+            await trio.sleep(1)
+            lost.lost = True
+            lost.reading.set()
+
+        nursery.start_soon(reset_by_peer)
+        with trio.fail_after(5):
+            await acks.send(lost.upstream, _ack(2_000))  # returns: the leg is lost
+        assert len(lost.queued) == 2_000
