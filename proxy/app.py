@@ -49,7 +49,7 @@ from proxy._errors import ListenError, OutboxUnusable, TracingUnavailable
 from proxy.admin.server import AdminLimits, AdminServer
 from proxy.legs.memory import MemoryGate
 from proxy.legs.opening import BrokerStreams
-from proxy.legs.stream import FrameStream, TransportLost
+from proxy.legs.stream import RECEIVE_SIZE, FrameStream, TransportLost
 from proxy.outbox.forwarder import OutboxForwarder
 from proxy.outbox.service import OutboxService, forward_before_exit, open_outbox
 from proxy.reconnect.board import ReconnectBoard
@@ -64,7 +64,7 @@ from proxy.telemetry.events import EventBus
 from proxy.telemetry.logs import log_session_event
 from proxy.telemetry.metrics import Metrics
 from proxy.telemetry.statistics import SidecarStatistics
-from proxy.tracking.budget import MemoryBudget
+from proxy.tracking.budget import FRAME_COST, MemoryBudget
 
 if TYPE_CHECKING:  # imported at run time only when tracing is on (start_tracing)
     from proxy.telemetry.tracing import Tracing
@@ -176,7 +176,12 @@ class Sidecar:
         self.recovery: OutboxForwarder | None = None
         self.sessions: set[Session] = set()
         #: The process's memory budget (``max_memory_bytes``) and the app reads waiting for it.
-        self.memory = MemoryGate(MemoryBudget(config.max_memory_bytes))
+        self.memory = MemoryGate(
+            MemoryBudget(
+                config.max_memory_bytes,
+                reserve=FRAME_COST * config.max_frame_bytes + RECEIVE_SIZE,
+            )
+        )
         self.listen_address: tuple[str, int] | None = None
         self.admin_address: tuple[str, int] | None = None
         self.shutdown_requested = trio.Event()

@@ -5,10 +5,11 @@ is :mod:`proxy.tracking.budget`'s, pure).
 :meth:`MemoryGate.before_read` runs before each read of an app leg
 (:meth:`proxy.legs.stream.FrameStream.receive_fast_event`): between frames it waits while the
 budget is over (the app's next frame stays in TCP: backpressure, as for one session's full
-window), inside a frame it holds the whole frame once its ``content-length`` is known (else
-one more read) and waits until that fits. Broker legs are charged the same way
+window) and, once bytes are ready, until one read fits (:meth:`MemoryGate.reserve_read`);
+inside a frame it holds the whole frame once its ``content-length`` is known (else one more
+read) and waits until that fits. Broker legs are charged the same way
 (:meth:`MemoryGate.account`: the MESSAGE being read) and never held back: their RECEIPTs are
-what frees memory.
+what frees memory; app reads leave them room.
 
 :func:`keep_mmap_threshold` keeps glibc's malloc from holding on to freed frames, so the
 process's RSS follows what the budget counts.
@@ -20,7 +21,7 @@ import ctypes
 
 import trio
 
-from proxy.tracking.budget import MemoryBudget, ReadCharge
+from proxy.tracking.budget import FRAME_COST, MemoryBudget, ReadCharge
 
 __all__ = ["MMAP_THRESHOLD", "MemoryGate", "keep_mmap_threshold"]
 
@@ -72,9 +73,20 @@ class MemoryGate:
         self._room.set()
         self._room = trio.Event()
 
-    def charge_for(self, chunk: int) -> ReadCharge:
-        """A new app leg's charge (``chunk``: the most one read brings)."""
-        return ReadCharge(self.budget, chunk)
+    def charge_for(self, chunk: int, *, broker: bool = False) -> ReadCharge:
+        """A new leg's charge (``chunk``: the most one read brings; ``broker``: a broker
+        leg's, whose room the budget keeps)."""
+        return ReadCharge(self.budget, chunk, broker=broker)
+
+    async def reserve_read(self, charge: ReadCharge) -> None:
+        """Before an app leg reads between frames, with bytes ready: wait until its read
+        (twice one read's size) fits, then hold it. Returns at once when it fits."""
+        budget = self.budget
+        wanted = FRAME_COST * charge.chunk
+        while not budget.fits(wanted - charge.charged) and not _must_read(charge):
+            await self._wait(charge)
+        if wanted > charge.charged:
+            charge.take(wanted)
 
     def account(self, charge: ReadCharge, buffered: int, total: int, frame: int) -> None:
         """:meth:`before_read` for a leg that never waits (a broker's): what it holds is

@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     from proxy.legs.memory import MemoryGate
     from proxy.tracking.budget import ReadCharge
 
+    _Reserve = tuple[MemoryGate, ReadCharge]  # a read held once bytes are ready (_receive_raw)
+
 __all__ = ["FrameStream", "HeartBeatTimeout", "TransportLost"]
 
 #: Bytes asked of the kernel per read. 64 KiB amortises the per-call cost of trio and the
@@ -395,6 +397,7 @@ class FrameStream:
                 return event
             data: bytes | bytearray
             memory = self._memory
+            reserve = None
             if memory is not None:
                 charge = self.read_charge
                 assert charge is not None
@@ -405,9 +408,10 @@ class FrameStream:
                     memory.account(charge, buffered, total, self.frames_in)
                 elif buffered or charge.charged or memory.budget.over:
                     await memory.before_read(charge, buffered, total, self.frames_in)
+                reserve = (memory, charge) if self._memory_waits and not buffered else None
             try:
                 if self._sock is not None:
-                    data = await self._receive_raw(self._sock)  # notes the time received
+                    data = await self._receive_raw(self._sock, reserve)  # notes the time
                 else:
                     data = await self._receive_stream()
                     if self.timer is not None:
@@ -459,7 +463,7 @@ class FrameStream:
             return await self.stream.receive_some(RECEIVE_SIZE)
         raise self._silence()
 
-    async def _receive_raw(self, sock: socket.socket) -> bytes:
+    async def _receive_raw(self, sock: socket.socket, reserve: _Reserve | None = None) -> bytes:
         """Read what the kernel has (``b""`` at EOF), waiting only if it has nothing, and note
         the time on the heart-beat timer (before any checkpoint: :meth:`keep_alive` judges).
 
@@ -480,10 +484,13 @@ class FrameStream:
         # had nothing more: wait for readiness at once (a reply has rarely come already).
         if not self._drained or (deadline is not None and deadline <= trio.current_time()):
             await trio.lowlevel.checkpoint_if_cancelled()
+            if reserve is not None:
+                await reserve[0].reserve_read(reserve[1])
             try:
                 data = sock.recv(RECEIVE_SIZE)
             except BlockingIOError:
-                pass
+                if reserve is not None:
+                    reserve[1].take(0)
             except OSError as exc:
                 raise trio.BrokenResourceError(f"recv: {exc}") from exc
             else:
@@ -506,9 +513,13 @@ class FrameStream:
                     await trio.lowlevel.wait_readable(sock)
                 if scope.cancelled_caught:
                     raise self._silence()
+            if reserve is not None:
+                await reserve[0].reserve_read(reserve[1])
             try:
                 data = sock.recv(RECEIVE_SIZE)
             except BlockingIOError:
+                if reserve is not None:
+                    reserve[1].take(0)
                 deadline = timer.receive_deadline() if timer is not None and not watched else None
                 continue
             except OSError as exc:

@@ -189,7 +189,10 @@ class SessionCore:
             self.app.use_memory(memory)
             assert self.app.read_charge is not None
             self.app.read_charge.must_read = self.app_must_be_read
-            self.upstream_charge = memory.charge_for(RECEIVE_SIZE)
+            # A frame returned is charged until it enters the window (ReadCharge.to_window).
+            self.app.read_charge.position = self.app_read_position
+            self.upstream_charge = memory.charge_for(RECEIVE_SIZE, broker=True)
+            self.flow.window.handoff = self.app.read_charge
         self.drain = DrainState()
         self.ending: Ending | None = None
         self.app_scope = trio.CancelScope()
@@ -247,6 +250,10 @@ class SessionCore:
         if len(window) and not window.receipts_pending:
             return True
         return state.unacked >= state.max_unacked
+
+    def app_read_position(self) -> tuple[int, int]:
+        """What is buffered of the app's next frame, and how many frames its leg returned."""
+        return self.app.conn.frame_in_progress()[0], self.app.frames_in
 
     def leave_memory(self) -> None:
         """The session is over: what its window and its app leg's buffer were charged goes

@@ -11,12 +11,19 @@ waits for room, or a broker's, which never waits).
 
 Over it, apps are not read (their frames wait in TCP, as for one session's full window) and new
 sessions are refused; what frees memory goes on: broker RECEIPTs confirm windows, frames being
-read complete. The one wait here that could hold memory hostage, reads that need more room to
-finish their frames and wait on each other, is broken by the overdraft
-(:meth:`MemoryBudget.grants`): once everything else held belongs to waiting reads, one of them
-at a time goes past the budget. Past it by at most one read (64 KiB) per session that started
-a frame under it, the overdraft's frame, and what broker legs are reading (charged, never held
-back); a session that only its app can free (:attr:`ReadCharge.must_read`) is read regardless.
+read complete. App reads stop short of the limit by two reserves, so that what goes on
+regardless stays inside it: the overdraft's (:attr:`MemoryBudget.reserve`, twice one frame of
+``max_frame_bytes`` and a read) and the broker legs' (:attr:`MemoryBudget.broker_room`: each
+may hold again what it once held, at least one read, twice). The one wait here that could
+hold memory hostage, reads that need more room to finish their frames and wait on each other,
+is broken by the overdraft (:meth:`MemoryBudget.grants`): once everything else held belongs to
+waiting reads, one of them at a time takes the reserve. A read is held before it reads (an
+app leg between frames holds one read once bytes are ready, :meth:`ReadCharge.wanted` one read
+more inside a frame), and a frame entering the window moves its charge there
+(:meth:`ReadCharge.to_window`), so the sum stays under the limit; what can still go past it: a
+session that only its app can free (:attr:`ReadCharge.must_read`, read regardless), a broker
+leg reading a MESSAGE larger than any it read before, and one read per TLS app leg (no
+readiness to wait for apart from the read).
 
 Pure: no trio, no clock; the waiting is :mod:`proxy.legs.memory`'s.
 """
@@ -53,6 +60,8 @@ class MemoryBudget:
 
     Args:
         limit: ``max_memory_bytes`` (> 0).
+        reserve: bytes app reads leave for the overdraft's frame (the sidecar's: twice
+            ``max_frame_bytes`` and one read; 0: none).
 
     Attributes:
         held: bytes charged now. peak: the most ever charged.
@@ -65,20 +74,26 @@ class MemoryBudget:
     """
 
     __slots__ = (
+        "broker_room",
         "held",
         "limit",
         "on_release",
         "overdraft",
         "peak",
         "refused_total",
+        "reserve",
         "waiting",
         "waiting_bytes",
     )
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, reserve: int = 0) -> None:
         if limit <= 0:
             raise ValueError("limit must be > 0")
         self.limit = limit
+        #: Kept for the overdraft's frame: app reads stop this far under the limit.
+        self.reserve = reserve
+        #: Kept for broker legs: what each may still take, up to the most it ever held.
+        self.broker_room = 0
         self.held = 0
         self.peak = 0
         self.waiting = 0
@@ -90,8 +105,18 @@ class MemoryBudget:
 
     @property
     def over(self) -> bool:
-        """Whether everything allowed is held: apps are not read, new sessions refused."""
-        return self.held >= self.limit
+        """Whether everything apps may hold is held (the reserves left): apps are not read,
+        new sessions refused. Never while nothing is held: reserves larger than the budget
+        slow reads down, never stop them."""
+        held = self.held
+        return held > 0 and held + self.reserve + self.broker_room >= self.limit
+
+    def fits(self, nbytes: int) -> bool:
+        """Whether an app read may take ``nbytes`` more and leave the reserves (the
+        overdraft's, the broker legs'), or nothing is held at all (so reserves larger than
+        the budget slow reads down, never stop them)."""
+        held = self.held
+        return held == 0 or held + nbytes + self.reserve + self.broker_room <= self.limit
 
     def charge(self, nbytes: int) -> None:
         """Hold ``nbytes`` more (a negative count releases: see :meth:`release`)."""
@@ -107,12 +132,13 @@ class MemoryBudget:
 
     def grants(self, charge: ReadCharge, nbytes: int) -> bool:
         """Whether the read of ``charge`` may take ``nbytes`` more now: when they fit under
-        the limit; or, past it, when everything else held belongs to reads waiting for room
-        (nothing else will drain: windows are confirmed, frames being read on were handed on)
-        and no other read holds the overdraft: then this read holds it until its frame is
-        handed on. So reads waiting on each other never wait forever, and only one at a time
-        goes past the budget, by at most one frame."""
-        if self.held + nbytes <= self.limit:
+        the limit with the reserves left (:meth:`fits`); or, when everything else held
+        belongs to reads waiting for room (nothing else will drain: windows are confirmed,
+        frames being read on were handed on) and no other read holds the overdraft: then this
+        read holds it until its frame is handed on, out of :attr:`reserve`. So reads waiting
+        on each other never wait forever, and only one at a time takes the reserve, one frame
+        of at most ``max_frame_bytes``."""
+        if self.fits(nbytes):
             return True
         if self.overdraft is not None and self.overdraft is not charge:
             return False
@@ -133,21 +159,42 @@ class MemoryBudget:
 
 
 class ReadCharge:
-    """What one app leg's read buffer holds against the budget (``charged``): the frame being
-    read, or (between frames) nothing. Updated before each read by :meth:`wanted`.
+    """What one leg's read buffer holds against the budget (``charged``): the frame being
+    read, or (between frames) nothing, or the read about to be made. Updated before each read
+    by :meth:`wanted`.
 
     Args:
         budget: the process's budget.
         chunk: the most one read brings (``proxy.legs.stream.RECEIVE_SIZE``).
+        broker: a broker leg's, never held back: the budget keeps room for it
+            (:attr:`MemoryBudget.broker_room`), at first one read (twice), then the most it
+            ever held, until :meth:`close`.
     """
 
-    __slots__ = ("budget", "charged", "chunk", "frame", "must_read")
+    __slots__ = (
+        "broker",
+        "budget",
+        "charged",
+        "chunk",
+        "frame",
+        "largest",
+        "must_read",
+        "position",
+    )
 
-    def __init__(self, budget: MemoryBudget, chunk: int) -> None:
+    def __init__(self, budget: MemoryBudget, chunk: int, *, broker: bool = False) -> None:
         self.budget = budget
         self.chunk = chunk
         self.charged = 0
         self.frame = 0
+        self.broker = broker
+        #: An app leg's: what is buffered of its next frame and how many frames it returned
+        #: (:meth:`to_window`); None: a frame's charge goes at the next read.
+        self.position: Callable[[], tuple[int, int]] | None = None
+        #: A broker leg's: the most it ever held (its room is kept: MemoryBudget.broker_room).
+        self.largest = FRAME_COST * chunk if broker else 0
+        if broker:
+            budget.broker_room += self.largest
         #: Whether only the app's next frames can free what its session holds (its window
         #: waits for a COMMIT, its broker relay for ACKs): then its reads never wait for the
         #: budget (they are charged all the same), or the session would wait for itself.
@@ -166,8 +213,7 @@ class ReadCharge:
             self.handed(buffered)
         if not buffered:
             if self.charged:
-                self.budget.release(self.charged)
-                self.charged = 0
+                self.take(0)
             return 0
         if total >= 0:
             return FRAME_COST * max(total, buffered)
@@ -185,8 +231,22 @@ class ReadCharge:
         if self.charged > buffered:
             self.take(buffered)
 
+    def to_window(self) -> None:
+        """A frame entered the confirmation window, which charges it now: when it is one
+        this leg returned since its last read, this charge keeps only what is buffered after
+        it (as :meth:`wanted` would at the next read)."""
+        if self.position is not None:
+            buffered, frame = self.position()
+            if frame != self.frame:
+                self.frame = frame
+                self.handed(buffered)
+
     def take(self, nbytes: int) -> None:
         """Hold ``nbytes`` from now on (granted, or what a read brought)."""
+        if self.broker:
+            before = max(0, self.largest - self.charged)
+            self.largest = max(self.largest, nbytes)
+            self.budget.broker_room += max(0, self.largest - nbytes) - before
         self.budget.charge(nbytes - self.charged)
         self.charged = nbytes
 
@@ -194,6 +254,13 @@ class ReadCharge:
         """The leg is gone: release what it held."""
         if self.budget.overdraft is self:
             self.budget.overdraft = None
+        budget = self.budget
+        if self.broker:
+            budget.broker_room -= max(0, self.largest - self.charged)
+            self.largest = 0
+            self.broker = False
+            if budget.waiting and budget.on_release is not None:
+                budget.on_release()  # its room is free: reads waiting may fit now
         if self.charged:
-            self.budget.release(self.charged)
+            budget.release(self.charged)
             self.charged = 0

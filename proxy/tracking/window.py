@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from protocol import Command, Frame, RawFrame
-from proxy.tracking.budget import MemoryBudget
+from proxy.tracking.budget import MemoryBudget, ReadCharge
 
 __all__ = ["ConfirmationWindow", "Entry", "EntryContext", "WindowStatistics", "frame_size"]
 
@@ -176,6 +176,8 @@ class ConfirmationWindow:
         self.budget = budget
         #: What the entries are charged in ``budget`` (see ``budget`` above).
         self.charged = 0
+        #: The app leg's read charge: a frame entering the window is charged here instead.
+        self.handoff: ReadCharge | None = None
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -263,6 +265,8 @@ class ConfirmationWindow:
         if self.budget is not None:
             entry.charged = size if isinstance(frame, RawFrame) else 2 * size
             self.charged += entry.charged
+            if self.handoff is not None:
+                self.handoff.to_window()
             self.budget.charge(entry.charged)
         return entry
 

@@ -5,9 +5,8 @@ sidecar holds about two frames per producing session (one in its window, the nex
 waiting for room) and one per consuming session: measured 88 MiB of RSS over the idle
 process. With a 32 MiB budget both what the budget holds and the peak RSS (/proc VmHWM, from
 the moment the sessions are connected and idle, over that idle RSS) stay within the budget
-plus its documented overshoot (one read per session, the overdraft's frame, a MESSAGE per
-consumer: docs/behaviour.md, "One memory budget"; RSS with a few MiB of the allocator's
-slack), every SEND is confirmed, and each message is received once. The numbers are printed.
+(docs/behaviour.md, "One memory budget"), every SEND is confirmed, and each message is
+received once. The numbers are printed.
 The frames carry no ``content-length`` (the worst case: their size is known only at their
 NUL).
 """
@@ -36,13 +35,6 @@ CONSUMERS = 8
 FRAMES = 3  # per session
 BODY = 1 * MiB
 BUDGET = 32 * MiB
-#: How far past the budget it may go: one read per session that began a frame under it, the
-#: overdraft's frame, and a MESSAGE per consumer, each charged twice (docs/behaviour.md, "One
-#: memory budget"): broker legs are never held back.
-OVERSHOOT = SESSIONS * 65536 + 2 * (BODY + 65536) + CONSUMERS * 2 * (BODY + 65536)
-#: What the process holds beside what the budget counts: objects around the frames, partly
-#: filled pages, a bytearray's over-allocation (measured: RSS 1-2 MiB over the budget's peak).
-ALLOCATOR_SLACK = 4 * MiB
 #: Seconds for the whole burst (a loaded 2-core machine).
 BURST_WAIT = 60.0
 
@@ -138,7 +130,9 @@ def test_many_sessions_of_large_frames_stay_within_the_budget_and_lose_nothing(
     )
     assert status["limit"] == BUDGET
     assert status["held"] == 0  # everything confirmed: nothing held
-    assert status["peak"] >= BUDGET - 2 * BODY  # the budget was reached: it did the bounding
-    assert status["peak"] <= BUDGET + OVERSHOOT
-    assert peak - idle <= BUDGET + OVERSHOOT + ALLOCATOR_SLACK
+    # The budget did the bounding: app reads stopped short of it by its reserves (the
+    # overdraft's 4 MiB, the broker legs' 128 KiB each and the 2 MiB MESSAGEs' of consumers).
+    assert status["peak"] >= BUDGET // 2
+    assert status["peak"] <= BUDGET
+    assert peak - idle <= BUDGET
     assert not sidecar.error_log_lines()

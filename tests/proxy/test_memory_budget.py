@@ -264,7 +264,7 @@ async def test_a_session_does_not_read_its_app_while_the_budget_is_over(
     broker, running, budget = await budgeted_session(nursery, network)
     app = running.app
     budget.charge(1 << 20)  # the other sessions hold it all
-    # The read already waiting for the app takes what comes (one read past the budget)...
+    # The read already waiting takes what comes (a memory stream, as TLS: one read past it).
     await app.send(Command.SEND, {"destination": "/queue/q", "receipt": "r0"}, b"x" * 1000)
     await app.wait_receipt("r0")
     # ...the next one waits for the budget.
@@ -273,16 +273,20 @@ async def test_a_session_does_not_read_its_app_while_the_budget_is_over(
     assert len(broker.links[-1].received(Command.SEND)) == 1
     assert budget.statistics().waiting == 1
     broker.receipts = "hold"
-    budget.release(1)  # a RECEIPT of another session
+    # RECEIPTs of other sessions: under the limit with room for this session's broker leg.
+    freed = budget.broker_room + 1
+    budget.release(freed)
+    others = (1 << 20) - freed
     await wait_until(lambda: len(broker.links[-1].received(Command.SEND)) == 2)
-    assert budget.held == (1 << 20) - 1 + running.session.core.flow.window.charged
+    assert budget.held == others + running.session.core.flow.window.charged
     assert running.session.core.flow.window.charged > 1000  # charged while unconfirmed
     await broker.links[-1].release()
     await app.wait_receipt("r1")
-    assert budget.held == (1 << 20) - 1
+    assert budget.held == others
     await app.stream.aclose()  # the app leaves
     await running.done.wait()
-    assert budget.held == (1 << 20) - 1
+    assert budget.held == others
+    assert budget.broker_room == 0  # the session's broker leg gave its room back
     assert budget.waiting == 0
 
 
@@ -305,7 +309,7 @@ async def test_open_transactions_are_charged_and_their_app_is_read_past_the_budg
     assert kept > 1000 + TRANSACTION_OVERHEAD  # the SEND kept to re-run it, the transaction
     assert budget.held == kept  # the window is confirmed: only the transaction holds memory
     budget.charge(1 << 20)  # the other sessions hold it all
-    # The read already waiting takes one more SEND (one read past the budget)...
+    # The read already waiting takes one more SEND (a memory stream: one read past it)...
     await app.send(
         Command.SEND, {"destination": "/queue/q", "transaction": "t1", "receipt": "s2"}, b"y"
     )
@@ -325,7 +329,10 @@ async def test_a_new_session_past_the_budget_gets_an_error_naming_the_option(
     autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
 ) -> None:
     sidecar = make_sidecar(max_sessions=10, max_memory_bytes=1 << 20, max_frame_bytes=1 << 18)
-    sidecar.memory.budget.charge(1 << 20)  # the sessions hold it all
+    budget = sidecar.memory.budget
+    # The overdraft's reserve: twice one frame and a read, kept under the limit.
+    assert budget.reserve == 2 * (1 << 18) + CHUNK
+    budget.charge((1 << 20) - budget.reserve)  # the sessions hold all that apps may
     app = connect_app(sidecar, nursery)
     answer = await app.connect()
     assert answer.command is Command.ERROR
@@ -336,7 +343,7 @@ async def test_a_new_session_past_the_budget_gets_an_error_naming_the_option(
     assert refused(sidecar) == 1
     assert sidecar.statistics().memory is not None
     assert sidecar.statistics().memory.refused_total == 1  # type: ignore[union-attr]
-    sidecar.memory.budget.release(1)  # under again: the next one is let in
+    budget.release(1)  # under again: the next one is let in
     connect_app(sidecar, nursery)
     await wait_until(lambda: len(sidecar.sessions) == 1)
 
@@ -397,3 +404,83 @@ def test_past_the_budget_one_read_at_a_time_once_only_waiting_reads_hold_it() ->
     assert budget.overdraft is None
     budget.waiting_bytes = 0
     assert budget.grants(second, 100)  # under the limit again
+
+
+# -- the reserves: held stays under the limit ---------------------------------------------------
+
+
+def test_app_reads_leave_the_overdrafts_reserve_which_the_overdraft_takes() -> None:
+    """App reads stop ``reserve`` under the limit (twice one frame of max_frame_bytes and a
+    read: the sidecar's); the overdraft, once only waiting reads hold memory, takes it, so it
+    stays under the limit too."""
+    budget = MemoryBudget(1000, reserve=300)
+    first, second = ReadCharge(budget, 100), ReadCharge(budget, 100)
+    first.take(400)
+    second.take(300)
+    assert budget.grants(first, 0)
+    assert not budget.grants(first, 1)  # 701 + 300 > 1000
+    assert budget.over
+    budget.waiting_bytes = 300  # the second waits
+    assert budget.grants(first, 300)  # the overdraft, out of the reserve
+    first.take(700)
+    assert budget.held == budget.limit
+
+
+def test_a_broker_leg_keeps_room_for_the_largest_message_it_read() -> None:
+    """A broker leg is never held back: what it once held, it may hold again, so app reads
+    leave that room (MemoryBudget.broker_room) until the leg is closed."""
+    budget = MemoryBudget(1000)
+    broker = ReadCharge(budget, 100, broker=True)
+    broker.take(400)  # a MESSAGE being read
+    assert (budget.held, budget.broker_room) == (400, 0)
+    broker.wanted(0, -1, 1)  # relayed: between frames
+    assert (budget.held, budget.broker_room) == (0, 400)
+    budget.charge(500)  # a window
+    assert budget.fits(100)
+    assert not budget.fits(101)  # 500 + 101 + the broker's 400 > 1000
+    broker.take(400)  # the next MESSAGE as large: inside the limit
+    assert budget.held == 900
+    broker.close()
+    assert (budget.held, budget.broker_room) == (500, 0)
+    assert MemoryBudget(100, reserve=1000).fits(50)  # nothing held: reserves never stop a read
+
+
+def test_a_frame_entering_the_window_moves_its_charge_there() -> None:
+    """The app leg's charge of a returned frame (twice its size) gives way to the window's
+    entry (its size, or twice) when the frame enters the window: never both at once."""
+    budget = MemoryBudget(1 << 20)
+    window = ConfirmationWindow(1 << 20, receipt_prefix="s-r", budget=budget)
+    charge = ReadCharge(budget, CHUNK)
+    window.handoff = charge
+    charge.take(2 * 3000 + 200)  # a frame of about 3000 bytes and 100 of the next one
+    charge.position = lambda: (100, 1)  # the leg returned it: 100 bytes of the next one
+    entry = window.append(send(3000), app_receipt=None, want_receipt=False, now=0.0)
+    assert charge.charged == 100
+    assert budget.held == 100 + entry.charged
+    window.append(send(10), app_receipt=None, want_receipt=False, now=0.0)
+    assert charge.charged == 100  # handed over once
+
+
+async def test_a_read_between_frames_holds_its_read_before_it_reads(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """With bytes ready, an app leg between frames holds one read (twice) before reading it,
+    waiting until that fits: so reads in progress are inside the budget."""
+    gate = MemoryGate(MemoryBudget(4 * CHUNK))
+    budget = gate.budget
+    budget.charge(3 * CHUNK)  # a window
+    charge = gate.charge_for(CHUNK)
+    done: list[float] = []
+
+    async def read() -> None:
+        await gate.reserve_read(charge)
+        done.append(trio.current_time())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(read)
+        await trio.sleep(1)
+        assert done == []
+        budget.release(CHUNK)  # the window was confirmed in part
+    assert done == [1.0]
+    assert charge.charged == 2 * CHUNK
+    assert budget.held == budget.limit
