@@ -241,8 +241,10 @@ def test_quick_run_writes_latest_json(tmp_path: Path) -> None:
         )
         assert "error" not in r
         if r["unit"] == "ms":
-            assert r["added_ms"] == pytest.approx(r["sidecar"] - r["direct"], abs=0.01)
-            assert r["relay_added_ms"] == pytest.approx(r["relay"] - r["direct"], abs=0.01)
+            # Each of the three figures is rounded to 0.01 ms on its own: their difference
+            # may be off by up to 0.015 (seen: -11.96 against -11.95).
+            assert r["added_ms"] == pytest.approx(r["sidecar"] - r["direct"], abs=0.02)
+            assert r["relay_added_ms"] == pytest.approx(r["relay"] - r["direct"], abs=0.02)
         else:
             assert r["unit"] == "msg/s"
             assert r["relay_cpu_us_per_msg"] >= 0
