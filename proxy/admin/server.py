@@ -459,8 +459,10 @@ class AdminServer:
             "/healthz  liveness\n/readyz   readiness (a broker reachable, no session stuck; "
             "outbox mode: the outbox open, not full)\n"
             "/status   JSON status\n/events   Server-Sent Events: RECONNECTING, FAILOVER, "
-            "DISCONNECT, OUTCOME, SPOOLING, SPOOL_DRAINED\n"
+            "DISCONNECT, OUTCOME, SPOOLING, SPOOL_DRAINED, OUTBOX_FORWARDING, OUTBOX_FORWARDED\n"
             "/         the live page (in a browser; this index otherwise: /index.txt)\n"
+            "POST /actions/evacuate, /actions/restore, /actions/drain  the operator's actions "
+            "(admin token)\n"
         ).encode()
         await http.respond(200, body)
         return 200
