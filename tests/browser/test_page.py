@@ -414,6 +414,9 @@ def test_evacuating_a_broker_from_the_page_moves_its_sessions(
         wait_for("the token prompt", lambda: chrome.find_element(By.ID, "auth").is_displayed())
         enter_token(chrome, TOKEN)
         wait_for("two sessions on A", lambda: sessions_on(chrome, a) == 2)
+        # The feed reads /events once the token is in: live before the click, or the FAILOVER
+        # can come before the stream is open (seen once in CI: moved in 1 ms, never shown).
+        wait_for("a live event feed", lambda: find(chrome, '#feed-state[data-state="(live)"]'))
         clicked = time.monotonic()
         answer = act_from_the_page(chrome, "evacuate", a)
         message = chrome.find_element(By.ID, "action-message")
