@@ -35,7 +35,7 @@ from proxy.legs.stream import HeartBeatTimeout, TransportLost
 from proxy.session.confirmations import Confirmations
 from proxy.session.control import SCOPE_HEADER, ControlChannel, scope_refused
 from proxy.session.core import SessionCore, log
-from proxy.session.ending import Ending, error_frame, summary
+from proxy.session.ending import Ending, error_frame, rolled_back_message, summary
 from proxy.session.outbox import SessionOutbox
 from proxy.session.outbox_transactions import OutboxTransactions
 from proxy.session.outcomes import report_of_frame, unsettled
@@ -64,9 +64,9 @@ _ABORTED_REMEMBERED = 64
 
 
 class TransactionRolledBack(FrameRejected):
-    """The COMMIT of a transaction a failover rolled back (``transaction_failover =
-    rollback``; GigaSpaces' TransactionRolledBackException): refused, outcome
-    ``rolled_back``."""
+    """The COMMIT of a transaction the sidecar rolled back (a failover with
+    ``transaction_failover = rollback``, GigaSpaces' TransactionRolledBackException; or a frame
+    of it dropped at ``call_timeout``): refused, outcome ``rolled_back``."""
 
 
 #: A command handler: (frame, idle) -> True when the app's DISCONNECT has been handled.
@@ -544,11 +544,7 @@ class AppSide:
         await self.core.hand_seen()  # a COMMIT's acknowledged ids, persisted in outbox mode
         if tx.rolled_back:
             if frame.command is Command.COMMIT:
-                raise TransactionRolledBack(
-                    f"transaction '{tx.id}' rolled back: the broker connection failed over "
-                    "before COMMIT (transaction_failover = rollback); its messages will be "
-                    "redelivered"
-                )
+                raise TransactionRolledBack(rolled_back_message(tx.id, tx.rolled_back))
             await self.out.answer_locally(app_receipt)
             return False
         tx.end = await self.confirmations.submit(

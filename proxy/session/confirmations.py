@@ -19,7 +19,7 @@ from protocol import Command, Frame, RawFrame
 from proxy.legs.stream import TransportLost
 from proxy.session.control import ControlChannel
 from proxy.session.core import SessionCore, log
-from proxy.session.ending import error_frame
+from proxy.session.ending import error_frame, rolled_back_message
 from proxy.session.outcomes import report_of
 from proxy.session.phase import Phase
 from proxy.session.to_app import AppOutput
@@ -313,9 +313,12 @@ class Confirmations:
         """
         core = self.core
         async with core.leg.send_lock:
+            dropped = []
             for entry in due:
                 if not entry.sent and not entry.confirmed and not entry.dropped:
                     core.flow.window.drop(entry)
+                    dropped.append(entry)
+            rest = self._roll_back_transactions_of(dropped)
             core.flow.window_changed()
         state = "while reconnecting" if core.phase is Phase.RECONNECTING else "by the broker"
         reports = []
@@ -356,6 +359,80 @@ class Confirmations:
         await self.control.report(
             reports, f"not confirmed {state} within call_timeout ({core.config.call_timeout} ms)"
         )
+        if rest:
+            await self._answer_rolled_back(rest)
+
+    def _roll_back_transactions_of(self, dropped: list[Entry]) -> list[Entry]:
+        """The transactions of the ``dropped`` entries are rolled back (issue 36: a broker
+        given the rest of a transaction that lost a frame commits part of it, and the app's
+        COMMIT got a RECEIPT): :meth:`SessionState.roll_back
+        <proxy.tracking.SessionState.roll_back>` with the reason their COMMIT's ERROR gives,
+        and their other frames still unsent are taken out of the window. Returns those
+        (answered by :meth:`_answer_rolled_back`). No broker has the transaction open: a
+        frame unsent is dropped only while no leg is ready, and the restore re-creates no
+        rolled-back transaction (:func:`proxy.tracking.replay.plan_replay`). Under the send
+        lock."""
+        core = self.core
+        state = core.state
+        window = core.flow.window
+        rolled: dict[int, Transaction] = {}
+        for entry in dropped:
+            tx = entry.context
+            if isinstance(tx, Transaction) and not tx.rolled_back and state is not None:
+                state.roll_back(
+                    tx,
+                    f"its {entry.command} {entry.label} was not confirmed within call_timeout "
+                    f"({core.config.call_timeout} ms) and was dropped, so no broker is given "
+                    "the rest of it",
+                )
+                rolled[id(tx)] = tx
+        if not rolled:
+            return []
+        rest = [
+            e
+            for e in window
+            if not e.sent and isinstance(e.context, Transaction) and id(e.context) in rolled
+        ]
+        for entry in rest:
+            window.drop(entry)
+        return rest
+
+    async def _answer_rolled_back(self, entries: list[Entry]) -> None:
+        """Answer the frames of transactions rolled back at ``call_timeout``, taken out of the
+        window unsent: a COMMIT gets an ERROR naming the transaction rolled back (outcome
+        ``rolled_back``; ``unknown``, in doubt, for a COMMIT a lost broker may have had), and
+        an OUTCOME event; the others their RECEIPT (as a SEND in a transaction a failover
+        rolled back: the COMMIT fails, an ABORT succeeds)."""
+        reports = []
+        for entry in entries:
+            tx = entry.context
+            assert isinstance(tx, Transaction)
+            assert tx.rolled_back is not None
+            if entry.command is not Command.COMMIT:
+                if not entry.answered:
+                    entry.answered = True
+                    await self.out.answer_locally(entry.app_receipt)
+                continue
+            if entry.sent_before:
+                outcome = FrameOutcome.UNKNOWN
+                message = (
+                    f"transaction outcome in doubt: the broker connection was lost before "
+                    f"COMMIT of transaction '{tx.id}' was confirmed, and {tx.rolled_back}"
+                )
+            else:
+                outcome = FrameOutcome.ROLLED_BACK
+                message = rolled_back_message(tx.id, tx.rolled_back)
+            report = report_of(entry, outcome, OutcomeCause.CALL_TIMEOUT)
+            reports.append(report)
+            if not entry.answered:
+                entry.answered = True
+                await self.out.send(
+                    error_frame(message, receipt_id=entry.app_receipt, outcome=outcome),
+                    flush=False,
+                )
+        await self.out.flush()
+        if reports:
+            await self.control.report(reports, "a frame of the transaction was dropped")
 
 
 def _receipt(receipt_id: str) -> Frame | RawFrame:

@@ -28,12 +28,19 @@ __all__ = [
     "error_frame",
     "exhausted_initially",
     "no_broker",
+    "rolled_back_message",
     "summary",
 ]
 
 #: Header of the sidecar's ERROR about one frame: that frame's :class:`FrameOutcome`
 #: (docs/behaviour.md, "Frame outcomes").
 OUTCOME_HEADER = "mq-sidecar-outcome"
+
+
+def rolled_back_message(transaction: str, reason: str) -> str:
+    """The ``message`` of the ERROR answering the COMMIT of a transaction the sidecar rolled
+    back (:meth:`proxy.tracking.SessionState.roll_back`): "transaction 'tx' rolled back: ..."."""
+    return f"transaction '{transaction}' rolled back: {reason}"
 
 
 def error_frame(

@@ -263,7 +263,9 @@ class Transaction(EntryContext):
 
     ``acked`` are the deliveries its ACKs settled: held again after an ABORT, shown again
     after a failover rolls the transaction back.
-    ``rolled_back``: a failover rolled it back (``rollback`` mode); its COMMIT answers an ERROR.
+    ``rolled_back``: why it was rolled back by the sidecar (a failover in ``rollback`` mode, a
+    frame of it dropped at ``call_timeout``), or None; its COMMIT answers an ERROR saying so,
+    and no broker is given it again (:func:`proxy.tracking.replay.plan_replay`).
     ``frames``: SEND/ACK/NACK frames sent in it. ``held_bytes``: what it is charged in
     ``budget`` (:data:`TRANSACTION_OVERHEAD`, the kept SENDs' sizes,
     :data:`SETTLED_DELIVERY_COST` per settled delivery), returned by :meth:`release`.
@@ -275,7 +277,7 @@ class Transaction(EntryContext):
     entries: list[Entry] = field(default_factory=list)
     end: Entry | None = None
     acked: list[Delivery] = field(default_factory=list)
-    rolled_back: bool = False
+    rolled_back: str | None = None
     frames: int = 0
     held_bytes: int = 0
 

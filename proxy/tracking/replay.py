@@ -12,7 +12,9 @@ have any knowledge of messages already sent or acknowledged"), so the sidecar re
    doubt" (duplicate-detection ids make a double commit harmless to consumers through a
    sidecar). In ``rollback`` mode (JMS; GigaSpaces TransactionRolledBackException) a dirty open
    transaction is rolled back, its frames dropped, and its COMMIT will answer an ERROR; a COMMIT
-   in flight is answered with an ERROR "in doubt". An ABORTed transaction is never re-created.
+   in flight is answered with an ERROR "in doubt". An ABORTed transaction is never re-created,
+   nor one the sidecar rolled back (an earlier failover in ``rollback`` mode, or a frame of it
+   dropped at ``call_timeout``: re-running the rest would commit part of it).
 3. the window's unconfirmed frames are replayed in order, except those made moot by the new
    leg: ACK/NACK of a delivery of the old leg (the redelivery is settled by identity when it
    arrives, :meth:`SessionState.deliver`), UNSUBSCRIBE of a subscription the new broker
@@ -31,7 +33,13 @@ from protocol import Command, Frame
 from proxy.tracking import DurableRemoval, PassThrough, SessionState, Transaction
 from proxy.tracking.window import ConfirmationWindow, Entry
 
-__all__ = ["ReplayPlan", "plan_replay"]
+__all__ = ["FAILED_OVER", "ReplayPlan", "plan_replay"]
+
+#: Why a failover rolled a transaction back (``rollback`` mode): its COMMIT's ERROR says it.
+FAILED_OVER = (
+    "the broker connection failed over before COMMIT (transaction_failover = rollback); its "
+    "messages will be redelivered"
+)
 
 
 @dataclass
@@ -95,14 +103,16 @@ def plan_replay(
     replayed: set[int] = set()
     for tx in _transactions_in_play(state, window):
         ended_by = tx.end.frame.command if tx.end is not None else None
-        if ended_by is Command.ABORT:
-            continue  # moot: it was rolled back anyway
+        if ended_by is Command.ABORT or tx.rolled_back:
+            # moot: it was rolled back anyway (by the app, an earlier failover, or a frame of
+            # it dropped at call_timeout: no broker may be given part of it again)
+            continue
         if ended_by is Command.COMMIT:
             plan.transactions_in_doubt.append(tx.id)
             if not replay_transactions:
                 continue
         elif not replay_transactions and tx.dirty:
-            state.roll_back(tx)
+            state.roll_back(tx, FAILED_OVER)
             plan.transactions_rolled_back.append(tx.id)
             continue
         replayed.add(id(tx))

@@ -320,10 +320,13 @@ class SessionState(Deliveries):
             raise ForBroker(f"{frame.command} in transaction {tx!r}, not open")
         return self.transactions[tx]
 
-    def roll_back(self, tx: Transaction) -> None:
-        """A failover rolled ``tx`` back (``rollback`` mode): the messages its ACKs settled
-        will come back and must be shown again (GigaSpaces/JMS: redelivered after rollback)."""
-        tx.rolled_back = True
+    def roll_back(self, tx: Transaction, reason: str) -> None:
+        """``tx`` is rolled back by the sidecar, for ``reason`` (what its COMMIT's ERROR says
+        after "rolled back: "): a failover in ``rollback`` mode, or a frame of it dropped at
+        ``call_timeout`` (the broker can never be given the whole transaction). The messages
+        its ACKs settled will come back and must be shown again (GigaSpaces/JMS: redelivered
+        after rollback)."""
+        tx.rolled_back = reason
         for d in tx.forget_settled():
             if d.identity is not None:
                 d.subscription.seen.pop(d.identity, None)

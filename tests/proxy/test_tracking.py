@@ -785,7 +785,7 @@ def test_transactions_open_and_close() -> None:
     with pytest.raises(ForBroker, match="BEGIN of transaction 't'"):
         st.begin_transaction(frame(Command.BEGIN, transaction="t"))
     tx = st.transactions["t"]
-    assert (tx.id, tx.begin, tx.entries, tx.end, tx.rolled_back) == ("t", None, [], None, False)
+    assert (tx.id, tx.begin, tx.entries, tx.end, tx.rolled_back) == ("t", None, [], None, None)
     assert not tx.dirty
     assert st.transaction_of(frame(Command.SEND, destination="/q")) is None
     assert st.transaction_of(frame(Command.SEND, destination="/q", transaction="t")) is tx
@@ -821,7 +821,7 @@ def test_roll_back_forgets_what_the_transactions_acks_settled(roll_back: bool) -
     st.new_link(stable_message_ids=False)
     tx = st.transactions["t"]
     if roll_back:
-        st.roll_back(tx)
+        st.roll_back(tx, "a failover")
         assert tx.rolled_back
         assert tx.acked == []
         # the transaction's ACK never happened: the message is shown again
