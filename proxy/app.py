@@ -15,9 +15,9 @@ seconds after that deadline. The admin plane answers during the drain (``/readyz
 
 The :class:`Sidecar` owns what sessions report into: the Prometheus ``registry`` (never the
 global one), the :class:`~proxy.telemetry.metrics.Metrics` recorded on it, and the
-:class:`~proxy.telemetry.events.EventBus` of session events. Its operations on the brokers
-(:meth:`Sidecar.evacuate`, :meth:`Sidecar.restore`) are the admin plane's actions
-(:mod:`proxy.admin.actions`) and, later, what a change of the broker list does.
+:class:`~proxy.telemetry.events.EventBus` of session events. What changes the brokers the
+sessions use (the live broker list, the admin plane's evacuations and readmissions) is its
+:class:`~proxy.rotation.BrokerRotation`.
 
 At most ``max_sessions`` sessions are open at once (those still reading their CONNECT count). A
 connection beyond that gets no :class:`Session`: its CONNECT (a small frame, read within
@@ -44,7 +44,7 @@ import trio
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
 import protocol
-from config import Broker, Config
+from config import Config
 from proxy._errors import ListenError, OutboxUnusable, TracingUnavailable
 from proxy.admin.server import AdminLimits, AdminServer
 from proxy.legs.memory import MemoryGate
@@ -53,10 +53,10 @@ from proxy.legs.stream import RECEIVE_SIZE, FrameStream, TransportLost
 from proxy.outbox.forwarder import OutboxForwarder
 from proxy.outbox.service import OutboxService, forward_before_exit, open_outbox
 from proxy.reconnect.board import ReconnectBoard
-from proxy.reconnect.broker_list import BrokerList, NoBrokers
-from proxy.reconnect.evacuations import Evacuation, EvacuationRefused, UnknownBroker, stranded
+from proxy.reconnect.discovery import NoBrokers
 from proxy.reconnect.resolve import Resolve
 from proxy.reload import reload_on_signal
+from proxy.rotation import BrokerRotation
 from proxy.session import Session
 from proxy.session.ending import error_frame
 from proxy.shutdown import drain_sessions, log_drain, shutdown_on_signals
@@ -142,10 +142,11 @@ class Sidecar:
             TLS broker's certificate said (``/status``, the expiry gauge).
         outbox: the outbox (``outbox`` on; :mod:`proxy.outbox.service`), open while :meth:`serve`
             runs; None otherwise.
-        recovery: the outbox's outbox forwarder (:mod:`proxy.outbox.forwarder`), with the outbox.
+        forwarder: the outbox forwarder (:mod:`proxy.outbox.forwarder`), with the outbox.
         tracing: the sessions' tracing (``tracing = true``, :func:`start_tracing`), or None.
-        broker_list: the live broker list (:mod:`proxy.reconnect.broker_list`): DNS names, the
-            brokers file, what a SIGHUP changes; the list in force is ``reconnects.brokers``.
+        rotation: the brokers in rotation (:mod:`proxy.rotation`): the live broker list (DNS
+            names, the brokers file, what a SIGHUP changes), evacuations and readmissions; the
+            list in force is ``reconnects.brokers``.
     """
 
     def __init__(
@@ -161,19 +162,18 @@ class Sidecar:
         self.metrics = Metrics(self.registry, brokers=[b.label for b in static])
         self.events = EventBus()
         self.reconnects = ReconnectBoard(static)
-        self.broker_list = BrokerList(
+        self.rotation = BrokerRotation(
             config,
-            self.reconnects.brokers,
-            on_join=self._broker_joined,
-            on_leave=self._broker_left,
+            self.reconnects,
+            self.metrics,
+            brokers_of_sessions=lambda: (s.statistics().broker for s in self.sessions),
+            prober=lambda: self.admin.prober if self.admin is not None else None,
             resolve=resolve,
         )
-        #: Brokers evacuated because they left the list (restored when they come back).
-        self._left_list: set[str] = set()
         self.streams = BrokerStreams(config)
         self.admin: AdminServer | None = None
         self.outbox: OutboxService | None = None
-        self.recovery: OutboxForwarder | None = None
+        self.forwarder: OutboxForwarder | None = None
         self.sessions: set[Session] = set()
         #: The process's memory budget (``max_memory_bytes``) and the app reads waiting for it.
         self.memory = MemoryGate(
@@ -197,118 +197,10 @@ class Sidecar:
         """Begin a graceful shutdown (what SIGTERM/SIGINT do)."""
         self.shutdown_requested.set()
 
-    def evacuate(
-        self, broker: str, reason: str, *, for_seconds: float | None = None, check: bool = True
-    ) -> Evacuation:
-        """Evacuate the broker labelled ``broker`` (``host:port``): out of the rotation until
-        :meth:`restore` or for ``for_seconds``, every session on it moving to another broker at
-        its next quiet point with a FAILOVER event (reason ``evacuated``, its words ending with
-        ``reason``); :meth:`ReconnectBoard.evacuate
-        <proxy.reconnect.board.ReconnectBoard.evacuate>`. Evacuating it again replaces the
-        reason and the end. Logged.
-
-        ``check``: refuse when no other broker can take the sessions
-        (:func:`~proxy.reconnect.evacuations.stranded`: another broker in the list, not
-        evacuated, ``up`` for the admin plane's prober). A broker that left the list is
-        evacuated without it: its sessions have to go.
-
-        Raises:
-            UnknownBroker: ``broker`` is not in the broker list.
-            EvacuationRefused: ``check`` and no other broker can take the sessions.
-            ValueError: ``for_seconds`` out of range.
-        """
-        labels = self._labels(broker)
-        board = self.reconnects
-        if check:
-            evacuated = [e.broker for e in self.evacuations()]
-            states = None
-            if self.admin is not None:
-                states = {h.broker: (h.state, h.detail) for h in self.admin.prober.statistics()}
-            why = stranded(broker, labels, evacuated, states)
-            if why is not None:
-                raise EvacuationRefused(why)
-        entry = board.evacuate(broker, reason, for_seconds=for_seconds)
-        on_it = sum(1 for s in self.sessions if s.statistics().broker == broker)
-        log.warning(
-            "broker %s evacuated (%s)%s: %d session(s) on it move at their next quiet point",
-            broker,
-            reason,
-            "" if for_seconds is None else f" for {for_seconds:g} s",
-            on_it,
-        )
-        return entry
-
-    def restore(self, broker: str) -> Evacuation | None:
-        """Put the broker labelled ``broker`` back into the rotation; returns the evacuation
-        it ends (None: it was not evacuated). Logged.
-
-        Raises:
-            UnknownBroker: ``broker`` is not in the broker list.
-        """
-        self._labels(broker)
-        entry = self.reconnects.restore(broker)
-        if entry is not None:
-            log.warning("broker %s restored to the rotation (evacuated: %s)", broker, entry.reason)
-        return entry
-
-    def evacuations(self) -> tuple[Evacuation, ...]:
-        """The brokers evacuated now, oldest first."""
-        return self.reconnects.evacuations.active(trio.current_time())
-
-    def _labels(self, broker: str) -> list[str]:
-        """The labels of the broker list in force; ``broker`` is in it, or was (a broker that
-        left the list is evacuated by its label).
-
-        Raises:
-            UnknownBroker: it is not and never was.
-        """
-        table = self.reconnects.brokers
-        labels = list(table.labels())
-        if table.index_of(broker) is None:
-            raise UnknownBroker(f"{broker} is not in the broker list ({', '.join(labels)})")
-        return labels
-
     @property
     def draining(self) -> bool:
         """Whether the sessions were asked to drain (the listener is closed)."""
         return self._drain_deadline is not None
-
-    async def start_broker_list(self) -> None:
-        """The broker list at start: the brokers file read, the DNS names looked up
-        (:meth:`BrokerList.start <proxy.reconnect.broker_list.BrokerList.start>`); their
-        metrics' children made.
-
-        Raises:
-            NoBrokers: none found.
-        """
-        await self.broker_list.start()
-        for broker in self.brokers():
-            self.metrics.add_broker(broker.label)
-
-    def brokers(self) -> tuple[Broker, ...]:
-        """The broker list in force, in its order (:mod:`proxy.reconnect.broker_list`)."""
-        return self.reconnects.brokers.in_force()
-
-    def _broker_joined(self, broker: Broker, source: str) -> None:
-        """A broker joined the list: into the rotation (restored if it had left it), the
-        prober's rounds and the metrics."""
-        label = broker.label
-        if label in self._left_list:
-            self._left_list.discard(label)
-            entry = self.reconnects.restore(label)
-            if entry is not None:
-                log.warning("broker %s back in the broker list (%s)", label, source)
-        self.metrics.add_broker(label)
-        if self.admin is not None:
-            self.admin.prober.follow(self.brokers())
-
-    def _broker_left(self, broker: Broker, reason: str) -> None:
-        """A broker left the list: evacuated (its sessions have to go, whatever the others'
-        state), no longer probed."""
-        self._left_list.add(broker.label)
-        self.evacuate(broker.label, reason, check=False)
-        if self.admin is not None:
-            self.admin.prober.follow(self.brokers())
 
     def statistics(self) -> SidecarStatistics:
         """Listener address and per-session statistics."""
@@ -334,7 +226,7 @@ class Sidecar:
             ListenError: the listen address cannot be bound (in use, permission).
             OutboxUnusable: ``outbox_dir`` is locked by another sidecar or unusable.
         """
-        await self.start_broker_list()
+        await self.rotation.start()
         if not self.config.outbox:
             await self._serve(task_status)
             self._stopped()
@@ -342,7 +234,7 @@ class Sidecar:
         async with open_outbox(self.config, self.metrics) as outbox, trio.open_nursery() as nursery:
             self.outbox = outbox
             # Frames no live session forwards: a previous process's, an ended session's.
-            self.recovery = OutboxForwarder(
+            self.forwarder = OutboxForwarder(
                 self.config,
                 outbox,
                 self.streams,
@@ -351,7 +243,7 @@ class Sidecar:
                 reconnects=self.reconnects,
                 events=self.events,
             )
-            await nursery.start(self.recovery.run)
+            await nursery.start(self.forwarder.run)
             try:
                 await self._serve(task_status)
                 assert self._drain_deadline is not None
@@ -557,7 +449,7 @@ async def serve(
             nursery.start_soon(reload_on_signal, sidecar, load)
         nursery.start_soon(_log_events, sidecar.events)
         await nursery.start(sidecar.serve)
-        nursery.start_soon(sidecar.broker_list.run)
+        nursery.start_soon(sidecar.rotation.discovery.run)
         sidecar.admin = AdminServer(sidecar, limits=admin_limits)
         sidecar.admin_address = await nursery.start(sidecar.admin.serve)
         task_status.started(sidecar)

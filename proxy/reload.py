@@ -6,7 +6,7 @@ flags: :func:`config.load_config`), compared option by option with the one in fo
 changed is split in two:
 
 - applied at once (:data:`LIVE`): the broker list (``brokers``, ``brokers_file``, its DNS
-  options: a broker that leaves is evacuated, :mod:`proxy.reconnect.broker_list`), the reconnect
+  options: a broker that leaves is evacuated, :mod:`proxy.reconnect.discovery`), the reconnect
   policy (every live session's, from its next reconnect or move; new sessions'), ``log_level``,
   ``max_sessions`` (admission only: sessions over a lowered limit stay), ``admin_token_file``
   (the next request reads the new file);
@@ -33,9 +33,9 @@ import trio
 from config import Config, ConfigError
 from proxy.admin.http import BearerToken
 from proxy.admin.server import AdminServer
-from proxy.reconnect.broker_list import BrokerList
 from proxy.session import Session
 from proxy.session.core import session_policy
+from proxy.telemetry.statistics import RotationView
 
 __all__ = [
     "LIVE",
@@ -76,7 +76,9 @@ class Reloadable(Protocol):
     config: Config
     sessions: set[Session]
     admin: AdminServer | None
-    broker_list: BrokerList
+
+    @property
+    def rotation(self) -> RotationView: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +113,7 @@ async def reload_sidecar(sidecar: Reloadable, load: Callable[[], Config]) -> str
             f"reload (SIGHUP) refused: {'; '.join(exc.problems)}; the configuration in force stays"
         )
         log.warning("%s", line)
-        sidecar.broker_list.reload_refused("; ".join(exc.problems))
+        sidecar.rotation.discovery.reload_refused("; ".join(exc.problems))
         return line
     plan = plan_reload(sidecar.config, new)
     sidecar.config = plan.config
@@ -126,9 +128,9 @@ async def reload_sidecar(sidecar: Reloadable, load: Callable[[], Config]) -> str
         path = plan.config.admin_token_file
         token = BearerToken(path) if path is not None else None
         sidecar.admin.token = sidecar.admin.actions.token = token
-    await sidecar.broker_list.reload(plan.config)
-    brokers = ", ".join(sidecar.broker_list.table.labels())
-    failed = sidecar.broker_list.statistics().failed
+    await sidecar.rotation.discovery.reload(plan.config)
+    brokers = ", ".join(sidecar.rotation.discovery.table.labels())
+    failed = sidecar.rotation.discovery.statistics().failed
     standing = "".join(f"; not applied: {f.source}: {f.reason}" for f in failed)
     line = (
         f"reload (SIGHUP): applied {', '.join(plan.applied) or 'nothing (no live option changed)'}"

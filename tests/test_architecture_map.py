@@ -1,12 +1,17 @@
 """docs/architecture.md's map names every module of the product (protocol/, proxy/, config/),
 and names none that is gone: the trees in its "The daemon, module by module" section are read
-as paths (indentation gives the folder), ``__init__.py`` files aside (each package's map is its
-own docstring)."""
+as paths (indentation gives the folder), ``__init__.py`` files aside. Each room of the daemon
+(a folder of ``proxy/``) has a map of its own, its ``__init__.py`` docstring (``session/``'s is
+:mod:`proxy.session.session`'s "where each rule lives"), which names every module of the room
+as ````name````, and none that is gone."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "architecture.md"
@@ -61,3 +66,41 @@ def test_the_reader_follows_the_indentation() -> None:
         "```\nproxy/\n  a.py   x\n  b/\n    c.py  y\n  d.py\n```\n"
     )
     assert mapped_paths(text) == {"proxy/a.py", "proxy/b/c.py", "proxy/d.py"}
+
+
+#: Where each room's map is: its ``__init__.py``, but for the session's (its main module's).
+ROOM_MAPS = {"session": "session.py"}
+
+
+def rooms() -> list[str]:
+    """The folders of ``proxy/`` that hold Python modules (the daemon's rooms)."""
+    return sorted(
+        p.name for p in (REPO / "proxy").iterdir() if p.is_dir() and (p / "__init__.py").exists()
+    )
+
+
+def room_map(room: str) -> str:
+    """The docstring that maps ``room``."""
+    path = REPO / "proxy" / room / ROOM_MAPS.get(room, "__init__.py")
+    return ast.get_docstring(ast.parse(path.read_text())) or ""
+
+
+@pytest.mark.parametrize("room", rooms())
+def test_every_room_map_names_every_module_of_the_room(room: str) -> None:
+    modules = {p.stem for p in (REPO / "proxy" / room).glob("*.py") if p.name != "__init__.py"}
+    named = set(re.findall(r"``(\w+)``", room_map(room)))
+    missing = sorted(modules - named)
+    assert not missing, f"proxy/{room}'s map does not name: {missing}"
+
+
+@pytest.mark.parametrize("room", rooms())
+def test_no_room_map_names_a_module_that_is_gone(room: str) -> None:
+    """A name in the map's list (a line ``- ``name``:`` or ``; ``name``:``) is a module."""
+    modules = {p.stem for p in (REPO / "proxy" / room).glob("*.py")}
+    listed = set(re.findall(r"(?:^- |; |^  )``(\w+)``:", room_map(room), flags=re.M))
+    gone = sorted(listed - modules)
+    assert not gone, f"proxy/{room}'s map names modules that do not exist: {gone}"
+
+
+def test_the_rooms_are_found() -> None:
+    assert {"session", "legs", "tracking", "admin", "outbox"} <= set(rooms())

@@ -6,13 +6,16 @@ config/) and the test harness (harness/: testbed/, pipeline/), each on its own:
   together for a reader and for the next refactoring;
 * the daemon (``mq-sidecar run``: ``proxy.__main__``, ``proxy.app``) never reaches the test
   harness (``testbed``, ``pipeline``, harness/), neither in its import graph nor when imported;
-* no module over :data:`MAX_LINES` lines.
+* no module over :data:`MAX_LINES` lines;
+* the daemon's rooms (the folders of ``proxy/`` and its top-level modules) import downhill
+  only, in the order docs/architecture.md writes down once ("Rooms and their order").
 """
 
 from __future__ import annotations
 
 import ast
 import itertools
+import re
 import subprocess
 import sys
 from collections import deque
@@ -221,3 +224,56 @@ def test_no_module_is_too_long(group: str) -> None:
     assert not too_long, f"modules of the {group} over {MAX_LINES} lines: " + ", ".join(
         f"{path} ({n})" for path, n in too_long.items()
     )
+
+
+#: The line of docs/architecture.md that gives the rooms' order.
+ROOM_ORDER_LINE = re.compile(r"^rooms, bottom up: (?P<floors>.+)$", re.M)
+
+
+def room_floors() -> dict[str, int]:
+    """Room (``tracking``, ``app``, ``_errors``...) -> its floor (0 the lowest), as
+    docs/architecture.md writes them: floors separated by ``|``, rooms as `` `name/` `` or
+    `` `name.py` ``."""
+    match = ROOM_ORDER_LINE.search((REPO / "docs" / "architecture.md").read_text())
+    assert match is not None, "docs/architecture.md gives no line 'rooms, bottom up: ...'"
+    floors: dict[str, int] = {}
+    for level, floor in enumerate(match["floors"].split("|")):
+        for name in re.findall(r"`([\w.]+?)(?:/|\.py)`", floor):
+            floors[name] = level
+    return floors
+
+
+def room_of(module: str) -> str | None:
+    """The daemon's room of ``module`` (``proxy.session.link`` -> ``session``, ``proxy.app`` ->
+    ``app``), None outside ``proxy/`` or for ``proxy`` itself."""
+    parts = module.split(".")
+    if parts[0] != "proxy" or len(parts) == 1:
+        return None
+    return parts[1]
+
+
+def test_every_room_of_the_daemon_has_a_floor() -> None:
+    floors = room_floors()
+    rooms = {room for name in modules(("proxy",)) if (room := room_of(name)) is not None}
+    assert rooms == set(floors), (
+        f"rooms without a floor: {sorted(rooms - set(floors))}; "
+        f"floors of rooms that are gone: {sorted(set(floors) - rooms)}"
+    )
+
+
+def test_the_rooms_import_downhill() -> None:
+    """An import from a room to a room on the same floor or above is an arrow back up."""
+    floors = room_floors()
+    edges = graph(RUNTIME)
+    uphill = []
+    for name, targets in sorted(edges.items()):
+        here = room_of(name)
+        if here is None:
+            continue
+        for target, imp in sorted(targets.items()):
+            there = room_of(target)
+            if there is None or there == here:
+                continue
+            if floors.get(there, -1) >= floors.get(here, -1):
+                uphill.append(f"{here} -> {there}: {name} imports {target} ({imp.where()})")
+    assert not uphill, "imports that do not run downhill:\n" + "\n".join(uphill)

@@ -6,4 +6,6 @@
 - ``sse``: ``/events``, the session events as Server-Sent Events.
 - ``page``: ``/``, the live page for people (its files in ``page/``), or the text index.
 - ``health``: the broker prober and the ``/readyz`` verdict.
+- ``actions``: ``POST /actions/...``: evacuate a broker, readmit it, drain the sidecar (the
+  admin token always).
 """

@@ -5,9 +5,10 @@
 ``POST /actions/evacuate``  ``{"broker": "host:port", "for_seconds": <optional number>}``: every
                             session on the broker moves to another one at its next quiet point
                             (FAILOVER, reason ``evacuated``), and the broker stays out of the
-                            rotation until restored or for ``for_seconds``
-                            (:meth:`proxy.app.Sidecar.evacuate`).
-``POST /actions/restore``   ``{"broker": "host:port"}``: back into the rotation.
+                            rotation until readmitted or for ``for_seconds``
+                            (:meth:`proxy.rotation.BrokerRotation.evacuate`).
+``POST /actions/readmit``   ``{"broker": "host:port"}``: back into the rotation
+                            (``/actions/restore``, its first name, still works: deprecated).
 ``POST /actions/drain``     ``{}`` or no body: the drain SIGTERM begins; the sidecar stops after it.
 ==========================  ========================================================================
 
@@ -20,7 +21,7 @@ The rules (Envoy's admin interface: mutations never on a GET):
 * The body is JSON, at most :data:`MAX_BODY_BYTES`, with exactly the fields the action takes:
   anything else is 400, as is a broker that is not in the list.
 * An action the sidecar cannot do gets 409 with the reason: an evacuation that would leave the
-  sessions nowhere to go, the restore of a broker that is not evacuated, a second drain.
+  sessions nowhere to go, the readmission of a broker that is not evacuated, a second drain.
 
 Every answer is JSON ``{"ok": bool, "message": str}`` (the live page shows ``message``). Every
 action asked is logged with the address of who asked and counted
@@ -74,6 +75,7 @@ _STATUS = {
 #: The fields each action's body takes (required, optional).
 _FIELDS: dict[AdminAction, tuple[frozenset[str], frozenset[str]]] = {
     AdminAction.EVACUATE: (frozenset({"broker"}), frozenset({"for_seconds"})),
+    AdminAction.READMIT: (frozenset({"broker"}), frozenset()),
     AdminAction.RESTORE: (frozenset({"broker"}), frozenset()),
     AdminAction.DRAIN: (frozenset(), frozenset()),
 }
@@ -88,7 +90,7 @@ class _BadRequest(Exception):
 
 def evacuation_status(entry: Evacuation, now: float, wall: float) -> dict[str, object]:
     """An evacuation as ``/status`` and the action's answer show it: its reason, seconds since
-    it began, seconds left and its end as Unix time (None: until restored). ``now`` is trio
+    it began, seconds left and its end as Unix time (None: until readmitted). ``now`` is trio
     seconds (the entry's clock), ``wall`` Unix seconds at the same moment."""
     left = None if entry.until is None else max(0.0, entry.until - now)
     return {
@@ -103,8 +105,10 @@ class AdminActions:
     """The handlers of ``POST /actions/...`` for one admin plane (see the module docstring).
 
     Args:
-        sidecar: the daemon acted on (:meth:`~proxy.app.Sidecar.evacuate`,
-            :meth:`~proxy.app.Sidecar.restore`, :meth:`~proxy.app.Sidecar.request_shutdown`).
+        sidecar: the daemon acted on (its rotation's
+            :meth:`~proxy.rotation.BrokerRotation.evacuate` and
+            :meth:`~proxy.rotation.BrokerRotation.readmit`,
+            :meth:`~proxy.app.Sidecar.request_shutdown`).
         token: the admin plane's bearer token; None (no ``admin_token_file``): every action
             is refused.
     """
@@ -178,7 +182,7 @@ class AdminActions:
         try:
             if action is AdminAction.EVACUATE:
                 return self._evacuate(broker, fields.get("for_seconds"), peer)
-            return self._restore(broker)
+            return self._readmit(broker)
         except UnknownBroker as exc:
             return ActionResult.BAD_REQUEST, str(exc), {}
 
@@ -192,19 +196,19 @@ class AdminActions:
             return (
                 ActionResult.BAD_REQUEST,
                 f'"for_seconds" must be a number of seconds above 0 and at most '
-                f"{MAX_EVACUATION_SECONDS:g} (leave it out: until restored)",
+                f"{MAX_EVACUATION_SECONDS:g} (leave it out: until readmitted)",
                 {},
             )
         seconds = None if for_seconds is None else float(for_seconds)
         host = peer.rpartition(":")[0] or peer
         try:
-            entry = self.sidecar.evacuate(
+            entry = self.sidecar.rotation.evacuate(
                 broker, f"requested on the admin plane by {host}", for_seconds=seconds
             )
         except EvacuationRefused as exc:
             return ActionResult.REFUSED, f"{broker} not evacuated: {exc}", {}
         on_it = sum(1 for s in self.sidecar.statistics().sessions if s.broker == broker)
-        until = "until restored" if seconds is None else f"for {seconds:g} s"
+        until = "until readmitted" if seconds is None else f"for {seconds:g} s"
         message = (
             f"{broker} evacuated {until}: {on_it} session(s) on it move to another broker at "
             "their next quiet point"
@@ -212,8 +216,8 @@ class AdminActions:
         status = evacuation_status(entry, trio.current_time(), time.time())
         return ActionResult.DONE, message, {"evacuation": status}
 
-    def _restore(self, broker: str) -> _Answer:
-        entry = self.sidecar.restore(broker)
+    def _readmit(self, broker: str) -> _Answer:
+        entry = self.sidecar.rotation.readmit(broker)
         if entry is None:
             return ActionResult.REFUSED, f"{broker} is not evacuated", {}
         return ActionResult.DONE, f"{broker} is back in the rotation", {}

@@ -19,7 +19,7 @@ Endpoints (all ``GET``; ``HEAD`` too, except ``/events``):
 ``/index.txt``  The text index: one line per endpoint.
 ==============  ===========================================================================
 
-Actions (``POST /actions/evacuate``, ``/actions/restore``, ``/actions/drain``) are
+Actions (``POST /actions/evacuate``, ``/actions/readmit``, ``/actions/drain``) are
 :mod:`proxy.admin.actions`': POST only, always with the bearer token.
 
 With ``admin_token_file``, ``/status`` and ``/events`` (and ``/metrics`` with
@@ -176,7 +176,7 @@ class AdminServer:
             lambda: sidecar.statistics().sessions,
             metrics=sidecar.metrics,
             streams=sidecar.streams,
-            brokers=sidecar.brokers(),
+            brokers=sidecar.rotation.brokers(),
         )
         self.address: tuple[str, int] | None = None
         self.connections = 0
@@ -461,7 +461,7 @@ class AdminServer:
             "/status   JSON status\n/events   Server-Sent Events: RECONNECTING, FAILOVER, "
             "DISCONNECT, OUTCOME, SPOOLING, SPOOL_DRAINED, OUTBOX_FORWARDING, OUTBOX_FORWARDED\n"
             "/         the live page (in a browser; this index otherwise: /index.txt)\n"
-            "POST /actions/evacuate, /actions/restore, /actions/drain  the operator's actions "
+            "POST /actions/evacuate, /actions/readmit, /actions/drain  the operator's actions "
             "(admin token)\n"
         ).encode()
         await http.respond(200, body)

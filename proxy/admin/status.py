@@ -73,7 +73,7 @@ def status_document(
         record = sidecar.streams.tracker.get(label)
         return None if record is None else record.as_status(wall)
 
-    evacuated = {e.broker: evacuation_status(e, now, wall) for e in sidecar.evacuations()}
+    evacuated = {e.broker: evacuation_status(e, now, wall) for e in sidecar.rotation.evacuations()}
     brokers = [
         {
             "broker": b.broker,
@@ -128,10 +128,11 @@ def _broker_list(sidecar: SidecarView, wall: float) -> dict[str, object]:
     """The broker list in force, each broker's source, and the updates not applied (a lookup
     that failed, a brokers file that does not parse: docs/operations.md, "The broker list at
     run time")."""
-    stats = sidecar.broker_list.statistics()
+    stats = sidecar.rotation.discovery.statistics()
     return {
         "in_force": [
-            {"broker": label, "source": source} for label, source in sidecar.broker_list.sources()
+            {"broker": label, "source": source}
+            for label, source in sidecar.rotation.discovery.sources()
         ],
         "updates": stats.updates,
         "last_change_age_seconds": None

@@ -6,6 +6,8 @@ restart.
   sessions share of it (:class:`~proxy.outbox.service.OutboxService`).
 - ``forwarder``: the outbox forwarder: frames no live session forwards (a previous process's,
   an ended session's) sent over a connection of the sidecar's own.
+- ``frames``: the stored-frame format (STOMP 1.2 bytes) read back, and how many frames a
+  forwarder reads at once.
 - ``store``: SQLite in ``outbox_dir``; ``records``: what it holds; ``committer``: the group
   committer (one fsync per batch, from trio); ``lock``: one process per directory;
   ``recovery`` and ``wal``: recovering the store after a crash or power cut; ``btree``: reading

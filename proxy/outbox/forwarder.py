@@ -8,7 +8,7 @@ The connection is the sidecar's own: the broker's or the sidecar's ``login``/``p
 (:func:`proxy.legs.broker.connect_frame` without an app's CONNECT), made by the reconnect policy
 without end over the configured brokers. Every SEND carries a receipt of its own
 (``<prefix>-o<seq>``: a RabbitMQ leg confirms out of order, so none confirms another); one
-read of them is outstanding at once (:class:`~proxy.session.outbox.FetchSize`: about
+read of them is outstanding at once (:class:`~proxy.outbox.frames.FetchSize`: about
 ``confirmation_window_size`` bytes, at most :data:`IN_FLIGHT` frames). What was sent and not
 confirmed when the connection is lost is sent again on the next one (the consumer side
 recognises the copy by its ``mq-sidecar-id``). A broker ERROR answering one of them (a
@@ -39,13 +39,12 @@ from proxy.legs.connect_frame import connect_frame
 from proxy.legs.opening import StreamOpener
 from proxy.legs.stream import TransportLost
 from proxy.outbox import OutboxError, StoredFrame
+from proxy.outbox.frames import FETCH_FRAMES, FetchSize, parse
 from proxy.outbox.service import OutboxService
 from proxy.reconnect.board import ReconnectBoard
 from proxy.reconnect.policy import ReconnectPolicy
 from proxy.reconnect.walk import ReconnectExhausted, connect_by_policy
-from proxy.session.outbox import FETCH_FRAMES, FetchSize, parse
-from proxy.session.outcomes import report_of_frame
-from proxy.telemetry.events import EventBus, EventKind, FrameReport, SessionEvent
+from proxy.telemetry.events import EventBus, EventKind, FrameReport, SessionEvent, report_of_frame
 from proxy.telemetry.metrics import Metrics
 from proxy.telemetry.statistics import ForwarderStatistics
 from proxy.telemetry.vocabulary import FrameOutcome, OutcomeCause
@@ -262,7 +261,7 @@ class OutboxForwarder:
         )
 
     async def _forward_some(self, upstream: Upstream, key: str) -> bool:
-        """Send a read of ``key``'s frames (:class:`~proxy.session.outbox.FetchSize`), wait for
+        """Send a read of ``key``'s frames (:class:`~proxy.outbox.frames.FetchSize`), wait for
         their receipts, remove them; False when ``key`` has none left."""
         committer = self.outbox.committer
         stored = await committer.pending(key, limit=self._fetch.frames)

@@ -9,9 +9,12 @@
 - ``tally``: the board's pure counting (reconnects in progress, refusals' cool-downs).
 - ``brokers``: the broker list in force, a stable index per broker, the diff of an update
   (pure: :class:`~proxy.reconnect.brokers.BrokerTable`).
-- ``broker_list``: the live broker list, its owner: DNS names and the brokers file, refreshed
-  every ``dns_refresh_interval`` and on SIGHUP (:class:`~proxy.reconnect.broker_list.BrokerList`).
+- ``discovery``: what keeps the list in force live: the DNS names and the brokers file,
+  looked up again every ``dns_refresh_interval`` and on SIGHUP
+  (:class:`~proxy.reconnect.discovery.BrokerDiscovery`).
 - ``resolve``: the DNS lookups (dnspython's async resolver, on trio).
+- ``evacuations``: which brokers are evacuated, and whether an evacuation would strand the
+  sessions (pure).
 
 This file imports nothing: the pure modules here may be imported by pure code.
 """

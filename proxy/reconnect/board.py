@@ -45,16 +45,16 @@ class ReconnectBoard:
 
     ``brokers`` is the broker list the sessions walk (:class:`~proxy.reconnect.brokers.
     BrokerTable`, built from ``brokers``; the sidecar's
-    :class:`~proxy.reconnect.broker_list.BrokerList` changes it at run time).
+    :class:`~proxy.reconnect.discovery.BrokerDiscovery` changes it at run time).
 
     The evacuated brokers are an :class:`~proxy.reconnect.evacuations.Evacuations` (one entry
-    per broker) read with :meth:`evacuated`, changed with :meth:`evacuate` and :meth:`restore`;
+    per broker) read with :meth:`evacuated`, changed with :meth:`evacuate` and :meth:`readmit`;
     each session's link waits with :meth:`wait_evacuated` for its broker to be evacuated
     (proxy.session.link).
     """
 
     def __init__(self, brokers: Sequence[Broker] = ()) -> None:
-        #: The broker list in force, by stable index (the sidecar's BrokerList changes it).
+        #: The broker list in force, by stable index (the sidecar's BrokerDiscovery changes it).
         self.brokers = BrokerTable(brokers)
         self.tally = ReconnectTally()
         self.refusals: Refusals[RefusalKey, UpstreamRefused] = Refusals()
@@ -167,7 +167,7 @@ class ReconnectBoard:
 
     def evacuate(self, broker: str, reason: str, *, for_seconds: float | None = None) -> Evacuation:
         """Put the broker labelled ``broker`` out of the rotation, for ``for_seconds`` (None:
-        until :meth:`restore`), and wake the sessions on it: each moves to another broker at
+        until :meth:`readmit`), and wake the sessions on it: each moves to another broker at
         its next quiet point (proxy.session.link). ``reason`` goes into their FAILOVER events.
         The caller checks the label and whether the sessions have somewhere to go
         (:func:`proxy.reconnect.evacuations.stranded`).
@@ -182,12 +182,12 @@ class ReconnectBoard:
         self._evacuations_changed = trio.Event()
         return entry
 
-    def restore(self, broker: str) -> Evacuation | None:
+    def readmit(self, broker: str) -> Evacuation | None:
         """Put ``broker`` back into the rotation; returns the evacuation it ends (None: it
         was not evacuated). Sessions that moved away stay where they are (with
         ``priority_backup`` those on a backup go back to the first broker, as after an
         outage)."""
-        entry = self.evacuations.restore(broker, trio.current_time())
+        entry = self.evacuations.readmit(broker, trio.current_time())
         self._evacuations_changed.set()
         self._evacuations_changed = trio.Event()
         return entry

@@ -14,7 +14,7 @@ of the broker out of force longest is given to the newcomer (a Kubernetes Servic
 keep changing addresses).
 
 Nothing here reads a clock or does I/O; the owner that resolves and reads files is
-:class:`proxy.reconnect.broker_list.BrokerList`.
+:class:`proxy.reconnect.discovery.BrokerDiscovery`.
 """
 
 from __future__ import annotations

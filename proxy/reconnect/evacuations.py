@@ -7,7 +7,7 @@ evacuated, no connection goes to it (the reconnect walk skips it, :mod:`proxy.re
 the ``priority_backup`` watch does not fail back to it) and every session on it moves to
 another broker the way a failback does (:mod:`proxy.session.link`): at a quiet point, the app
 held briefly, a FAILOVER event with reason ``evacuated`` whose words say why. It lasts until
-it is restored or, when given a time, until that time has passed.
+it is readmitted or, when given a time, until that time has passed.
 
 This module keeps the table and judges whether an evacuation would strand the sessions
 (:func:`stranded`); it has no clock (times are the caller's, in seconds) and no trio. The
@@ -29,7 +29,7 @@ __all__ = [
     "stranded",
 ]
 
-#: The longest ``for_seconds`` an evacuation takes: 30 days (longer is "until restored").
+#: The longest ``for_seconds`` an evacuation takes: 30 days (longer is "until readmitted").
 MAX_EVACUATION_SECONDS = 30 * 86400.0
 
 
@@ -51,7 +51,7 @@ class Evacuation:
         reason: why, in words for the FAILOVER events and logs ("requested by 10.0.0.7 on
             the admin plane", "left the broker list").
         since: when it began, in the caller's seconds.
-        until: when it ends by itself, in the caller's seconds; None: until restored.
+        until: when it ends by itself, in the caller's seconds; None: until readmitted.
     """
 
     broker: str
@@ -79,7 +79,7 @@ class Evacuations:
         self, broker: str, reason: str, now: float, *, for_seconds: float | None = None
     ) -> Evacuation:
         """Put ``broker`` out of the rotation from ``now``, for ``for_seconds`` (None: until
-        :meth:`restore`); returns the entry.
+        :meth:`readmit`); returns the entry.
 
         Raises:
             ValueError: ``for_seconds`` is not a finite number in (0, MAX_EVACUATION_SECONDS].
@@ -96,7 +96,7 @@ class Evacuations:
         self._entries[broker] = entry
         return entry
 
-    def restore(self, broker: str, now: float) -> Evacuation | None:
+    def readmit(self, broker: str, now: float) -> Evacuation | None:
         """Put ``broker`` back into the rotation; returns the evacuation that held at ``now``,
         or None when none did."""
         entry = self._entries.pop(broker, None)
@@ -145,7 +145,7 @@ def stranded(
     left = [b for b in others if b not in evacuated]
     if not left:
         return (
-            f"every other broker is evacuated ({', '.join(others)}): restore one first, or "
+            f"every other broker is evacuated ({', '.join(others)}): readmit one first, or "
             "its sessions would have nowhere to go"
         )
     if states is None:

@@ -1,7 +1,7 @@
 """DNS lookups of the broker list's names: every address of a name (``dns=all``, a Kubernetes
 headless Service) or its SRV records (``dns=srv``), through dnspython's async resolver, which
 runs on trio (it picks trio's backend by sniffio). Never on the data path: only the
-:class:`~proxy.reconnect.broker_list.BrokerList`'s refresh task calls it.
+:class:`~proxy.reconnect.discovery.BrokerDiscovery`'s refresh task calls it.
 
 A lookup gives the brokers a name stands for, as addresses (an SRV record's target is looked
 up too), sorted (an SRV set by priority, then weight, heaviest first; addresses in address

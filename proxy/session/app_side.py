@@ -38,11 +38,12 @@ from proxy.session.core import SessionCore, log
 from proxy.session.ending import Ending, error_frame, rolled_back_message, summary
 from proxy.session.outbox import SessionOutbox
 from proxy.session.outbox_transactions import OutboxTransactions
-from proxy.session.outcomes import report_of_frame, unsettled
+from proxy.session.outcomes import unsettled
 from proxy.session.phase import Phase
 from proxy.session.sends import UpstreamSends
 from proxy.session.to_app import AppOutput
 from proxy.session.verdict import answer_unknown_command
+from proxy.telemetry.events import report_of_frame
 from proxy.telemetry.vocabulary import ClientErrorReason, FrameOutcome, OutcomeCause
 from proxy.tracking import (
     PASS_THROUGH,

@@ -38,14 +38,14 @@ import trio
 import protocol
 from protocol import Frame
 from proxy.outbox import OutboxClosed, OutboxError, OutboxFrame, StoredFrame
+from proxy.outbox.frames import STORED_VERSION, FetchSize, parse
 from proxy.outbox.service import OutboxService
 from proxy.session.confirmations import Confirmations
 from proxy.session.control import ControlChannel
 from proxy.session.core import SessionCore, log
 from proxy.session.ending import Ending, error_frame
-from proxy.session.outcomes import report_of_frame
 from proxy.session.to_app import AppOutput
-from proxy.telemetry.events import EventKind, FrameReport, SessionEvent
+from proxy.telemetry.events import EventKind, FrameReport, SessionEvent, report_of_frame
 from proxy.telemetry.vocabulary import FrameOutcome, OutcomeCause
 from proxy.tracking import DUPLICATE_ID_HEADER, StoredInOutbox
 from proxy.tracking.window import frame_size
@@ -53,58 +53,13 @@ from proxy.tracking.window import frame_size
 __all__ = [
     "BATCH_BYTES",
     "BATCH_FRAMES",
-    "FETCH_FRAMES",
-    "STORED_VERSION",
-    "FetchSize",
     "SessionOutbox",
-    "parse",
 ]
 
 #: Frames of one session appended in one transaction at most (the committer groups sessions).
 BATCH_FRAMES = 256
 #: Frame bytes of one batch at most (a frame larger than it goes alone).
 BATCH_BYTES = 1 << 20
-#: Frames a forwarder reads from the outbox at once, at most (:class:`FetchSize`).
-FETCH_FRAMES = 256
-#: The STOMP version frames are stored in (each leg writes them in its own version).
-STORED_VERSION = "1.2"
-#: Bounds for reading a stored frame back: what a broker leg reads (the frame passed the app's
-#: own limits when it was stored).
-_READ_LIMITS = protocol.Limits(max_frame_bytes=1 << 31, max_headers=1 << 20)
-
-
-def parse(data: bytes) -> Frame:
-    """The frame stored as ``data`` (:data:`STORED_VERSION` bytes, as serialized at append).
-
-    Raises:
-        protocol.RemoteProtocolError: not one whole STOMP frame (the store checks each
-            frame's CRC32 before it hands it out, so this means a bug, not a bad disk).
-    """
-    parser = protocol.FrameParser(_READ_LIMITS, version=STORED_VERSION)
-    parser.receive_data(data)
-    event = parser.next_event()
-    if not isinstance(event, Frame):
-        raise protocol.RemoteProtocolError(f"stored frame is incomplete ({len(data)} bytes)")
-    return event
-
-
-class FetchSize:
-    """How many frames a forwarder reads from the outbox at once, so that a read holds about
-    ``budget`` bytes (the confirmation window) whatever the frames' size: it starts at 1,
-    doubles (up to :data:`FETCH_FRAMES`) after a full read of less than a quarter of the
-    budget, halves after a read of more than the budget."""
-
-    def __init__(self, budget: int) -> None:
-        self.budget = budget
-        self.frames = 1
-
-    def update(self, frames: Sequence[StoredFrame]) -> None:
-        """Adjust after a read that returned ``frames``."""
-        size = sum(len(f.frame) for f in frames)
-        if size > self.budget:
-            self.frames = max(1, self.frames // 2)
-        elif size < self.budget // 4 and len(frames) == self.frames:
-            self.frames = min(FETCH_FRAMES, self.frames * 2)
 
 
 class SessionOutbox:

@@ -16,41 +16,20 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from config import FailoverMode
-from protocol import Command, Frame
-from proxy.telemetry.events import FrameReport
+from protocol import Command
+from proxy.telemetry.events import FrameReport, report_of_frame
 from proxy.telemetry.vocabulary import FrameOutcome, OutcomeCause
-from proxy.tracking import DUPLICATE_ID_HEADER, Transaction
+from proxy.tracking import Transaction
 from proxy.tracking.replay import ReplayPlan
 from proxy.tracking.window import Entry
 
-__all__ = ["after_restore", "report_of", "report_of_frame", "unsettled", "unsettled_outcome"]
+__all__ = ["after_restore", "report_of", "unsettled", "unsettled_outcome"]
 
 
 def report_of(entry: Entry, outcome: FrameOutcome, cause: OutcomeCause) -> FrameReport:
     """The report of one window entry: its command, the app's receipt id, the SEND's
     ``mq-sidecar-id``, its sequence number and transaction."""
     return report_of_frame(entry.frame, entry.app_receipt, outcome, cause, seq=entry.seq)
-
-
-def report_of_frame(
-    frame: Frame,
-    receipt: str | None,
-    outcome: FrameOutcome,
-    cause: OutcomeCause,
-    *,
-    seq: int = 0,
-) -> FrameReport:
-    """The report of a frame as the app sent it (``receipt``: its receipt id) or as it went
-    upstream; ``seq`` 0 when it never entered the window."""
-    return FrameReport(
-        command=str(frame.command),
-        receipt=receipt,
-        mq_sidecar_id=frame.get(DUPLICATE_ID_HEADER) if frame.command is Command.SEND else None,
-        seq=seq,
-        transaction=frame.get("transaction"),
-        outcome=outcome,
-        cause=cause,
-    )
 
 
 def unsettled_outcome(entry: Entry) -> FrameOutcome:

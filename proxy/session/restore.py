@@ -29,10 +29,10 @@ from proxy.session.control import ControlChannel
 from proxy.session.core import GOODBYE_TIMEOUT, SessionCore, log
 from proxy.session.ending import SUMMARY_NAMES, Ending, Loss, error_frame
 from proxy.session.ending import summary as frames_summary
-from proxy.session.outcomes import after_restore, report_of_frame, unsettled
+from proxy.session.outcomes import after_restore, unsettled
 from proxy.session.phase import Phase
 from proxy.session.to_app import AppOutput
-from proxy.telemetry.events import EventKind, SessionEvent
+from proxy.telemetry.events import EventKind, SessionEvent, report_of_frame
 from proxy.telemetry.vocabulary import FrameOutcome, OutageOutcome, OutcomeCause, TransactionOutcome
 from proxy.tracking import SessionState
 from proxy.tracking.links import LinkEnd, probe_end

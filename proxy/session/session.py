@@ -8,18 +8,26 @@ broker sits in the :class:`proxy.tracking.window.ConfirmationWindow` until a REC
 when the upstream leg dies the app's session stays up: the sidecar reattaches or fails over,
 restores the session and replays what the old broker never confirmed, and tells the app.
 
-Where each rule lives (``proxy/session/``):
+Where each rule lives (``proxy/session/``; every module is named here, a test checks it):
 
-- ``core``: the state the parts share, the one way to end a session; ``phase``: the phases
-  and their transition table; ``ending``: endings and the sidecar's own ERROR frames;
-- ``handshake``: the app's CONNECT and CONNECTED; ``app_side``: app → broker, one handler per
-  command; ``confirmations``: the window at work (receipts, backpressure, ``call_timeout``);
+- ``session``: this module, the parts wired together, ``run`` and ``statistics``; ``core``: the
+  state the parts share, the one way to end a session; ``phase``: the phases and their
+  transition table; ``ending``: endings and the sidecar's own ERROR frames; ``asked``: what the
+  app asked for (its CONNECT and DISCONNECT); ``leg``: the session's hold on its broker leg;
+  ``flow``: flow control (the window, its waiters, the failback hold); ``drain``: the session's
+  SIGTERM drain;
+- ``handshake``: the app's CONNECT and CONNECTED; ``verdict``: the broker's own answer to a frame
+  before CONNECT, a bad version, an unknown command; ``app_side``: app → broker, one handler per
+  command; ``sends``: an app SEND as it goes upstream (receipts, duplicate-detection ids);
+  ``confirmations``: the window at work (receipts, backpressure, ``call_timeout``, and the
+  rollback of a transaction that lost a frame to it);
 - ``link``: connect by policy, reconnect, failback, goodbye; ``restore``: re-create and replay
-  after a reconnect, or report what was lost; ``broker_side``: broker → app;
+  after a reconnect, or report what was lost; ``outcomes``: what became of frames not plainly
+  confirmed; ``broker_side``: broker → app;
 - ``acks``: the sidecar's own ACKs; ``to_app``: writing to the app; ``control``: events;
 - ``outbox``: the outbox (``outbox`` on): the app's SENDs stored and answered once durable,
   forwarded into the window while a broker is up, removed from the outbox once confirmed;
-  ``held``: transactions of such SENDs, stored at COMMIT.
+  ``outbox_transactions``: transactions of such SENDs, stored at COMMIT.
 
 Task layout (every task has an owner). :meth:`Session.run` owns one nursery with:
 
@@ -78,11 +86,11 @@ from proxy.session.ending import (
 from proxy.session.handshake import accept_connect, connected_frame, local_connected_frame
 from proxy.session.link import Link
 from proxy.session.outbox import SessionOutbox
-from proxy.session.outcomes import report_of, report_of_frame, unsettled_outcome
+from proxy.session.outcomes import report_of, unsettled_outcome
 from proxy.session.phase import Phase
 from proxy.session.restore import Restorer
 from proxy.session.to_app import AppOutput
-from proxy.telemetry.events import EventBus, FrameReport
+from proxy.telemetry.events import EventBus, FrameReport, report_of_frame
 from proxy.telemetry.metrics import Metrics
 from proxy.telemetry.statistics import SessionStatistics
 from proxy.telemetry.vocabulary import DrainResult, FrameOutcome, OutcomeCause

@@ -33,7 +33,9 @@ from dataclasses import dataclass, field
 
 import trio
 
+from protocol import Command, Frame
 from proxy.telemetry.vocabulary import FrameOutcome, OutcomeCause
+from proxy.tracking.records import DUPLICATE_ID_HEADER
 
 __all__ = [
     "EVENT_HISTORY",
@@ -43,6 +45,7 @@ __all__ = [
     "FrameReport",
     "Resumption",
     "SessionEvent",
+    "report_of_frame",
 ]
 
 #: Events the bus keeps for readers that resume (``GET /events`` with ``Last-Event-ID``): at a
@@ -314,3 +317,24 @@ class EventBus:
             published=self.published,
             dropped_subscribers=self.dropped_subscribers,
         )
+
+
+def report_of_frame(
+    frame: Frame,
+    receipt: str | None,
+    outcome: FrameOutcome,
+    cause: OutcomeCause,
+    *,
+    seq: int = 0,
+) -> FrameReport:
+    """The report of a frame as the app sent it (``receipt``: its receipt id) or as it went
+    upstream; ``seq`` 0 when it never entered the window."""
+    return FrameReport(
+        command=str(frame.command),
+        receipt=receipt,
+        mq_sidecar_id=frame.get(DUPLICATE_ID_HEADER) if frame.command is Command.SEND else None,
+        seq=seq,
+        transaction=frame.get("transaction"),
+        outcome=outcome,
+        cause=cause,
+    )

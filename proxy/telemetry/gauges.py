@@ -181,7 +181,7 @@ class SidecarCollector:
 
         f.build.add_metric([], {"version": VERSION})
         states = dict.fromkeys(("handshake", "running", "reconnecting", "closing"), 0)
-        per_broker = dict.fromkeys((b.label for b in sidecar.brokers()), 0)
+        per_broker = dict.fromkeys((b.label for b in sidecar.rotation.brokers()), 0)
         window_frames = window_bytes = window_max = 0
         for s in stats.sessions:
             states[s.state] = states.get(s.state, 0) + 1
@@ -196,8 +196,8 @@ class SidecarCollector:
         f.sessions_accepted.add_metric([], stats.sessions_total)
         for broker, n in per_broker.items():
             f.upstream_connected.add_metric([broker], n)
-        evacuated = {e.broker for e in sidecar.evacuations()}
-        for label in (b.label for b in sidecar.brokers()):
+        evacuated = {e.broker for e in sidecar.rotation.evacuations()}
+        for label in (b.label for b in sidecar.rotation.brokers()):
             f.evacuated.add_metric([label], 1 if label in evacuated else 0)
         f.window_frames.add_metric([], window_frames)
         f.window_bytes.add_metric([], window_bytes)

@@ -1,8 +1,10 @@
 """Snapshots of the running daemon (``statistics()`` results) and the view of the daemon that
 the admin plane and the metrics collector read.
 
-A leaf module: the session, the daemon, the admin plane and the gauges all import it, and it
-imports none of them, so the statistics types close no import cycle.
+The session, the daemon, the admin plane and the gauges all import it; it imports only the
+rooms below telemetry (the legs, reconnecting, tracking: the values it shows), so the
+statistics types close no import cycle (the rooms' order: docs/architecture.md, "Rooms and
+their order").
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from config import Broker, Config
 from proxy.legs.opening import BrokerStreams
-from proxy.reconnect.broker_list import BrokerList
+from proxy.reconnect.discovery import BrokerDiscovery
 from proxy.reconnect.evacuations import Evacuation
 from proxy.telemetry.events import EventBus
 from proxy.telemetry.metrics import Metrics
@@ -25,6 +27,7 @@ from proxy.tracking.window import WindowStatistics
 __all__ = [
     "ForwarderStatistics",
     "OutboxStatistics",
+    "RotationView",
     "SessionStatistics",
     "SidecarStatistics",
     "SidecarView",
@@ -188,6 +191,21 @@ class SidecarStatistics:
     memory: BudgetStatistics | None = None
 
 
+class RotationView(Protocol):
+    """What the admin plane reads and does of the brokers in rotation
+    (:class:`proxy.rotation.BrokerRotation`): the list in force, the live list's sources, the
+    evacuations, and the operator's evacuate and readmit."""
+
+    @property
+    def discovery(self) -> BrokerDiscovery: ...
+    def brokers(self) -> tuple[Broker, ...]: ...
+    def evacuations(self) -> tuple[Evacuation, ...]: ...
+    def evacuate(
+        self, broker: str, reason: str, *, for_seconds: float | None = None, check: bool = True
+    ) -> Evacuation: ...
+    def readmit(self, broker: str) -> Evacuation | None: ...
+
+
 class SidecarView(Protocol):
     """What the admin plane and the gauges read of the running daemon
     (:class:`proxy.app.Sidecar`), and the operations the admin plane's actions call
@@ -206,12 +224,6 @@ class SidecarView(Protocol):
     @property
     def streams(self) -> BrokerStreams: ...
     def statistics(self) -> SidecarStatistics: ...
-    def brokers(self) -> tuple[Broker, ...]: ...
     @property
-    def broker_list(self) -> BrokerList: ...
-    def evacuations(self) -> tuple[Evacuation, ...]: ...
-    def evacuate(
-        self, broker: str, reason: str, *, for_seconds: float | None = None, check: bool = True
-    ) -> Evacuation: ...
-    def restore(self, broker: str) -> Evacuation | None: ...
+    def rotation(self) -> RotationView: ...
     def request_shutdown(self) -> None: ...

@@ -41,7 +41,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
@@ -67,11 +67,28 @@ from proxy.telemetry.vocabulary import FrameOutcome
 
 if TYPE_CHECKING:
     from config import Broker
-    from proxy.session.leg import LegState
+    from proxy.legs.broker import Upstream
+    from proxy.legs.dialect import BrokerDialect
     from proxy.telemetry.events import FrameReport, SessionEvent
     from proxy.tracking.window import Entry
 
-__all__ = ["SessionTracer", "Tracing", "TracingUnavailable", "messaging_system"]
+
+class TracedLeg(Protocol):
+    """What a session's tracer reads of the session's hold on its broker leg (the session's
+    ``LegState`` has it): the dialect of the broker (``messaging.system``), the leg when one is
+    up, and the broker's index in the broker list (``server.address`` between legs)."""
+
+    @property
+    def dialect(self) -> BrokerDialect: ...
+
+    @property
+    def upstream(self) -> Upstream | None: ...
+
+    @property
+    def broker_index(self) -> int | None: ...
+
+
+__all__ = ["SessionTracer", "TracedLeg", "Tracing", "TracingUnavailable", "messaging_system"]
 
 log = logging.getLogger("mq_sidecar.tracing")
 
@@ -159,7 +176,7 @@ class Tracing:
         log.info("tracing on: exporters %s", ", ".join(names))
         return cls(provider)
 
-    def session(self, session_id: str, leg: LegState, brokers: Sequence[Broker]) -> SessionTracer:
+    def session(self, session_id: str, leg: TracedLeg, brokers: Sequence[Broker]) -> SessionTracer:
         """The tracer of one session: its id, its broker leg (which broker, which dialect)
         and the broker list (the board's: ``leg.broker_index`` indexes it)."""
         return SessionTracer(self.tracer, session_id, leg, brokers)
@@ -213,7 +230,7 @@ class SessionTracer:
     __slots__ = ("_brokers", "_id", "_leg", "_open", "_settle_parents", "_tracer")
 
     def __init__(
-        self, tracer: Tracer, session_id: str, leg: LegState, brokers: Sequence[Broker]
+        self, tracer: Tracer, session_id: str, leg: TracedLeg, brokers: Sequence[Broker]
     ) -> None:
         self._tracer = tracer
         self._id = session_id

@@ -218,6 +218,9 @@ class AdminAction(enum.StrEnum):
     #: Move every session off a broker and keep it out of the rotation.
     EVACUATE = "evacuate"
     #: Put an evacuated broker back into the rotation.
+    READMIT = "readmit"
+    #: The same as :attr:`READMIT` under its first name (``/actions/restore``, deprecated:
+    #: "restore" is a session's re-creation on a new leg).
     RESTORE = "restore"
     #: Begin the drain SIGTERM begins (the sidecar stops once it is done).
     DRAIN = "drain"

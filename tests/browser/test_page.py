@@ -402,7 +402,7 @@ def test_evacuating_a_broker_from_the_page_moves_its_sessions(
 ) -> None:
     """Evacuate from the page (POST /actions/evacuate with the token, issue 27 part 2): the
     sessions move off A within the feed's bound, the page refuses the action without the
-    token, and Restore brings A back into the rotation."""
+    token, and Readmit brings A back into the rotation."""
     brokers.ensure_running()
     a, b = brokers.labels
     admin_port = free_port()
@@ -435,8 +435,9 @@ def test_evacuating_a_broker_from_the_page_moves_its_sessions(
         screenshot(chrome, "evacuated")
         # Without the token: refused, and nothing moves.
         assert post_without_token(chrome, "actions/evacuate", {"broker": b}) == 401
+        assert post_without_token(chrome, "actions/readmit", {"broker": a}) == 401
         assert post_without_token(chrome, "actions/restore", {"broker": a}) == 401
         assert sessions_on(chrome, b) == 2
-        answer = act_from_the_page(chrome, "restore", a)
+        answer = act_from_the_page(chrome, "readmit", a)
         assert message.get_attribute("data-ok") == "true", answer
         wait_for("A no longer evacuated", lambda: not find(chrome, evacuated))

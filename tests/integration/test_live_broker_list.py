@@ -15,7 +15,7 @@ broker.
   A again is followed without a signal (its modification time, looked at every
   ``dns_refresh_interval``, which the SIGHUP shortened).
 
-The diffing and bad input in detail are tests/proxy/test_broker_list.py.
+The diffing and bad input in detail are tests/proxy/test_discovery.py.
 """
 
 from __future__ import annotations
@@ -294,7 +294,7 @@ async def test_every_address_of_a_name_from_a_real_dns_server(tmp_path: Path) ->
     """``dns=all`` through dnspython on trio to dnsmasq: every A address of the name, in address
     order, each sending the name as its CONNECT host; the hosts file rewritten and dnsmasq
     SIGHUPed: the new addresses; a name it does not serve and a server that is gone fail with
-    a reason (the list keeps its last good answer: tests/proxy/test_broker_list.py)."""
+    a reason (the list keeps its last good answer: tests/proxy/test_discovery.py)."""
     template = parse_broker_url("stomp://mq.test:61613?dns=all")[0][0]
     with dnsmasq_server(tmp_path, {}) as dns, trio.fail_after(20):
         dns.addresses = {"mq.test": ["127.0.0.3", "127.0.0.2"]}

@@ -1,4 +1,4 @@
-"""The admin plane's actions (``POST /actions/evacuate``, ``/actions/restore``, ``/actions/drain``)
+"""The admin plane's actions (``POST /actions/evacuate``, ``/actions/readmit``, ``/actions/drain``)
 over trio memory streams: POST only (405 with ``Allow: POST`` for GET and HEAD), the token always
 (403 without a token file, loopback or not; 401 without the token, and nothing done), the body's
 fields (400), what cannot be done (409 with the reason), what is done (200), and the log line
@@ -27,7 +27,7 @@ from tests.proxy.test_admin_http import Client, FakeSidecar, connect, header, ma
 TOKEN = "act-5d2e81"
 UP = "127.0.0.1:61001"  # make_admin's probe: this one answers
 DOWN = "127.0.0.1:61002"  # and this one does not
-ACTIONS = ("/actions/evacuate", "/actions/restore", "/actions/drain")
+ACTIONS = ("/actions/evacuate", "/actions/readmit", "/actions/restore", "/actions/drain")
 
 
 class Asker:
@@ -114,7 +114,7 @@ def actions(sidecar: FakeSidecar, action: str, result: str) -> float:
 
 
 def evacuated(sidecar: FakeSidecar) -> list[str]:
-    return [e.broker for e in sidecar.evacuations()]
+    return [e.broker for e in sidecar.rotation.evacuations()]
 
 
 @pytest.mark.parametrize("target", ACTIONS)
@@ -306,17 +306,17 @@ async def test_evacuate_shows_in_status_and_metrics_then_restore(
     assert response.status_code == 409
     assert answer["message"] == f"{DOWN} is not evacuated"
 
-    response, _ = await post(client, "/actions/evacuate", {"broker": DOWN})  # until restored
+    response, _ = await post(client, "/actions/evacuate", {"broker": DOWN})  # until readmitted
     assert response.status_code == 200
     await trio.sleep(3600)
     assert (await status_of(DOWN))["evacuated"]["seconds_left"] is None
     client.fresh(new=True)
-    response, answer = await post(client, "/actions/restore", {"broker": DOWN})
+    response, answer = await post(client, "/actions/readmit", {"broker": DOWN})
     assert response.status_code == 200
     assert answer["message"] == f"{DOWN} is back in the rotation"
     assert (await status_of(DOWN))["evacuated"] is None
-    assert actions(sidecar, "restore", "done") == 1
-    assert actions(sidecar, "restore", "refused") == 1
+    assert actions(sidecar, "readmit", "done") == 1
+    assert actions(sidecar, "restore", "refused") == 1  # the deprecated name still answers
 
 
 async def test_drain_starts_the_sigterm_drain_once(tmp_path: Path, nursery: trio.Nursery) -> None:

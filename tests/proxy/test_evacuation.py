@@ -49,7 +49,7 @@ REASON = "requested on the admin plane by 10.0.0.7"
 # -- the table (pure) ---------------------------------------------------------------------------
 
 
-def test_an_evacuation_holds_until_restored_or_its_time_is_up() -> None:
+def test_an_evacuation_holds_until_readmitted_or_its_time_is_up() -> None:
     table = Evacuations()
     forever = table.evacuate("a:1", "r1", 10.0)
     timed = table.evacuate("b:2", "r2", 11.0, for_seconds=5.0)
@@ -59,10 +59,10 @@ def test_an_evacuation_holds_until_restored_or_its_time_is_up() -> None:
     assert table.get("b:2", 15.999) == timed
     assert table.get("b:2", 16.0) is None  # its time is up
     assert table.active(16.0) == (forever,)
-    assert table.restore("b:2", 17.0) is None  # nothing to restore any more
+    assert table.readmit("b:2", 17.0) is None  # nothing to readmit any more
     again = table.evacuate("a:1", "r3", 20.0, for_seconds=1.0)  # replaces the first
     assert table.active(20.5) == (again,)
-    assert table.restore("a:1", 20.5) == again
+    assert table.readmit("a:1", 20.5) == again
     assert table.active(20.5) == ()
     assert table.get("c:3", 0.0) is None
 
@@ -81,7 +81,7 @@ def test_stranded_says_why_the_sessions_would_have_nowhere_to_go() -> None:
         "a:1 is the only broker in the list: its sessions would have nowhere to go"
     )
     assert stranded("a:1", brokers, ["b:2", "c:3"], None) == (
-        "every other broker is evacuated (b:2, c:3): restore one first, or its sessions would "
+        "every other broker is evacuated (b:2, c:3): readmit one first, or its sessions would "
         "have nowhere to go"
     )
     assert stranded("a:1", brokers, ["a:1"], None) is None  # evacuated again: fine
@@ -97,23 +97,23 @@ def test_stranded_says_why_the_sessions_would_have_nowhere_to_go() -> None:
 
 
 def test_the_sidecar_checks_the_label_and_the_others() -> None:
-    """:meth:`Sidecar.evacuate` without an admin plane judges the list and the evacuations;
+    """:meth:`BrokerRotation.evacuate` without an admin plane judges the list and the evacuations;
     ``check=False`` (a broker that left the list) evacuates whatever the others."""
     sidecar = Sidecar(make_config(ScriptedBroker("a", "h", 1), ScriptedBroker("b", "h", 2)))
     with pytest.raises(UnknownBroker, match=r"h:3 is not in the broker list \(h:1, h:2\)"):
-        sidecar.evacuate("h:3", REASON)
+        sidecar.rotation.evacuate("h:3", REASON)
     with pytest.raises(UnknownBroker):
-        sidecar.restore("h:3")
+        sidecar.rotation.readmit("h:3")
 
     async def main() -> None:
-        sidecar.evacuate("h:1", REASON)
+        sidecar.rotation.evacuate("h:1", REASON)
         with pytest.raises(EvacuationRefused, match="every other broker is evacuated"):
-            sidecar.evacuate("h:2", REASON)
-        sidecar.evacuate("h:2", "left the broker list", check=False)
-        assert [e.broker for e in sidecar.evacuations()] == ["h:1", "h:2"]
-        assert sidecar.restore("h:1") is not None
-        assert sidecar.restore("h:1") is None
-        assert [e.broker for e in sidecar.evacuations()] == ["h:2"]
+            sidecar.rotation.evacuate("h:2", REASON)
+        sidecar.rotation.evacuate("h:2", "left the broker list", check=False)
+        assert [e.broker for e in sidecar.rotation.evacuations()] == ["h:1", "h:2"]
+        assert sidecar.rotation.readmit("h:1") is not None
+        assert sidecar.rotation.readmit("h:1") is None
+        assert [e.broker for e in sidecar.rotation.evacuations()] == ["h:2"]
 
     trio.run(main)
 
@@ -248,17 +248,17 @@ async def test_with_no_other_broker_up_the_session_stays_and_tries_again(
     assert failover["attempts"] == 1
 
 
-async def test_a_restore_before_the_move_keeps_the_session_where_it_is(
+async def test_a_readmission_before_the_move_keeps_the_session_where_it_is(
     autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, network: Network
 ) -> None:
-    """The backup down, the primary evacuated then restored: the session never moves and
+    """The backup down, the primary evacuated then readmitted: the session never moves and
     stops trying the backup; evacuated again later, it moves then."""
     board = ReconnectBoard()
     primary, backup, (running,) = await on_primary(nursery, network, board)
     backup.reachable = False
     board.evacuate(primary.label, REASON)
     await trio.sleep(1.5 * INTERVAL)
-    assert board.restore(primary.label) is not None
+    assert board.readmit(primary.label) is not None
     tried = backup.refused_attempts
     await trio.sleep(10 * INTERVAL)
     assert backup.refused_attempts == tried
@@ -299,7 +299,7 @@ async def test_priority_backup_does_not_fail_back_to_an_evacuated_first_broker(
     autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, network: Network
 ) -> None:
     """With ``priority_backup``: the first broker evacuated, the session moves to the backup
-    and stays there (the failback watch does not even try the first broker); restored, it
+    and stays there (the failback watch does not even try the first broker): readmitted, it
     fails back as after an outage."""
     board = ReconnectBoard()
     primary, backup, (running,) = await on_primary(nursery, network, board, priority_backup=True)
@@ -309,7 +309,7 @@ async def test_priority_backup_does_not_fail_back_to_an_evacuated_first_broker(
     links = len(primary.links)
     await trio.sleep(10 * INTERVAL)
     assert len(primary.links) == links  # not tried while evacuated
-    board.restore(primary.label)
+    board.readmit(primary.label)
     back = await running.app.wait_event("FAILOVER", 2)
     assert back["reason"] == "failback to the first broker"
     assert back["to_broker"] == primary.label

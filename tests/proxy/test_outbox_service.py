@@ -14,8 +14,8 @@ from config import Config
 from protocol import Command, Frame
 from proxy._errors import OutboxUnusable
 from proxy.outbox import OutboxStore, StoredFrame
+from proxy.outbox.frames import FETCH_FRAMES, STORED_VERSION, FetchSize, parse
 from proxy.outbox.service import open_outbox
-from proxy.session.outbox import FETCH_FRAMES, STORED_VERSION, FetchSize, parse
 from proxy.session.phase import Phase, PhaseMachine
 from proxy.telemetry.metrics import Metrics
 

@@ -267,7 +267,7 @@
           el("td", { class: "num" }, b.sessions ? badge(b.sessions + " in use", "in-use") : "0"),
           check,
           tlsCell(b.tls),
-          el("td", {}, actionButton("Evacuate", "evacuate", b.broker), " ", actionButton("Restore", "restore", b.broker)),
+          el("td", {}, actionButton("Evacuate", "evacuate", b.broker), " ", actionButton("Readmit", "readmit", b.broker)),
         ),
       );
     }
@@ -278,7 +278,7 @@
   function evacuatedBadge(evacuation) {
     if (!evacuation) return null;
     const left = evacuation.seconds_left;
-    const until = left === null || left === undefined ? "until restored" : "for " + fmtSeconds(left) + " more";
+    const until = left === null || left === undefined ? "until readmitted" : "for " + fmtSeconds(left) + " more";
     const title = (evacuation.reason || "evacuated") + ", " + until;
     return el("span", { class: "badge evacuated", title, "data-evacuated": "true" }, "evacuated " + until);
   }

@@ -25,7 +25,6 @@ from proxy.admin.health import BrokerProber
 from proxy.admin.server import AdminServer
 from proxy.app import Sidecar
 from proxy.reconnect import brokers as brokers_module
-from proxy.reconnect.broker_list import RELOAD, BrokerList, NoBrokers
 from proxy.reconnect.brokers import (
     BrokerTable,
     EmptyBrokerList,
@@ -33,6 +32,7 @@ from proxy.reconnect.brokers import (
     in_force_count,
     walk_order,
 )
+from proxy.reconnect.discovery import RELOAD, BrokerDiscovery, NoBrokers
 from proxy.reconnect.policy import ReconnectPolicy
 from proxy.reconnect.resolve import LookupFailed
 from proxy.reload import plan_reload, reload_sidecar
@@ -129,11 +129,11 @@ class Calls:
         self.left: list[tuple[str, str]] = []
 
 
-def make_list(config: Config, answers: Answers) -> tuple[BrokerList, Calls]:
+def make_list(config: Config, answers: Answers) -> tuple[BrokerDiscovery, Calls]:
     calls = Calls()
     table = BrokerTable([b for b in config.brokers if not b.dns])
     return (
-        BrokerList(
+        BrokerDiscovery(
             config,
             table,
             on_join=lambda b, source: calls.joined.append((b.label, source)),
@@ -309,17 +309,17 @@ async def test_a_broker_that_leaves_the_list_is_evacuated_and_restored_when_it_r
 ) -> None:
     answers = Answers(mq_test=at("127.0.0.2", "127.0.0.3"))
     sidecar = Sidecar(Config(brokers=(NAME,)), resolve=answers)
-    await sidecar.start_broker_list()
+    await sidecar.rotation.start()
     assert sidecar.metrics.brokers == ("127.0.0.2:61613", "127.0.0.3:61613")
     answers.answers["mq.test"] = at("127.0.0.3")
-    await sidecar.broker_list.refresh()
-    (evacuation,) = sidecar.evacuations()
+    await sidecar.rotation.discovery.refresh()
+    (evacuation,) = sidecar.rotation.evacuations()
     assert evacuation.broker == "127.0.0.2:61613"
     assert evacuation.reason == "left the broker list (DNS name mq.test no longer resolves to it)"
-    assert [b.label for b in sidecar.brokers()] == ["127.0.0.3:61613"]
+    assert [b.label for b in sidecar.rotation.brokers()] == ["127.0.0.3:61613"]
     answers.answers["mq.test"] = at("127.0.0.2", "127.0.0.3")
-    await sidecar.broker_list.refresh()
-    assert sidecar.evacuations() == ()
+    await sidecar.rotation.discovery.refresh()
+    assert sidecar.rotation.evacuations() == ()
 
 
 def test_sighup_applies_the_live_options_and_names_the_others() -> None:
@@ -365,7 +365,7 @@ async def test_sighup_applies_what_it_can_to_running_sessions_in_one_line(
     path.write_text(f"stomp://{B.label}\n")
     config = Config(brokers=(A,), brokers_file=str(path))
     sidecar = Sidecar(config, resolve=Answers())
-    await sidecar.start_broker_list()
+    await sidecar.rotation.start()
 
     class Running:  # what a reload and an evacuation touch of a live session
         core = types.SimpleNamespace(policy=session_policy(config))
@@ -392,7 +392,7 @@ async def test_sighup_applies_what_it_can_to_running_sessions_in_one_line(
     )
     assert running.core.policy.retry_interval == 0.25
     assert (sidecar.config.max_sessions, sidecar.config.listen) == (5, config.listen)
-    assert [e.broker for e in sidecar.evacuations()] == [B.label]
+    assert [e.broker for e in sidecar.rotation.evacuations()] == [B.label]
 
     def refuse() -> Config:
         raise ConfigError(["retry_interval: must be > 0, got -1 (from /etc/x.toml)"])
@@ -402,10 +402,10 @@ async def test_sighup_applies_what_it_can_to_running_sessions_in_one_line(
         "reload (SIGHUP) refused: retry_interval: must be > 0, got -1 (from /etc/x.toml); the "
         "configuration in force stays"
     )
-    assert [f.source for f in sidecar.broker_list.statistics().failed] == [RELOAD]
+    assert [f.source for f in sidecar.rotation.discovery.statistics().failed] == [RELOAD]
     assert sidecar.config.retry_interval == 250
     await reload_sidecar(sidecar, lambda: sidecar.config)
-    assert sidecar.broker_list.statistics().failed == ()
+    assert sidecar.rotation.discovery.statistics().failed == ()
 
 
 async def test_sighup_gives_the_admin_plane_a_new_token_file(
@@ -414,7 +414,7 @@ async def test_sighup_gives_the_admin_plane_a_new_token_file(
     old, new = tmp_path / "old-token", tmp_path / "new-token"
     config = Config(brokers=(A,), admin_token_file=str(old))
     sidecar = Sidecar(config)
-    await sidecar.start_broker_list()
+    await sidecar.rotation.start()
     sidecar.admin = AdminServer(sidecar)
     assert sidecar.admin.token is not None
     assert sidecar.admin.token.path == str(old)

@@ -1,5 +1,6 @@
-"""The live broker list: what the configuration, DNS and the brokers file name now, kept in
-force on the reconnect board's :class:`~proxy.reconnect.brokers.BrokerTable`
+"""Broker discovery: what the configuration, DNS and the brokers file name now, kept in
+force on the reconnect board's :class:`~proxy.reconnect.brokers.BrokerTable` (the broker list
+in force; this module keeps it live;
 (docs/configuration.md, "A live broker list"; docs/operations.md, "The broker list at run
 time").
 
@@ -7,16 +8,17 @@ Sources, in list order: the ``brokers`` of the configuration, then those of ``br
 A broker with ``dns`` set stands for what its name resolves to (every address, or its SRV
 records: :mod:`proxy.reconnect.resolve`). Every ``dns_refresh_interval`` (jittered by ±20 %)
 the refresh task looks every such name up again and looks at the file (re-read when its
-modification time, size or inode changed); SIGHUP re-reads it too (:meth:`BrokerList.reload`).
+modification time, size or inode changed); SIGHUP re-reads it too (:meth:`BrokerDiscovery.reload`).
 
 An update is applied as a diff (:meth:`BrokerTable.update`): a broker that joins is in the next
 walks, the prober's rounds, ``/status`` and the metrics (``on_join``); one that leaves is
 evacuated by the caller (``on_leave``: its sessions move at their next quiet point with a
-FAILOVER whose reason says why, :meth:`proxy.app.Sidecar.evacuate`). Bad input never empties
-the list: a lookup that fails (no such name, an answer without an address, a timeout) keeps
-that name's last good answer; a file that does not parse keeps the file's last good brokers;
-an update that would leave no broker at all is refused. Each is one log line when it begins
-(and one when it ends), and stands in :meth:`BrokerList.statistics` (``/status``) until it ends.
+FAILOVER whose reason says why, :meth:`proxy.rotation.BrokerRotation.evacuate`). Bad input
+never empties the list: a lookup that fails (no such name, an answer without an address, a
+timeout) keeps that name's last good answer; a file that does not parse keeps the file's last
+good brokers; an update that would leave no broker at all is refused. Each is one log line when
+it begins (and one when it ends), and stands in :meth:`BrokerDiscovery.statistics`
+(``/status``) until it ends.
 
 Lookups run in this object's task, never on a session's data path.
 """
@@ -37,7 +39,7 @@ from config import Broker, Config, read_brokers_file
 from proxy.reconnect.brokers import BrokerTable, EmptyBrokerList
 from proxy.reconnect.resolve import LookupFailed, Resolve, make_resolver
 
-__all__ = ["BrokerList", "BrokerListStatistics", "FailedUpdate", "NoBrokers"]
+__all__ = ["BrokerDiscovery", "BrokerListStatistics", "FailedUpdate", "NoBrokers"]
 
 log = logging.getLogger("mq_sidecar.brokers")
 
@@ -94,7 +96,7 @@ def _source(template: Broker) -> str:
     return f"{'SRV' if template.dns == 'srv' else 'DNS'} name {template.host}"
 
 
-class BrokerList:
+class BrokerDiscovery:
     """The owner of the live broker list (see the module docstring).
 
     Args:
