@@ -47,7 +47,7 @@ import protocol
 from config import Config
 from proxy._errors import ListenError, OutboxUnusable, TracingUnavailable
 from proxy.admin.server import AdminLimits, AdminServer
-from proxy.legs.memory import MemoryGate
+from proxy.legs.memory import MemoryBudgetGate
 from proxy.legs.opening import BrokerStreams
 from proxy.legs.stream import RECEIVE_SIZE, FrameStream, TransportLost
 from proxy.outbox.forwarder import OutboxForwarder
@@ -176,7 +176,7 @@ class Sidecar:
         self.forwarder: OutboxForwarder | None = None
         self.sessions: set[Session] = set()
         #: The process's memory budget (``max_memory_bytes``) and the app reads waiting for it.
-        self.memory = MemoryGate(
+        self.memory = MemoryBudgetGate(
             MemoryBudget(
                 config.max_memory_bytes,
                 reserve=FRAME_COST * config.max_frame_bytes + RECEIVE_SIZE,

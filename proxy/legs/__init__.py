@@ -11,7 +11,7 @@
   :class:`~proxy.legs.dialect.BrokerDialect`).
 - ``tls``: TLS contexts, certificate records and the diagnosis of a failed handshake.
 - ``memory``: an app leg's reads wait for the process's memory budget (``max_memory_bytes``:
-  :class:`~proxy.legs.memory.MemoryGate`).
+  :class:`~proxy.legs.memory.MemoryBudgetGate`).
 
 This file imports nothing: the pure modules here may be imported by pure code.
 """

@@ -158,6 +158,17 @@ class BrokerDialect:
     #: ActiveMQ 5.17 and RabbitMQ 3.10 (measured: asked 100,100, ActiveMQ closes after 0.3 s,
     #: RabbitMQ, at 1000 ms, after 3 s; neither writes a frame first).
     closes_silent_clients_quietly: bool = False
+    #: How the broker names the temporary destinations a client makes (``/temp-queue/x``;
+    #: :class:`proxy.tracking.links.TempNames`): ``"activemq"`` (ActiveMQ Classic: after the
+    #: connection's id, which its CONNECTED ``session`` header gives unless the app's CONNECT
+    #: set ``client-id``; StompProtocolConverter, measured), ``"rabbitmq"`` (a random name the
+    #: sidecar learns from the broker, measured with RabbitMQ 3.10), ``""`` (not known).
+    temp_names: str = ""
+    #: A browser whose browse ended stays subscribed until UNSUBSCRIBE, so a failover must not
+    #: browse again (ActiveMQ Classic; :meth:`proxy.tracking.SessionState.new_link`).
+    keeps_finished_browsers: bool = False
+    #: OpenTelemetry's ``messaging.system`` for this broker (:func:`messaging_system`).
+    messaging_system: str = "stomp"
 
     @classmethod
     def from_server(cls, server: str | None) -> BrokerDialect:
@@ -177,6 +188,13 @@ class BrokerDialect:
             receipt_breaks_wildcard_subscribe=server.startswith("ActiveMQ/"),
             stable_message_ids=activemq,
             closes_silent_clients_quietly=rabbitmq or server.startswith("ActiveMQ/"),
+            temp_names="activemq"
+            if server.startswith("ActiveMQ/")
+            else "rabbitmq"
+            if rabbitmq
+            else "",
+            keeps_finished_browsers=server.startswith("ActiveMQ/"),
+            messaging_system=messaging_system(server),
             heart_beat_answer=(
                 HeartBeatAnswer.SWAPPED_WHOLE_SECONDS
                 if rabbitmq
@@ -211,3 +229,16 @@ class BrokerDialect:
             return False
         name = destination.rpartition("/")[2]
         return any(part in ("*", ">") for part in name.split("."))
+
+
+def messaging_system(server: str) -> str:
+    """``messaging.system`` (OpenTelemetry's semantic conventions) for a broker's CONNECTED
+    ``server`` header: ``rabbitmq`` (``RabbitMQ/3.10.8``), ``activemq`` (``ActiveMQ/5.17.6``,
+    ``ActiveMQ-Artemis/2.31.2``: OpenTelemetry names one value for both), else the product
+    lowercased, ``stomp`` if none."""
+    product = server.split("/", 1)[0].strip().lower()
+    if product.startswith("rabbitmq"):
+        return "rabbitmq"
+    if product.startswith("activemq"):
+        return "activemq"
+    return product or "stomp"

@@ -1,14 +1,14 @@
 """Waiting for the process's memory budget before an app leg reads (issue 28; the accounting
 is :mod:`proxy.tracking.budget`'s, pure).
 
-:class:`MemoryGate` is one per process: the budget and the app reads waiting for it.
-:meth:`MemoryGate.before_read` runs before each read of an app leg
+:class:`MemoryBudgetGate` is one per process: the budget and the app reads waiting for it.
+:meth:`MemoryBudgetGate.before_read` runs before each read of an app leg
 (:meth:`proxy.legs.stream.FrameStream.receive_fast_event`): between frames it waits while the
 budget is over (the app's next frame stays in TCP: backpressure, as for one session's full
-window) and, once bytes are ready, until one read fits (:meth:`MemoryGate.reserve_read`);
+window) and, once bytes are ready, until one read fits (:meth:`MemoryBudgetGate.reserve_read`);
 inside a frame it holds the whole frame once its ``content-length`` is known (else one more
 read) and waits until that fits. Broker legs are charged the same way
-(:meth:`MemoryGate.account`: the MESSAGE being read) and never held back: their RECEIPTs are
+(:meth:`MemoryBudgetGate.account`: the MESSAGE being read) and never held back: their RECEIPTs are
 what frees memory; app reads leave them room.
 
 :func:`keep_mmap_threshold` keeps glibc's malloc from holding on to freed frames, so the
@@ -23,7 +23,7 @@ import trio
 
 from proxy.tracking.budget import FRAME_COST, MemoryBudget, ReadCharge
 
-__all__ = ["MMAP_THRESHOLD", "MemoryGate", "keep_mmap_threshold"]
+__all__ = ["MMAP_THRESHOLD", "MemoryBudgetGate", "keep_mmap_threshold"]
 
 #: Blocks of this many bytes or more get a mapping of their own, returned to the kernel when
 #: freed: glibc's default threshold, kept (``mallopt(M_MMAP_THRESHOLD)``). Left alone, glibc
@@ -54,7 +54,7 @@ def keep_mmap_threshold() -> bool:
     return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
 
 
-class MemoryGate:
+class MemoryBudgetGate:
     """The budget of the process and the reads that wait for it.
 
     Args:

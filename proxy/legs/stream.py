@@ -32,10 +32,11 @@ import protocol
 from protocol import NEED_DATA, ConnectionClosed, Frame, HeartBeat, RawFrame
 
 if TYPE_CHECKING:
-    from proxy.legs.memory import MemoryGate
+    from proxy.legs.memory import MemoryBudgetGate
     from proxy.tracking.budget import ReadCharge
 
-    _Reserve = tuple[MemoryGate, ReadCharge]  # a read held once bytes are ready (_receive_raw)
+    #: A read held once bytes are ready (_receive_raw).
+    _Reserve = tuple[MemoryBudgetGate, ReadCharge]
 
 __all__ = ["FrameStream", "HeartBeatTimeout", "TransportLost"]
 
@@ -163,12 +164,12 @@ class FrameStream:
         self._silent = False
         #: An app leg's hold on the process's memory budget (:meth:`use_memory`): each read
         #: waits for it; None: reads never wait for memory (broker legs).
-        self._memory: MemoryGate | None = None
+        self._memory: MemoryBudgetGate | None = None
         self._memory_waits = True
         self.read_charge: ReadCharge | None = None
 
     def use_memory(
-        self, gate: MemoryGate, charge: ReadCharge | None = None, *, wait: bool = True
+        self, gate: MemoryBudgetGate, charge: ReadCharge | None = None, *, wait: bool = True
     ) -> None:
         """Charge what this leg's read buffer holds to the process's memory budget
         (:mod:`proxy.legs.memory`), in ``charge`` (a new one when None), and read only as the
@@ -180,7 +181,7 @@ class FrameStream:
         self.read_charge = charge if charge is not None else gate.charge_for(RECEIVE_SIZE)
 
     @property
-    def memory(self) -> MemoryGate | None:
+    def memory(self) -> MemoryBudgetGate | None:
         """The memory budget this leg's reads are charged to (:meth:`use_memory`), if any."""
         return self._memory
 
@@ -484,19 +485,8 @@ class FrameStream:
         # had nothing more: wait for readiness at once (a reply has rarely come already).
         if not self._drained or (deadline is not None and deadline <= trio.current_time()):
             await trio.lowlevel.checkpoint_if_cancelled()
-            if reserve is not None:
-                await reserve[0].reserve_read(reserve[1])
-            try:
-                data = sock.recv(RECEIVE_SIZE)
-            except BlockingIOError:
-                if reserve is not None:
-                    reserve[1].take(0)
-            except OSError as exc:
-                raise trio.BrokenResourceError(f"recv: {exc}") from exc
-            else:
-                self._drained = len(data) < RECEIVE_SIZE
-                if timer is not None:  # now, not after the checkpoint: keep_alive may
-                    timer.data_received(trio.current_time())  # judge silence meanwhile
+            data = await self._recv(sock, reserve)
+            if data is not None:
                 # As trio's receive_some: a checkpoint that cannot lose the bytes just read.
                 await trio.lowlevel.cancel_shielded_checkpoint()
                 return data
@@ -513,21 +503,31 @@ class FrameStream:
                     await trio.lowlevel.wait_readable(sock)
                 if scope.cancelled_caught:
                     raise self._silence()
+            data = await self._recv(sock, reserve)
+            if data is not None:
+                return data
+            deadline = timer.receive_deadline() if timer is not None and not watched else None
+
+    async def _recv(self, sock: socket.socket, reserve: _Reserve | None) -> bytes | None:
+        """One ``recv`` of up to :data:`RECEIVE_SIZE` bytes, the memory budget's room for it
+        reserved first (given back if the kernel had nothing), the time noted on the heart-beat
+        timer at once (:meth:`keep_alive` may judge silence at the next checkpoint): the bytes
+        (``b""`` at EOF), or None. Raises trio.BrokenResourceError (reset, closed)."""
+        if reserve is not None:
+            await reserve[0].reserve_read(reserve[1])
+        try:
+            data = sock.recv(RECEIVE_SIZE)
+        except BlockingIOError:
             if reserve is not None:
-                await reserve[0].reserve_read(reserve[1])
-            try:
-                data = sock.recv(RECEIVE_SIZE)
-            except BlockingIOError:
-                if reserve is not None:
-                    reserve[1].take(0)
-                deadline = timer.receive_deadline() if timer is not None and not watched else None
-                continue
-            except OSError as exc:
-                raise trio.BrokenResourceError(f"recv: {exc}") from exc
-            self._drained = len(data) < RECEIVE_SIZE
-            if timer is not None:
-                timer.data_received(trio.current_time())
-            return data
+                reserve[1].take(0)
+            return None
+        except OSError as exc:
+            raise trio.BrokenResourceError(f"recv: {exc}") from exc
+        self._drained = len(data) < RECEIVE_SIZE
+        timer = self.timer
+        if timer is not None:
+            timer.data_received(trio.current_time())
+        return data
 
     def next_buffered(self) -> Frame | HeartBeat | ConnectionClosed | None:
         """The next event if it is already in the buffer, else None; never does I/O.

@@ -228,20 +228,23 @@ class OutboxForwarder:
             key,
             f"forwarding what {whose} stored",
             to_broker=label,
-            spooled_frames=frames,
+            stored_frames=frames,
+            spooled_frames=frames,  # its first name, deprecated (docs/behaviour.md)
         )
         try:
             while await self._forward_some(upstream, key):
                 pass
         finally:
             self._key = None
+        forwarding_ms = round((trio.current_time() - started) * 1000)
         self._publish(
             EventKind.OUTBOX_FORWARDED,
             key,
             f"every frame {whose} stored was forwarded",
             to_broker=label,
             forwarded_frames=self._key_forwarded,
-            spooled_ms=round((trio.current_time() - started) * 1000),
+            forwarding_ms=forwarding_ms,
+            spooled_ms=forwarding_ms,  # its first name, deprecated (docs/behaviour.md)
             frames=tuple(self._key_refused),
         )
 

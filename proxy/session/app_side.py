@@ -349,7 +349,7 @@ class AppSide:
             await self.out.answer_locally(app_receipt)  # COMMIT will fail, ABORT succeeds
             return False
         keep = self._replay_transactions
-        charge = keep or self._held_until_commit
+        charge = keep or self._confirmed_at_commit
         if tx is not None and charge:
             await self._within_transaction_budget(tx, frame_size(up), idle)
         entry = await self.confirmations.submit(up, app_receipt=app_receipt, idle=idle, context=tx)
@@ -358,7 +358,7 @@ class AppSide:
         return False
 
     @property
-    def _held_until_commit(self) -> bool:
+    def _confirmed_at_commit(self) -> bool:
         """The broker confirms a transaction's SENDs and ACKs only at its COMMIT (RabbitMQ,
         docs/brokers.md, "Receipts"): the window holds them until then."""
         return not self.core.leg.dialect.cumulative_receipts
@@ -501,7 +501,7 @@ class AppSide:
         if tx is not None and not tx.rolled_back:
             # The settle charged its deliveries; the ACK frames count when held until COMMIT.
             frames = (*settled.more, settled.to_broker) if settled.to_broker else settled.more
-            held = sum(map(frame_size, frames)) if self._held_until_commit else 0
+            held = sum(map(frame_size, frames)) if self._confirmed_at_commit else 0
             await self._within_transaction_budget(tx, held, idle)
         if settled.to_broker is None or (tx is not None and tx.rolled_back):
             await self.out.answer_locally(app_receipt)
@@ -517,7 +517,7 @@ class AppSide:
             )
             if tx is not None:
                 # re-run from the app's state, not from its frames
-                tx.sent(entry, keep=False, charge=self._held_until_commit)
+                tx.sent(entry, keep=False, charge=self._confirmed_at_commit)
         return False
 
     async def _begin(self, frame: Frame, idle: bool) -> bool:

@@ -22,7 +22,7 @@ import trio
 import protocol
 from config import Broker, Config, Durations
 from protocol import Command
-from proxy.legs.memory import MemoryGate
+from proxy.legs.memory import MemoryBudgetGate
 from proxy.legs.stream import RECEIVE_SIZE, FrameStream
 from proxy.reconnect.policy import ReconnectPolicy
 from proxy.session.asked import AppRequests
@@ -139,7 +139,7 @@ class SessionCore:
         bus: EventBus,
         metrics: Metrics,
         rng: random.Random,
-        memory: MemoryGate | None = None,
+        memory: MemoryBudgetGate | None = None,
         brokers: Sequence[Broker] | None = None,
     ) -> None:
         self.config = config

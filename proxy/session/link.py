@@ -85,7 +85,7 @@ class Link:
         self._relay_scope = trio.CancelScope()  # per leg; cancelled to move
         self._move: _Move | None = None
         self._moving = trio.Lock()  # one move at a time (failback, evacuation)
-        self._held_since: float | None = None  # a failback holds the app (trio seconds)
+        self._paused_since: float | None = None  # a failback holds the app (trio seconds)
         self._started = False  # the first connection was reported to the caller
         #: Set once a whole first round failed (every broker tried or skipped, none answered):
         #: in outbox mode the session then answers its app's CONNECT itself.
@@ -329,7 +329,7 @@ class Link:
         """Restore the session on the new leg; then a failback's hold of the app ends."""
         try:
             await self.restorer.restore_quietly(
-                upstream, attempts, loss, end, held_since=self._held_since
+                upstream, attempts, loss, end, paused_since=self._paused_since
             )
         finally:
             self._release_app()
@@ -495,7 +495,7 @@ class Link:
         with trio.move_on_after(core.policy.max_retry_interval):
             while state.unacked or state.transactions:
                 await self._session_changes()
-        self._held_since = trio.current_time()
+        self._paused_since = trio.current_time()
         core.flow.failback_hold = trio.Event()
         with trio.move_on_after(FAILBACK_HOLD):
             while not (
@@ -524,7 +524,7 @@ class Link:
     def _release_app(self) -> None:
         """End a failback's hold of the app, if any."""
         hold, self.core.flow.failback_hold = self.core.flow.failback_hold, None
-        self._held_since = None
+        self._paused_since = None
         if hold is not None:
             hold.set()
 

@@ -47,15 +47,17 @@ def start_link(state: SessionState, upstream: Upstream, app_connect: Frame | Non
     traits). ActiveMQ names a connection's temporary destinations after its id, which its
     CONNECTED ``session`` header gives, unless the app's CONNECT set ``client-id``, which
     ActiveMQ puts there instead (StompProtocolConverter.onStompConnect; measured)."""
-    server = upstream.connected.get("server") or ""
+    dialect = upstream.dialect
     session = upstream.connected.get("session")
     client_id = app_connect.get("client-id") if app_connect is not None else None
+    by_connection = client_id is None and dialect.temp_names == "activemq"
     return state.new_link(
-        stable_message_ids=upstream.dialect.stable_message_ids,
-        client_ack_per_subscription=upstream.dialect.client_ack_per_subscription,
-        acks_ignore_subscription=upstream.dialect.acks_ignore_subscription,
-        server=server,
-        connection_id=session if client_id is None and server.startswith("ActiveMQ/") else None,
+        stable_message_ids=dialect.stable_message_ids,
+        client_ack_per_subscription=dialect.client_ack_per_subscription,
+        acks_ignore_subscription=dialect.acks_ignore_subscription,
+        keeps_finished_browsers=dialect.keeps_finished_browsers,
+        temp_names=dialect.temp_names,
+        connection_id=session if by_connection else None,
     )
 
 
@@ -150,11 +152,11 @@ class Restorer:
         loss: Loss,
         end: LinkEnd,
         *,
-        held_since: float | None = None,
+        paused_since: float | None = None,
     ) -> None:
         """:meth:`restore`; a leg lost meanwhile is left to the relay, which sees it too."""
         try:
-            await self.restore(upstream, attempts, loss, end, held_since=held_since)
+            await self.restore(upstream, attempts, loss, end, paused_since=paused_since)
         except TransportLost:
             return
 
@@ -165,14 +167,14 @@ class Restorer:
         loss: Loss,
         end: LinkEnd,
         *,
-        held_since: float | None = None,
+        paused_since: float | None = None,
     ) -> None:
         """Re-create the session on a new leg (already begun: :meth:`begin`, whose ``end`` this
         reports) and replay the window.
 
         Runs beside the relay of the new leg. The FAILOVER event is written to the app before
         anything is sent, so the app hears of the failover before a message of the new leg.
-        ``held_since``: when a failback started holding the app's frames (trio seconds).
+        ``paused_since``: when a failback started holding the app's frames (trio seconds).
         """
         core = self.core
         state = core.state
@@ -190,7 +192,7 @@ class Restorer:
             frames = (*plan.subscribe, *plan.recreate)
             for frame in (*frames, *(e.frame for e in entries)):
                 state.temps.note(frame)  # the order the new leg names temporary destinations
-            await self._announce(upstream, plan, attempts, loss, end, held_since=held_since)
+            await self._announce(upstream, plan, attempts, loss, end, paused_since=paused_since)
             for frame in frames:
                 await _queue_on(upstream, frame)
             await self._replay(upstream, entries)
@@ -259,7 +261,7 @@ class Restorer:
         loss: Loss,
         end: LinkEnd,
         *,
-        held_since: float | None,
+        paused_since: float | None,
     ) -> None:
         core = self.core
         state = core.state
@@ -331,7 +333,7 @@ class Restorer:
             topics_missed=tuple((s.app_id, s.destination) for s in missed),
             outage_start=wall - outage,
             outage_end=wall,
-            app_held_ms=None if held_since is None else round((now - held_since) * 1000),
+            app_held_ms=None if paused_since is None else round((now - paused_since) * 1000),
         )
         if core.tracer is not None:
             core.tracer.failover(event)

@@ -62,7 +62,7 @@ import trio
 
 from config import Config
 from proxy.legs.broker import UpstreamUnavailable
-from proxy.legs.memory import MemoryGate
+from proxy.legs.memory import MemoryBudgetGate
 from proxy.legs.opening import BrokerStreams, StreamOpener
 from proxy.legs.stream import TransportLost
 from proxy.outbox.service import OutboxService
@@ -158,7 +158,7 @@ class Session:
         reconnects: ReconnectBoard | None = None,
         outbox: OutboxService | None = None,
         tracing: Tracing | None = None,
-        memory: MemoryGate | None = None,
+        memory: MemoryBudgetGate | None = None,
     ) -> None:
         board = reconnects if reconnects is not None else ReconnectBoard()
         if not board.brokers:  # a board built without a list: this configuration's

@@ -75,10 +75,10 @@ class EventKind(enum.StrEnum):
     SPOOL_DRAINED = "SPOOL_DRAINED"
     #: The outbox forwarder began forwarding the frames of a session no live session
     #: forwards (a previous process's, or an ended one's): ``session_id`` is that session's
-    #: key, ``spooled_frames`` its frames in the outbox, ``to_broker`` where they go.
+    #: key, ``stored_frames`` its frames in the outbox, ``to_broker`` where they go.
     OUTBOX_FORWARDING = "OUTBOX_FORWARDING"
     #: The outbox forwarder has forwarded every frame of that session (``forwarded_frames``,
-    #: ``spooled_ms`` from its OUTBOX_FORWARDING); ``frames`` names those a broker refused.
+    #: ``forwarding_ms`` from its OUTBOX_FORWARDING); ``frames`` names those a broker refused.
     OUTBOX_FORWARDED = "OUTBOX_FORWARDED"
 
 
@@ -169,6 +169,11 @@ class SessionEvent:
     #: SPOOLING to the last of them confirmed.
     forwarded_frames: int | None = None
     spooled_ms: int | None = None
+    #: OUTBOX_FORWARDING: the session's frames in the outbox (``spooled_frames`` too, its
+    #: first name there, deprecated); OUTBOX_FORWARDED: ms from the OUTBOX_FORWARDING to the
+    #: last of them confirmed (``spooled_ms`` too, deprecated). None in the other events.
+    stored_frames: int | None = None
+    forwarding_ms: int | None = None
     timestamp: float = field(default_factory=time.time)
 
     def to_dict(self) -> dict[str, object]:

@@ -102,7 +102,7 @@ def _event_message(e: SessionEvent) -> str:
         )
     if e.kind is EventKind.OUTBOX_FORWARDING:
         return (
-            f"session {e.session_id}: OUTBOX_FORWARDING: {e.spooled_frames} stored frame(s) "
+            f"session {e.session_id}: OUTBOX_FORWARDING: {e.stored_frames} stored frame(s) "
             f"to {e.to_broker or '-'} by the outbox forwarder: {e.reason}"
         )
     if e.kind is EventKind.OUTBOX_FORWARDED:

@@ -88,7 +88,7 @@ class TracedLeg(Protocol):
     def broker_index(self) -> int | None: ...
 
 
-__all__ = ["SessionTracer", "TracedLeg", "Tracing", "TracingUnavailable", "messaging_system"]
+__all__ = ["SessionTracer", "TracedLeg", "Tracing", "TracingUnavailable"]
 
 log = logging.getLogger("mq_sidecar.tracing")
 
@@ -99,18 +99,6 @@ SETTLE_PARENTS_MAX = 10_000
 #: The outcomes that do not end a span: the frame may still be confirmed (an event instead).
 _NOT_FINAL = {FrameOutcome.REPLAYED: "replay", FrameOutcome.TIMED_OUT: "call_timeout"}
 _PROPAGATOR = TraceContextTextMapPropagator()
-
-
-def messaging_system(server: str) -> str:
-    """``messaging.system`` for a broker's CONNECTED ``server`` header: ``rabbitmq``
-    (``RabbitMQ/3.10.8``), ``activemq`` (``ActiveMQ/5.17.6``, ``ActiveMQ-Artemis/2.31.2``:
-    OpenTelemetry names one value for both), else the product lowercased, ``stomp`` if none."""
-    product = server.split("/", 1)[0].strip().lower()
-    if product.startswith("rabbitmq"):
-        return "rabbitmq"
-    if product.startswith("activemq"):
-        return "activemq"
-    return product or "stomp"
 
 
 def parent_of(frame: Frame | RawFrame) -> Context:
@@ -243,7 +231,7 @@ class SessionTracer:
 
     def _attributes(self, operation: str, name: str, destination: str | None) -> dict[str, str]:
         attributes = {
-            "messaging.system": messaging_system(self._leg.dialect.server),
+            "messaging.system": self._leg.dialect.messaging_system,
             "messaging.operation.type": operation,
             "messaging.operation.name": name,
             "mq_sidecar.session": self._id,

@@ -110,20 +110,16 @@ class TempNames:
         self.probing = True
 
     def new_link(
-        self, generation: int, *, server: str, connection_id: str | None
+        self, generation: int, *, style: str, connection_id: str | None
     ) -> tuple[tuple[str, str | None], ...]:
-        """A new leg (``server``: its CONNECTED ``server`` header; ``connection_id``: ActiveMQ's
-        id of the connection, None when not known). Returns the temporary destinations the old
-        leg had made, with their broker-side names there."""
+        """A new leg (``style``: how its broker names temporary destinations, ``"activemq"``,
+        ``"rabbitmq"`` or ``""``: :attr:`proxy.legs.dialect.BrokerDialect.temp_names`;
+        ``connection_id``: ActiveMQ's id of the connection, None when not known). Returns the
+        temporary destinations the old leg had made, with their broker-side names there."""
         old = self.generation
         made = tuple((t.name, t.broker_name) for t in self._temps.values() if t.generation == old)
         self.generation = generation
-        if server.startswith("ActiveMQ/"):
-            self._style = "activemq"
-        elif server.startswith("RabbitMQ"):
-            self._style = "rabbitmq"
-        else:
-            self._style = ""
+        self._style = style
         self._connection_id = connection_id
         self._made = 0
         self._exact = True

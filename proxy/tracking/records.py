@@ -266,7 +266,7 @@ class Transaction(EntryContext):
     ``rolled_back``: why it was rolled back by the sidecar (a failover in ``rollback`` mode, a
     frame of it dropped at ``call_timeout``), or None; its COMMIT answers an ERROR saying so,
     and no broker is given it again (:func:`proxy.tracking.replay.plan_replay`).
-    ``frames``: SEND/ACK/NACK frames sent in it. ``held_bytes``: what it is charged in
+    ``frames``: SEND/ACK/NACK frames sent in it. ``charged_bytes``: what it is charged in
     ``budget`` (:data:`TRANSACTION_OVERHEAD`, the kept SENDs' sizes,
     :data:`SETTLED_DELIVERY_COST` per settled delivery), returned by :meth:`release`.
     """
@@ -279,7 +279,7 @@ class Transaction(EntryContext):
     acked: list[Delivery] = field(default_factory=list)
     rolled_back: str | None = None
     frames: int = 0
-    held_bytes: int = 0
+    charged_bytes: int = 0
 
     def __post_init__(self) -> None:
         self._charge(TRANSACTION_OVERHEAD)
@@ -313,7 +313,7 @@ class Transaction(EntryContext):
 
     def release(self) -> None:
         """It ended (COMMIT/ABORT): give back everything it was charged."""
-        self._charge(-self.held_bytes)
+        self._charge(-self.charged_bytes)
 
     def finished(self) -> None:
         """Nothing of it will be re-run (an ABORT, or a COMMIT the broker confirmed): drop the
@@ -323,7 +323,7 @@ class Transaction(EntryContext):
         self.entries = []
 
     def _charge(self, nbytes: int) -> None:
-        self.held_bytes += nbytes
+        self.charged_bytes += nbytes
         self.budget.add(nbytes)
 
 

@@ -96,7 +96,8 @@ class SessionState(Deliveries):
         stable_message_ids: bool,
         client_ack_per_subscription: bool = False,
         acks_ignore_subscription: bool = False,
-        server: str = "",
+        keeps_finished_browsers: bool = False,
+        temp_names: str = "",
         connection_id: str | None = None,
     ) -> LinkEnd:
         """A new upstream connection: deliveries of older links are stale from now on.
@@ -106,9 +107,12 @@ class SessionState(Deliveries):
         :class:`Subscription`); SUBSCRIBEs replayed on it say so (:meth:`upstream_subscribe`).
         ``acks_ignore_subscription``: the broker settles a STOMP 1.1 ACK by its ``message-id``
         whatever its ``subscription`` says (RabbitMQ), so the session does too.
-        ``server``, ``connection_id``: the new link's CONNECTED ``server`` header and ActiveMQ's
-        id of the connection (None: not known), for the names of temporary destinations
-        (:class:`proxy.tracking.links.TempNames`).
+        ``keeps_finished_browsers``: the broker keeps a finished browser until UNSUBSCRIBE
+        (ActiveMQ Classic), so one that delivered stays dormant rather than browse again.
+        ``temp_names``, ``connection_id``: how the broker names temporary destinations and
+        ActiveMQ's id of the connection (None: not known), for their names
+        (:class:`proxy.tracking.links.TempNames`). All of these are the new leg's
+        :class:`proxy.legs.dialect.BrokerDialect`'s.
 
         Returns what the end of the old link did (:class:`~proxy.tracking.links.LinkEnd`):
         its browsers that had delivered something are never made again (a new SUBSCRIBE would
@@ -125,14 +129,14 @@ class SessionState(Deliveries):
                     sub.local = sub.dormant = True
                     if not sub.browse_ended:
                         interrupted.append(sub)
-        self.browsers = server.startswith("ActiveMQ/")
+        self.browsers = keeps_finished_browsers
         self.generation += 1
         self.acks_ignore_subscription = acks_ignore_subscription
         self.stable_message_ids = stable_message_ids
         self.auto_ack_mode = (
             AckMode.CLIENT if client_ack_per_subscription else AckMode.CLIENT_INDIVIDUAL
         )
-        temps = self.temps.new_link(self.generation, server=server, connection_id=connection_id)
+        temps = self.temps.new_link(self.generation, style=temp_names, connection_id=connection_id)
         return LinkEnd(tuple(interrupted), temps)
 
     def identity(self, message: Frame) -> str | None:

@@ -273,7 +273,8 @@ def test_the_outbox_forwarder_tells_its_progress_in_events_and_status(
             assert on_broker(broker, destination, 5) == [f"f{n}" for n in range(5)]
         monitor.close()
     label = f"{broker.host}:{broker.stomp_port}"
-    assert (forwarding["session_id"], forwarding["spooled_frames"]) == (key, 5)
+    assert (forwarding["session_id"], forwarding["stored_frames"]) == (key, 5)
+    assert forwarding["spooled_frames"] == 5  # its first name, deprecated
     assert forwarding["to_broker"] == label
     assert forwarding["reason"] == "forwarding what an ended session of this process stored"
     assert (forwarded["session_id"], forwarded["forwarded_frames"]) == (key, 5)

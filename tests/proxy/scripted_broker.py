@@ -35,7 +35,7 @@ import trio.testing
 import protocol
 from config import Broker, Config
 from protocol import Command, ConnectionClosed, Frame, HeartBeat, Role
-from proxy.legs.memory import MemoryGate
+from proxy.legs.memory import MemoryBudgetGate
 from proxy.outbox.service import OutboxService
 from proxy.reconnect.board import ReconnectBoard
 from proxy.session import Session
@@ -592,7 +592,7 @@ async def start_session(
     reconnects: ReconnectBoard | None = None,
     outbox: OutboxService | None = None,
     tracing: Tracing | None = None,
-    memory: MemoryGate | None = None,
+    memory: MemoryBudgetGate | None = None,
 ) -> Running:
     """Start a Session on an in-memory app stream (``lockstep``: the app's writes return
     only once the Session has read them, like TCP with no buffer) and the app's reader;

@@ -17,7 +17,7 @@ import trio.testing
 import protocol
 from config import ConfigError, load_config
 from protocol import Command, Frame, RawFrame
-from proxy.legs.memory import MemoryGate
+from proxy.legs.memory import MemoryBudgetGate
 from proxy.tracking import TRANSACTION_OVERHEAD
 from proxy.tracking.budget import MemoryBudget, ReadCharge
 from proxy.tracking.window import ConfirmationWindow
@@ -125,7 +125,7 @@ def test_the_window_charges_the_budget_its_entries_sizes() -> None:
 async def test_a_read_between_frames_waits_while_over_and_goes_on_when_released(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    gate = MemoryGate(MemoryBudget(1000))
+    gate = MemoryBudgetGate(MemoryBudget(1000))
     gate.budget.charge(1000)  # a window holds everything
     charge = gate.charge_for(CHUNK)
     done: list[float] = []
@@ -147,7 +147,7 @@ async def test_a_read_between_frames_waits_while_over_and_goes_on_when_released(
 async def test_a_frame_being_read_holds_its_whole_size_and_waits_until_it_fits(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    gate = MemoryGate(MemoryBudget(4 * CHUNK))
+    gate = MemoryBudgetGate(MemoryBudget(4 * CHUNK))
     budget = gate.budget
     budget.charge(3 * CHUNK)  # a window
     charge = gate.charge_for(CHUNK)
@@ -178,7 +178,7 @@ async def test_a_frame_being_read_holds_its_whole_size_and_waits_until_it_fits(
 def test_a_broker_leg_is_charged_and_never_waits() -> None:
     """A MESSAGE being read from a broker counts (twice its size once known), even past the
     budget: the broker leg's RECEIPTs are what frees memory, so it is never held back."""
-    gate = MemoryGate(MemoryBudget(CHUNK))
+    gate = MemoryBudgetGate(MemoryBudget(CHUNK))
     gate.budget.charge(CHUNK)  # over
     charge = gate.charge_for(CHUNK)
     gate.account(charge, 100, 10 * CHUNK, 0)
@@ -193,7 +193,7 @@ async def test_frames_being_read_never_wait_on_each_other(
     """Ten reads each hold a first chunk of a large frame and together fill the budget: they
     do not wait on each other forever. One at a time gets its whole frame, reads it, returns
     it (here: its window confirms at once), and the next goes on."""
-    gate = MemoryGate(MemoryBudget(10 * CHUNK))
+    gate = MemoryBudgetGate(MemoryBudget(10 * CHUNK))
     budget = gate.budget
     frames_read = 0
 
@@ -226,7 +226,7 @@ async def test_a_session_only_its_app_can_free_is_read_past_the_budget(
 ) -> None:
     """Its window waits for the app's COMMIT (or its relay for the app's ACKs): holding its
     reads back would make it wait for itself. Its reads are charged all the same."""
-    gate = MemoryGate(MemoryBudget(4 * CHUNK))
+    gate = MemoryBudgetGate(MemoryBudget(4 * CHUNK))
     gate.budget.charge(4 * CHUNK)
     charge = gate.charge_for(CHUNK)
     stalled = [True]
@@ -247,7 +247,7 @@ async def budgeted_session(
 ) -> tuple[ScriptedBroker, Running, MemoryBudget]:
     """A connected Session on a scripted broker, under a budget of 1 MiB of its own."""
     broker = network.add("broker", 61001)
-    gate = MemoryGate(MemoryBudget(1 << 20))
+    gate = MemoryBudgetGate(MemoryBudget(1 << 20))
     config = make_config(broker, max_frame_bytes=1 << 18, max_memory_bytes=1 << 20)
     running = await start_session(nursery, network, config, memory=gate)
     assert (await running.app.connect()).command is Command.CONNECTED
@@ -466,7 +466,7 @@ async def test_a_read_between_frames_holds_its_read_before_it_reads(
 ) -> None:
     """With bytes ready, an app leg between frames holds one read (twice) before reading it,
     waiting until that fits: so reads in progress are inside the budget."""
-    gate = MemoryGate(MemoryBudget(4 * CHUNK))
+    gate = MemoryBudgetGate(MemoryBudget(4 * CHUNK))
     budget = gate.budget
     budget.charge(3 * CHUNK)  # a window
     charge = gate.charge_for(CHUNK)

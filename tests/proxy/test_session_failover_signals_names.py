@@ -9,9 +9,6 @@ from protocol import Command, Frame
 from proxy.tracking import AckMode, Subscription
 from proxy.tracking.links import TEMP_MAX, TempNames, misses_messages
 
-ACTIVEMQ = "ActiveMQ/5.17.2"
-RABBITMQ = "RabbitMQ/3.10.8"
-
 
 def send(*headers: tuple[str, str]) -> Frame:
     return Frame(Command.SEND, (("destination", "/queue/q"), *headers))
@@ -26,7 +23,7 @@ def test_activemq_numbers_in_the_order_a_leg_first_names_them() -> None:
     count, a name is numbered once per leg (first header entries only), and a new leg starts
     again from 1, reporting what the old one had made."""
     names = TempNames()
-    names.new_link(1, server=ACTIVEMQ, connection_id="ID:c1")
+    names.new_link(1, style="activemq", connection_id="ID:c1")
     names.note(
         Frame(
             Command.SEND,
@@ -43,7 +40,7 @@ def test_activemq_numbers_in_the_order_a_leg_first_names_them() -> None:
     assert names.name_of("/temp-queue/a") == "/remote-temp-queue/ID:c1:2"
     assert names.name_of("/temp-queue/b") == "/remote-temp-queue/ID:c1:3"
     assert names.name_of("/temp-queue/ignored") is None
-    made = names.new_link(2, server=ACTIVEMQ, connection_id="ID:c2")
+    made = names.new_link(2, style="activemq", connection_id="ID:c2")
     assert made == (
         ("/temp-topic/t", "/remote-temp-topic/ID:c1:1"),
         ("/temp-queue/a", "/remote-temp-queue/ID:c1:2"),
@@ -58,14 +55,14 @@ def test_past_the_bound_the_names_made_later_are_unknown() -> None:
     """At most TEMP_MAX destinations are remembered; once one made on this leg is forgotten
     the numbering can no longer be followed, so later ones are reported unknown."""
     names = TempNames()
-    names.new_link(1, server=ACTIVEMQ, connection_id="ID:c")
+    names.new_link(1, style="activemq", connection_id="ID:c")
     for i in range(TEMP_MAX):
         names.note(send(("reply-to", f"/temp-queue/r{i}")))
     assert names.name_of(f"/temp-queue/r{TEMP_MAX - 1}") == f"/remote-temp-queue/ID:c:{TEMP_MAX}"
     names.note(send(("reply-to", "/temp-queue/one-more")))
     assert names.name_of("/temp-queue/r0") is None  # forgotten
     assert names.name_of("/temp-queue/one-more") is None
-    names.new_link(2, server=ACTIVEMQ, connection_id="ID:d")
+    names.new_link(2, style="activemq", connection_id="ID:d")
     names.note(send(("reply-to", "/temp-queue/fresh")))
     assert names.name_of("/temp-queue/fresh") == "/remote-temp-queue/ID:d:1"
 
@@ -74,7 +71,7 @@ def test_rabbitmq_names_come_from_replies_only() -> None:
     """On RabbitMQ only a reply-to makes a temporary queue, its name is random: learned from a
     reply's destination, never from a MESSAGE of another kind."""
     names = TempNames()
-    names.new_link(1, server=RABBITMQ, connection_id=None)
+    names.new_link(1, style="rabbitmq", connection_id=None)
     names.note(subscribe("/temp-queue/x"))  # an ERROR on RabbitMQ: makes nothing
     names.note(send(("reply-to", "/temp-queue/r")))
     assert names.name_of("/temp-queue/r") is None
@@ -121,10 +118,10 @@ def test_a_probe_is_done_once_the_queues_it_asked_for_have_names() -> None:
     """RabbitMQ: the probe asks only for temporary queues (a reply-to naming a temporary topic
     makes something else there); it is done when those have their new names."""
     names = TempNames()
-    names.new_link(1, server=RABBITMQ, connection_id=None)
+    names.new_link(1, style="rabbitmq", connection_id=None)
     names.note(send(("reply-to", "/temp-queue/r")))
     names.note(send(("reply-to", "/temp-topic/t")))
-    made = names.new_link(2, server=RABBITMQ, connection_id=None)
+    made = names.new_link(2, style="rabbitmq", connection_id=None)
     frames = names.probe("p", [name for name, _ in made])
     assert [f.get("reply-to") for f in frames] == [None, "/temp-queue/r"]
     for frame in frames:

@@ -23,7 +23,8 @@ from config import Config
 from protocol import Command
 from proxy._errors import TracingUnavailable
 from proxy.app import start_tracing
-from proxy.telemetry.tracing import Tracing, messaging_system, parent_of
+from proxy.legs.dialect import messaging_system
+from proxy.telemetry.tracing import Tracing, parent_of
 from testbed.otlp import OtlpReceiver
 from tests.otel import PARENT_ID, TRACE_ID, TRACEPARENT
 from tests.proxy.scripted_broker import (
