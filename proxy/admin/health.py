@@ -17,6 +17,14 @@ configured broker that, every ``broker_probe_interval``, either
 * opens one with :func:`proxy.legs.broker.open_upstream`, says DISCONNECT and leaves
   (:func:`probe_broker`), bounded by ``connect_timeout``.
 
+A broker's state is the verdict of its last *finished* check (issue 36): a check ends answered
+(CONNECTED, the moment it arrives: the goodbye after it is no part of the answer), failed
+(refused connection, ``connect_timeout``, ERROR to the sidecar's own credentials) or timed out
+(no answer within ``stale_after`` of the check's start, which the prober enforces itself). No
+clock runs between checks: on a loaded machine the interval's sleep may end late, or the
+broker may answer slowly but within its bounds, and neither makes a broker that answered
+"down"; only a check that failed or timed out does.
+
 Requests read the last results (:meth:`BrokerProber.statistics`) and the session statistics, and
 :func:`evaluate_readiness` — a pure function, tested without I/O — turns them into a verdict.
 """
@@ -24,6 +32,7 @@ Requests read the last results (:meth:`BrokerProber.statistics`) and the session
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -41,6 +50,7 @@ from proxy.telemetry.statistics import OutboxStatistics, SessionStatistics
 from proxy.telemetry.vocabulary import ProbeOutcome
 
 __all__ = [
+    "AnswerCallback",
     "BrokerHealth",
     "BrokerProber",
     "ProbeFunction",
@@ -54,6 +64,9 @@ __all__ = [
 #: for anything the broker or the network does.
 ProbeFunction = Callable[[Broker], Awaitable[tuple[ProbeOutcome, str]]]
 
+#: Told the detail of a probe's answer the moment it arrives (before the probe's goodbye).
+AnswerCallback = Callable[[str], None]
+
 _PROBE_RECEIPT = "mq-sidecar-probe"
 
 log = logging.getLogger("mq_sidecar.health")
@@ -63,8 +76,10 @@ log = logging.getLogger("mq_sidecar.health")
 class BrokerHealth:
     """What the prober knows about one broker. Times are trio seconds.
 
-    ``state``: ``"unknown"`` (not checked yet), ``"up"`` (the last check was answered, and
-    recently) or ``"down"``.
+    ``state``: ``"unknown"`` (no check finished yet), ``"up"`` (the last finished check was
+    answered) or ``"down"`` (it failed, or was not answered within ``stale_after`` seconds).
+    ``last_check``: when the last check finished; ``last_answer``: when the broker last
+    answered one.
     """
 
     broker: str
@@ -197,13 +212,18 @@ def _connect_frame(broker: Broker, config: Config) -> tuple[Frame, bool]:
 
 
 async def probe_broker(
-    broker: Broker, config: Config, open_stream: StreamOpener
+    broker: Broker,
+    config: Config,
+    open_stream: StreamOpener,
+    *,
+    answered: AnswerCallback | None = None,
 ) -> tuple[ProbeOutcome, str]:
     """CONNECT to ``broker`` as the sessions would (same credentials, same TLS through the
     sidecar's ``open_stream``), then DISCONNECT.
 
-    Bounded by ``connect_timeout`` for the CONNECT and again for the goodbye. The detail
-    never contains a credential (only the broker's label and its own words).
+    Bounded by ``connect_timeout`` (seconds) for the CONNECT and again for the goodbye. The
+    detail never contains a credential (only the broker's label and its own words).
+    ``answered`` is called with the detail as soon as CONNECTED arrives, before the goodbye.
     """
     connect, own_credentials = _connect_frame(broker, config)
     timeout = config.durations.connect_timeout
@@ -218,6 +238,8 @@ async def probe_broker(
         ) as upstream:
             server = upstream.connected.get("server") or "unknown server"
             detail = f"CONNECT answered: STOMP {upstream.version}, {server}"
+            if answered is not None:
+                answered(detail)
             with trio.move_on_after(timeout):
                 try:
                     await upstream.send(Frame(Command.DISCONNECT, (("receipt", _PROBE_RECEIPT),)))
@@ -250,6 +272,7 @@ class _Record:
     checks: int = 0
     failures: int = 0
     answered: bool | None = None  # the last check's verdict (None: not checked yet)
+    timed_out: bool = False  # the last check got no answer within stale_after
 
 
 class BrokerProber:
@@ -262,14 +285,23 @@ class BrokerProber:
         probe: the CONNECT probe; default :func:`probe_broker` through ``streams`` (tests
             pass their own).
         streams: the sidecar's :class:`~proxy.legs.broker.BrokerStreams` (TLS as the sessions
-            have it, and one tracker of the brokers' certificates); a private one when None.
+            have it, and one tracker of the brokers' certificates); a private one when None;
+            tests pass a :data:`~proxy.legs.opening.StreamOpener` of their own.
         brokers: the brokers to check (the list in force); default ``config.brokers``.
             :meth:`follow` changes them while it runs.
 
-    A broker is ``up`` while its last check was answered less than ``stale_after`` ago
-    (two intervals plus ``connect_timeout``: a check in progress never makes it stale).
-    A refusal (ERROR to CONNECT) counts as an answer, unless the probe presented the
-    sidecar's own configured credentials: then the sessions would be refused too.
+    A broker is ``up`` while its last finished check was answered, ``down`` once a check
+    fails or times out. Each check is bounded by the prober: a probe not answered within
+    ``stale_after`` seconds of its start (two intervals plus ``connect_timeout``: the probe's
+    own CONNECT bound and room for a loop that runs late) is cancelled and counts as failed
+    ("no answer for N s"). Nothing else ages a verdict: neither a check in progress nor the
+    wait between checks, however late a busy event loop wakes the prober (issue 36: a broker
+    that had just answered was called down on a loaded machine because its answer was older
+    than ``stale_after`` by the time the next check ended). The default probe's answer counts
+    when CONNECTED arrives: its goodbye (bounded by ``connect_timeout`` of its own) is no part
+    of the check's bound. A refusal (ERROR to CONNECT) counts as an answer, unless the probe
+    presented the sidecar's own configured credentials: then the sessions would be refused
+    too.
     """
 
     def __init__(
@@ -279,7 +311,7 @@ class BrokerProber:
         *,
         metrics: Metrics | None = None,
         probe: ProbeFunction | None = None,
-        streams: BrokerStreams | None = None,
+        streams: StreamOpener | None = None,
         brokers: Sequence[Broker] | None = None,
     ) -> None:
         self.config = config
@@ -289,7 +321,11 @@ class BrokerProber:
         self._sessions = sessions
         self._metrics = metrics
         opener = streams if streams is not None else BrokerStreams(config)
-        self._probe: ProbeFunction = probe or (lambda b: probe_broker(b, config, opener))
+        self._probe: ProbeFunction = probe or (
+            lambda b: probe_broker(b, config, opener, answered=self._answer_callback(b.label))
+        )
+        #: The check in progress per broker label: told the answer as soon as it arrives.
+        self._answers: dict[str, AnswerCallback] = {}
         self._records = [
             self._new_record(b) for b in (config.brokers if brokers is None else brokers)
         ]
@@ -342,22 +378,58 @@ class BrokerProber:
             await self._check_forever(record)
 
     async def _check_forever(self, record: _Record) -> None:
-        label = record.broker.label
         while True:
-            try:
-                if any(s.broker == label and s.state == "running" for s in self._sessions()):
-                    outcome, detail = ProbeOutcome.LIVE_SESSION, "a session leg to it is live"
-                else:
-                    outcome, detail = await self._probe(record.broker)
-            except Exception as exc:
-                # A bug in a probe must not end the sidecar (the admin plane never disturbs
-                # STOMP traffic): the broker counts as unreachable and the bug is logged.
-                log.exception("broker %s: readiness probe failed", label)
-                outcome, detail = ProbeOutcome.FAILED, f"probe error: {type(exc).__name__}"
-            self._record(record, outcome, detail)
+            await self._check(record)
             await trio.sleep(self.interval)
 
-    def _record(self, record: _Record, outcome: ProbeOutcome, detail: str) -> None:
+    async def _check(self, record: _Record) -> None:
+        """One check of ``record``'s broker, recorded once: at its answer, at its failure, or
+        ``stale_after`` seconds after its start without an answer (then cancelled)."""
+        label = record.broker.label
+        if any(s.broker == label and s.state == "running" for s in self._sessions()):
+            self._record(record, ProbeOutcome.LIVE_SESSION, "a session leg to it is live")
+            return
+        recorded = False
+
+        def answered(detail: str) -> None:
+            nonlocal recorded
+            if not recorded:
+                recorded = True
+                scope.deadline = math.inf  # answered: the goodbye has its own bound
+                self._record(record, ProbeOutcome.CONNECTED, detail)
+
+        self._answers[label] = answered
+        try:
+            with trio.move_on_after(self.stale_after) as scope:
+                try:
+                    outcome, detail = await self._probe(record.broker)
+                except Exception as exc:
+                    # A bug in a probe must not end the sidecar (the admin plane never disturbs
+                    # STOMP traffic): the broker counts as unreachable and the bug is logged.
+                    log.exception("broker %s: readiness probe failed", label)
+                    outcome, detail = ProbeOutcome.FAILED, f"probe error: {type(exc).__name__}"
+                if not recorded:
+                    self._record(record, outcome, detail)
+                return
+        finally:
+            if self._answers.get(label) is answered:
+                del self._answers[label]
+        self._record(record, ProbeOutcome.FAILED, record.detail, timed_out=True)
+
+    def _answer_callback(self, label: str) -> AnswerCallback:
+        """What the default probe of broker ``label`` calls with its answer's detail: the
+        check in progress records it (nothing when none is, e.g. a probe run by hand)."""
+
+        def answered(detail: str) -> None:
+            callback = self._answers.get(label)
+            if callback is not None:
+                callback(detail)
+
+        return answered
+
+    def _record(
+        self, record: _Record, outcome: ProbeOutcome, detail: str, *, timed_out: bool = False
+    ) -> None:
         now = trio.current_time()
         if record.last_check is None:
             self._checked += 1
@@ -365,7 +437,8 @@ class BrokerProber:
                 self.first_round_done.set()
         record.last_check = now
         record.last_outcome = outcome
-        record.detail = detail
+        record.detail = detail  # a timed-out check keeps the last detail: "no answer for"
+        record.timed_out = timed_out
         record.checks += 1
         answered = outcome is not ProbeOutcome.FAILED and not (
             outcome is ProbeOutcome.REFUSED and record.own_credentials
@@ -380,21 +453,26 @@ class BrokerProber:
             if answered:
                 log.info("broker %s reachable: %s", label, detail, extra=extra)
             else:
-                log.warning("broker %s unreachable: %s", label, detail, extra=extra)
+                why = self._silence(record, now) if timed_out else detail
+                log.warning("broker %s unreachable: %s", label, why, extra=extra)
             record.answered = answered
         if self._metrics is not None:
             self._metrics.probe(record.broker.label, outcome)
+
+    def _silence(self, r: _Record, now: float) -> str:
+        """The detail of a timed-out check: how long the broker has not answered."""
+        if r.last_answer is None:
+            return f"no answer within {self.stale_after:g} s"
+        return f"no answer for {now - r.last_answer:.1f} s (last: {r.detail})"
 
     def _health(self, r: _Record, now: float) -> BrokerHealth:
         state, detail = "down", r.detail
         if r.last_check is None:
             state = "unknown"
-        elif r.last_answer is not None and r.last_answer == r.last_check:
-            age = now - r.last_answer
-            if age <= self.stale_after:
-                state = "up"
-            else:
-                detail = f"no answer for {age:.1f} s (last: {r.detail})"
+        elif r.answered:
+            state = "up"
+        elif r.timed_out:
+            detail = self._silence(r, now)
         return BrokerHealth(
             broker=r.broker.label,
             state=state,

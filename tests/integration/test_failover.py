@@ -231,11 +231,31 @@ def test_kill9_primary_takeover_is_transparent(activemq_pair: ActiveMQPairFactor
     with SidecarThread(config) as sidecar:
         consumer, producer, control = run_transfer(sidecar, n, kill_primary)
         receipts, errors = producer.outcome(60)
+        from_primary = f"127.0.0.1:{primary.stomp_port}"
         to_backup = f"127.0.0.1:{backup.stomp_port}"
-        events = [next_event(control, "FAILOVER", to_broker=to_backup) for _ in range(3)]
-        event = max(events, key=lambda e: e["replayed_frames"])  # the producer's session
+        # Every FAILOVER of the three sessions (producer, consumer, control), awaited: first
+        # until each has moved off the primary, then as many as the sidecar counted.
+        moves: dict[str, list[dict[str, Any]]] = {}
+        while len(moves) < 3 or not all(
+            any(e["from_broker"] == from_primary for e in es) for es in moves.values()
+        ):
+            e = next_event(control, "FAILOVER")
+            moves.setdefault(e["session_id"], []).append(e)
         stats = sidecar.statistics()
-        spurious = [s.session_id for s in stats.sessions if s.failovers != 1]
+        for _ in range(sum(s.failovers for s in stats.sessions) - sum(map(len, moves.values()))):
+            e = next_event(control, "FAILOVER")
+            moves.setdefault(e["session_id"], []).append(e)
+        events = [e for es in moves.values() for e in es if e["from_broker"] == from_primary]
+        event = max(events, key=lambda e: e["replayed_frames"])  # the producer's session
+        # The kill moves each session once, to the backup. A session may move again only as a
+        # reattach to the backup after that broker went silent past the heart-beat (1 s x 2),
+        # which the test does not cause: a just-started backup JVM on a loaded machine can
+        # (issue 36). Any other second move fails the test, with the events.
+        killed_moves = {
+            sid: [e["to_broker"] for e in es if e["from_broker"] == from_primary]
+            for sid, es in moves.items()
+        }
+        later = [e for es in moves.values() for e in es if e["from_broker"] != from_primary]
         hidden = sum(s.duplicates_hidden + s.redeliveries_hidden for s in stats.sessions)
         consumer.close()
         producer.client.close()
@@ -247,13 +267,21 @@ def test_kill9_primary_takeover_is_transparent(activemq_pair: ActiveMQPairFactor
         f"missing={missing} duplicates_shown={duplicated} hidden={hidden} "
         f"app_outage_ms(producer,consumer,control)={[e['outage_ms'] for e in events]} "
         f"replayed={event['replayed_frames']} "
-        f"broker_takeover_ms={takeover['broker_s'] * 1000:.0f}"
+        f"broker_takeover_ms={takeover['broker_s'] * 1000:.0f} "
+        f"later_moves={[(e['session_id'], e['to_broker'], e['reason']) for e in later]}"
     )
     assert (missing, duplicated) == (0, 0)
     assert errors == []
     assert consumer.errors == []
     assert receipts == n
-    assert spurious == [], "every session fails over exactly once"
+    assert sorted(killed_moves.values()) == [[to_backup]] * 3, "the kill moves every session once"
+    assert all(
+        e["reattached"] and e["to_broker"] == to_backup and e["reason"].startswith("broker silent")
+        for e in later
+    ), later
+    assert {s.session_id: s.failovers for s in stats.sessions} == {
+        sid: len(es) for sid, es in moves.items()
+    }
     assert event["from_broker"] == f"127.0.0.1:{primary.stomp_port}"
     assert 0 < event["outage_ms"] < 30_000
     assert event["reattached"] is False

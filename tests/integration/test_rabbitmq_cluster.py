@@ -230,6 +230,21 @@ class Producer(stomp.ConnectionListener):  # type: ignore[misc]
                 self.conn.disconnect()
 
 
+def wait_for_all(count: Callable[[], int], target: int, what: str, stall: float = 60.0) -> None:
+    """Wait until ``count()`` reaches ``target`` for as long as it keeps growing: an
+    AssertionError once it has not grown for ``stall`` seconds. A slow machine takes longer
+    to drain a backlog, and that is no failure; a count that stops is (issue 36: a fixed
+    120 s was too short on a machine four times slower). Bounded: every round either adds
+    to the count, which ``target`` bounds, or comes ``stall`` seconds nearer to the end."""
+    last, since = count(), time.monotonic()
+    while (n := count()) < target:
+        if n > last:
+            last, since = n, time.monotonic()
+        elif time.monotonic() - since > stall:
+            raise AssertionError(f"{what}: {n} of {target}, none more for {stall:g} s")
+        time.sleep(0.05)
+
+
 def max_gap(times: list[float], since: float) -> float:
     """The longest pause (seconds) between consecutive ``times`` from ``since`` on (the first
     gap is measured from ``since``)."""
@@ -398,8 +413,23 @@ def test_rolling_restart(all_up: RabbitMQCluster, tmp_path: Path) -> None:
         rolled_s = time.monotonic() - started
         time.sleep(2.0)  # some traffic after the last node is back
         producer.stop()
-        producer.wait_receipts(120)
-        wait_until(lambda: consumer.distinct() >= producer.sent, 120)
+        try:
+            wait_for_all(
+                lambda: len(producer.receipts) + len(producer.errors), producer.sent, "receipts"
+            )
+            producer.thread.join(WAIT)  # a SEND in progress is written once the window has room
+            assert not producer.thread.is_alive(), "the producer is blocked in a SEND"
+            wait_for_all(consumer.distinct, producer.sent, "bodies consumed")
+        except AssertionError as exc:
+            sessions = [
+                (s.get("session_id"), s.get("state"), s.get("broker"), s.get("failovers"))
+                for s in sidecar.status()["sessions"]
+            ]
+            raise AssertionError(
+                f"{exc}; sidecar sessions {sessions}, nodes running {cluster.running_nodes()}, "
+                f"producer errors {[e.headers.get('message') for e in producer.errors]}, "
+                f"disconnects producer {producer.disconnects} consumer {consumer.disconnects}"
+            ) from None
         time.sleep(0.5)
         figures = reattach_figures(sidecar)
         consumer.close()
