@@ -119,6 +119,7 @@ class Link:
         error; no CONNECTED in time), :class:`StompErrorFrame` (the CONNECT refused).
         """
         import stomp  # noqa: PLC0415 (imported where the task runs)
+        import stomp.protocol  # noqa: PLC0415
 
         conn = stomp.Connection12(
             [(self._host, self._port)],
@@ -143,7 +144,11 @@ class Link:
         with contextlib.suppress(OSError, AttributeError):
             conn.transport.socket.settimeout(None)
         threading.Thread(target=self._watch, name="mq-sidecar-spark-watchdog", daemon=True).start()
-        self._write(lambda: conn.connect(self._login, self._passcode, wait=False))
+        # Protocol12.connect, not conn.connect: Connection12.connect starts the transport again,
+        # a second receiver thread reading the same socket.
+        self._write(
+            lambda: stomp.protocol.Protocol12.connect(conn, self._login, self._passcode, wait=False)
+        )
         deadline = time.monotonic() + self.timeout
         with self._cond:
             while not self._connected:
