@@ -7,7 +7,8 @@
 # against the compiled core that setup.sh builds, then the fast tests of the pure code
 # (tests/protocol, tests/proxy, tests/config, tests/fuzz: about 1 minute) against the
 # pure-Python sources (MQ_SIDECAR_PURE=1); both under coverage.py, whose combined report of
-# protocol/, proxy/ and config/ ends the run (it fails below its floor). EXPECT_MQ_SIDECAR_CORE (not MQ_SIDECAR_*: the
+# protocol/, proxy/ and config/, then a report of spark/ (the PySpark data source) of its own,
+# end the run (each fails it below its floor). EXPECT_MQ_SIDECAR_CORE (not MQ_SIDECAR_*: the
 # sidecar warns about unknown variables with its prefix) makes tests/protocol/
 # test_native.py fail when the other build is running. With MQ_SIDECAR_PURE=1 set, setup.sh
 # compiles nothing and the one run is pure.
@@ -25,8 +26,12 @@ if [ "$#" -gt 0 ] || [ "$core" = pure ]; then
     exec env EXPECT_MQ_SIDECAR_CORE="$core" .venv/bin/python -m pytest "$@"
 fi
 # Both runs are measured by coverage.py through pytest-cov (settings: pyproject.toml's
-# [tool.coverage.*]); the second appends to the first's data and prints the product's line and
-# branch coverage of both, against its floor (fail_under: below it the run fails).
+# [tool.coverage.*]); the second appends to the first's data. Then two reports of both runs'
+# line and branch coverage, each against its floor (below it the run fails): the daemon's
+# (protocol/, proxy/, config/; fail_under in pyproject.toml) and the PySpark data source's
+# (spark/, SPARK_FLOOR below; only its lines that run in the tests' own processes count: the
+# code run by Spark's Python workers is not measured, docs/testing.md, "Coverage").
+SPARK_FLOOR=51.0
 status=0
 echo "== pytest (compiled core: the whole suite)"
 # (the floor applies to both runs together: the first alone leaves the compiled modules out)
@@ -34,5 +39,10 @@ EXPECT_MQ_SIDECAR_CORE=compiled .venv/bin/python -m pytest --cov --cov-report= \
     --cov-fail-under=0 || status=$?
 echo "== pytest (pure-Python core: tests/protocol tests/proxy tests/config tests/fuzz)"
 MQ_SIDECAR_PURE=1 EXPECT_MQ_SIDECAR_CORE=pure .venv/bin/python -m pytest --cov --cov-append \
-    --cov-report=term:skip-covered tests/protocol tests/proxy tests/config tests/fuzz || status=$?
+    --cov-report= --cov-fail-under=0 tests/protocol tests/proxy tests/config tests/fuzz ||
+    status=$?
+echo "== coverage: the daemon (protocol/, proxy/, config/; floor: pyproject.toml's fail_under)"
+.venv/bin/coverage report --skip-covered --include='protocol/*,proxy/*,config/*' || status=$?
+echo "== coverage: the PySpark data source (spark/; floor: $SPARK_FLOOR %)"
+.venv/bin/coverage report --include='spark/*' --fail-under="$SPARK_FLOOR" || status=$?
 exit "$status"

@@ -1,11 +1,15 @@
 """The code's structure, checked statically (AST) over the runtime (protocol/, proxy/,
-config/) and the test harness (harness/: testbed/, pipeline/), each on its own:
+config/), the test harness (harness/: testbed/, pipeline/) and the PySpark data source
+(spark/: mq_sidecar_spark/), each on its own:
 
 * no import cycle between their modules, counting every import (``if TYPE_CHECKING:`` blocks
   and function bodies too): a cycle closed only by a type annotation still ties the modules
   together for a reader and for the next refactoring;
 * the daemon (``mq-sidecar run``: ``proxy.__main__``, ``proxy.app``) never reaches the test
   harness (``testbed``, ``pipeline``, harness/), neither in its import graph nor when imported;
+* the data source (a distribution of its own, installed into Spark images) reaches neither the
+  daemon's packages nor the harness in its import graph (tests/spark/test_packaging.py checks
+  its dependencies and what importing it loads);
 * no module over :data:`MAX_LINES` lines;
 * the daemon's rooms (the folders of ``proxy/`` and its top-level modules) import downhill
   only, in the order docs/architecture.md writes down once ("Rooms and their order").
@@ -31,10 +35,19 @@ RUNTIME = ("protocol", "proxy", "config")
 #: The test harness's packages (harness/, a distribution of its own): the daemon must never
 #: import them.
 HARNESS = ("testbed", "pipeline")
+#: The PySpark data source's package (spark/, a distribution of its own): it imports neither
+#: the runtime nor the harness.
+SPARK = ("mq_sidecar_spark",)
 #: The directory each package is in (its modules are named relative to it).
-ROOTS = {**dict.fromkeys(RUNTIME, REPO), **dict.fromkeys(HARNESS, REPO / "harness")}
+ROOTS = {
+    **dict.fromkeys(RUNTIME, REPO),
+    **dict.fromkeys(HARNESS, REPO / "harness"),
+    **dict.fromkeys(SPARK, REPO / "spark"),
+}
 #: The groups checked each on its own for cycles and lengths.
-GROUPS = {"runtime": RUNTIME, "harness": HARNESS}
+GROUPS = {"runtime": RUNTIME, "harness": HARNESS, "spark": SPARK}
+#: Modules the walk must find in each group at least (fewer: a wrong root, not a small group).
+WALK_MINIMUM = {"runtime": 11, "harness": 11, "spark": 6}
 #: Where the daemon's imports start: ``mq-sidecar run``.
 DAEMON = ("proxy.__main__", "proxy.app")
 #: Lines a module may have at most.
@@ -61,9 +74,9 @@ def _module_name(path: Path, root: Path) -> str:
 
 
 @cache
-def modules(packages: tuple[str, ...] = RUNTIME + HARNESS) -> dict[str, Path]:
+def modules(packages: tuple[str, ...] = RUNTIME + HARNESS + SPARK) -> dict[str, Path]:
     """Every module of ``packages`` (subpackages included), by name; by default the
-    runtime's and the harness's."""
+    runtime's, the harness's and the data source's."""
     found: dict[str, Path] = {}
     for package in packages:
         root = ROOTS[package]
@@ -85,7 +98,8 @@ def _resolve(name: str, importer: str, path: Path, level: int) -> str:
 @cache
 def imports(name: str) -> tuple[Import, ...]:
     """What module ``name`` imports, anywhere in it, as module names: ``from X import Y`` is
-    ``X.Y`` when that is a module of the runtime or the harness, else ``X``."""
+    ``X.Y`` when that is a module of the runtime, the harness or the data source, else
+    ``X``."""
     path = modules()[name]
     found: list[Import] = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -216,7 +230,9 @@ def test_the_daemon_does_not_load_the_harness() -> None:
 @pytest.mark.parametrize("group", sorted(GROUPS))
 def test_no_module_is_too_long(group: str) -> None:
     found = modules(GROUPS[group])
-    assert len(found) > 10, f"the walk found too little of the {group}: {sorted(found)}"
+    assert len(found) >= WALK_MINIMUM[group], (
+        f"the walk found too little of the {group}: {sorted(found)}"
+    )
     lengths = {
         str(path.relative_to(REPO)): len(path.read_text().splitlines()) for path in found.values()
     }
@@ -277,3 +293,17 @@ def test_the_rooms_import_downhill() -> None:
             if floors.get(there, -1) >= floors.get(here, -1):
                 uphill.append(f"{here} -> {there}: {name} imports {target} ({imp.where()})")
     assert not uphill, "imports that do not run downhill:\n" + "\n".join(uphill)
+
+
+def test_the_data_source_reaches_neither_the_daemon_nor_the_harness() -> None:
+    """Every import of every module of spark/ (lazy ones too), by its top-level name."""
+    found = modules(SPARK)
+    assert len(found) >= WALK_MINIMUM["spark"], f"the walk found too little: {sorted(found)}"
+    forbidden = set(RUNTIME + HARNESS)
+    reached = [
+        f"{name} -> {imp.target}  ({imp.where()})"
+        for name in found
+        for imp in imports(name)
+        if imp.target.partition(".")[0] in forbidden
+    ]
+    assert not reached, "the data source imports the daemon or the harness:\n" + "\n".join(reached)

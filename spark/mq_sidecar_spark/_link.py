@@ -1,20 +1,42 @@
-"""One STOMP 1.2 connection to the sidecar (stomp.py) whose every wait is bounded.
+"""One STOMP 1.2 connection to the sidecar (stomp.py) whose every wait is bounded: the data
+source's one connection wrapper, used by both halves.
 
-stomp.py's own waits are not: ``connect(wait=True)`` polls until CONNECTED with no deadline, and
-a blocking ``sendall`` to a peer that stopped reading (the sidecar applies backpressure by not
-reading its app while its confirmation window is full, docs/behaviour.md, "Confirmation window")
-blocks for good. So :class:`Link` waits for CONNECTED, receipts and the DISCONNECT itself on a
-condition with a deadline, and a watchdog thread closes the socket under a SEND that has been
-writing for more than ``timeout`` seconds (the send then fails and the task with it).
+- **The writer** opens one per task attempt, on the executor
+  (:func:`mq_sidecar_spark.writer.write_partition`): SENDs with pipelined receipts
+  (:meth:`Link.send`, :meth:`Link.wait_below`), then a DISCONNECT once every one is confirmed.
+- **The streaming reader** opens one per query, on the driver
+  (:class:`mq_sidecar_spark.reader.StompStreamReader`): one ``client-individual`` subscription
+  (:meth:`Link.subscribe`), its MESSAGEs handed over through a bounded queue (:meth:`Link.take`),
+  ACKs on the same connection (:meth:`Link.ack`; STOMP 1.2, "ACK": the ``id`` is the ``ack``
+  header of a MESSAGE of this connection).
+
+stomp.py's own waits are not bounded: ``connect(wait=True)`` polls until CONNECTED with no
+deadline, and a blocking ``sendall`` to a peer that stopped reading (the sidecar applies
+backpressure by not reading its app while its confirmation window is full, docs/behaviour.md,
+"Confirmation window") blocks for good. So :class:`Link` waits for CONNECTED, receipts and the
+DISCONNECT itself on a condition with a deadline, and a watchdog thread closes the socket under
+a write that has been going on for more than ``timeout`` seconds (the write then fails, and the
+task or the query with it).
 
 Confirmation is cumulative: the sidecar answers an app's receipt only once the broker has
 confirmed that frame and every earlier one of the session (docs/behaviour.md, "Confirmation
 window"), so the last receipt of a task covers every row it sent.
+
+MESSAGEs arrive on stomp.py's receiver thread and go into a queue of at most ``inbox`` frames.
+The reader subscribes with a prefetch window of that size (ActiveMQ ``activemq.prefetchSize``,
+RabbitMQ ``prefetch-count``: both headers are sent, each broker ignores the other's), so the
+queue does not fill; should a broker ignore the window, the receiver thread blocks on the full
+queue and TCP pushes back on the sidecar.
+
+Failures raise the errors of :mod:`mq_sidecar_spark.errors` with the writer's texts; the reader
+turns them into its one :class:`~mq_sidecar_spark.errors.StompReadError` with its own
+(:mod:`mq_sidecar_spark.reader`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import queue
 import socket
 import threading
 import time
@@ -27,10 +49,15 @@ from mq_sidecar_spark.errors import (
     StompTimeout,
 )
 
-__all__ = ["Link"]
+__all__ = ["Delivery", "Link"]
 
-#: Seconds the DISCONNECT's receipt is waited for before the socket is closed anyway (the
-#: rows are all confirmed by then; Python workers are reused, so nothing may linger).
+#: A MESSAGE as received: its headers (first entry of each name, STOMP 1.2 "Repeated Header
+#: Entries") and its body.
+Delivery = tuple[dict[str, str], bytes]
+
+#: Seconds the DISCONNECT's receipt is waited for at most (and never longer than ``timeout``)
+#: before the socket is closed anyway (the rows are all confirmed by then; Python workers are
+#: reused, so nothing may linger).
 _DISCONNECT_WAIT = 5.0
 #: Seconds an ERROR frame may trail a failed socket write (the sidecar writes its ERROR,
 #: then closes; the write may see the close first).
@@ -46,25 +73,39 @@ def _text(value: Any) -> str:
 
 
 class Link:
-    """A STOMP connection to ``host:port`` for one task (one instance per task attempt).
+    """A STOMP connection to ``host:port``: one per write task attempt, one per read query.
 
     Args:
         host, port: the sidecar's STOMP listener.
         login, passcode: the CONNECT credentials, or None.
-        timeout: seconds any one wait may take: the TCP connect, the CONNECTED, one SEND's
+        timeout: seconds any one wait may take: the TCP connect, the CONNECTED, one frame's
             write, a receipt.
+        vhost: the CONNECT's ``host`` header (RabbitMQ's vhost), or None for none.
+        inbox: MESSAGEs held at most until :meth:`take` (the reader's prefetch); 0 for a
+            connection that subscribes to nothing (the writer), whose MESSAGEs are dropped.
 
-    Called from the task's thread; stomp.py's receiver thread calls the ``on_*`` methods.
-    Raises the errors of :mod:`mq_sidecar_spark.errors`.
+    Called from one thread (the task's, the driver's); stomp.py's receiver thread calls the
+    ``on_*`` methods. Raises the errors of :mod:`mq_sidecar_spark.errors`.
     """
 
     def __init__(
-        self, host: str, port: int, login: str | None, passcode: str | None, timeout: float
+        self,
+        host: str,
+        port: int,
+        login: str | None,
+        passcode: str | None,
+        timeout: float,
+        *,
+        vhost: str | None = None,
+        inbox: int = 0,
     ) -> None:
         self.address = f"{host}:{port}"
         self._host, self._port = host, port
         self._login, self._passcode = login, passcode
+        self._vhost = vhost
         self.timeout = timeout
+        self._inbox: queue.Queue[Delivery] | None = queue.Queue(inbox) if inbox > 0 else None
+        self._closing = threading.Event()
         self._cond = threading.Condition()
         self._pending: set[str] = set()
         self._error: StompErrorFrame | None = None
@@ -83,6 +124,19 @@ class Link:
         with self._cond:
             self._connected = True
             self._cond.notify_all()
+
+    def on_message(self, frame: Any) -> None:
+        inbox = self._inbox
+        if inbox is None:
+            return
+        body = frame.body if isinstance(frame.body, bytes) else str(frame.body).encode()
+        item: Delivery = (dict(frame.headers), body)
+        while not self._closing.is_set():
+            try:
+                inbox.put(item, timeout=0.5)
+                return
+            except queue.Full:
+                continue
 
     def on_receipt(self, frame: Any) -> None:
         with self._cond:
@@ -110,13 +164,24 @@ class Link:
             self._closed = True
             self._cond.notify_all()
 
-    # -- the task's side -------------------------------------------------------------------
+    # -- the owner's side (the task's thread, the driver's) -----------------------------------
+
+    @property
+    def lost(self) -> bool:
+        """True once the connection closed without :meth:`close` (the peer closed it, or a
+        failed write did)."""
+        return self._closed and not self._closing.is_set()
 
     def open(self) -> None:
-        """Connect and wait for CONNECTED (at most ``timeout`` seconds).
+        """:meth:`start`, then :meth:`connect`."""
+        self.start()
+        self.connect()
 
-        Raises :class:`StompConnectError` (nothing listening at host:port, with the socket
-        error; no CONNECTED in time), :class:`StompErrorFrame` (the CONNECT refused).
+    def start(self) -> None:
+        """Open the TCP connection and stomp.py's receiver thread (at most ``timeout`` s).
+
+        Raises :class:`StompConnectError` when nothing listens at host:port (with the socket
+        error).
         """
         import stomp  # noqa: PLC0415 (imported where the task runs)
 
@@ -124,10 +189,12 @@ class Link:
             [(self._host, self._port)],
             heartbeats=(0, 0),
             auto_content_length=True,
+            auto_decode=False,
             reconnect_attempts_max=1,
             prefer_localhost=False,
             try_loopback_connect=False,
             timeout=self.timeout,
+            vhost=self._vhost,
         )
         conn.set_listener("mq-sidecar-spark", self)
         self._conn = conn
@@ -143,7 +210,21 @@ class Link:
         with contextlib.suppress(OSError, AttributeError):
             conn.transport.socket.settimeout(None)
         threading.Thread(target=self._watch, name="mq-sidecar-spark-watchdog", daemon=True).start()
-        self._write(lambda: conn.connect(self._login, self._passcode, wait=False))
+
+    def connect(self) -> None:
+        """Send CONNECT and wait for CONNECTED (at most ``timeout`` seconds), after :meth:`start`.
+
+        Raises :class:`StompConnectError` (no CONNECTED in time; the connection closed before
+        it: see :attr:`lost`), :class:`StompErrorFrame` (the CONNECT refused).
+        """
+        import stomp.protocol  # noqa: PLC0415 (imported where the task runs)
+
+        conn = self._conn
+        # Protocol12.connect, not conn.connect: Connection12.connect starts the transport again,
+        # a second receiver thread reading the same socket.
+        self._write(
+            lambda: stomp.protocol.Protocol12.connect(conn, self._login, self._passcode, wait=False)
+        )
         deadline = time.monotonic() + self.timeout
         with self._cond:
             while not self._connected:
@@ -252,11 +333,66 @@ class Link:
                     )
                 self._cond.wait(remaining)
 
+    def subscribe(self, destination: str, ident: str, headers: dict[str, str]) -> None:
+        """SUBSCRIBE to ``destination`` (``id`` ``ident``, ``ack:client-individual``, plus
+        ``headers``) and wait for its RECEIPT (at most ``timeout`` s). Its MESSAGEs go into the
+        inbox (:meth:`take`).
+
+        Raises :class:`StompErrorFrame` (the broker refused it), :class:`StompConnectionLost`,
+        :class:`StompTimeout` (no RECEIPT in time), or what :meth:`_write` raises.
+        """
+        receipt = f"{ident}-sub"
+        with self._cond:
+            self._pending.add(receipt)
+        conn = self._conn
+        self._write(
+            lambda: conn.subscribe(
+                destination,
+                id=ident,
+                ack="client-individual",
+                headers={**headers, "receipt": receipt},
+            ),
+            "the SUBSCRIBE",
+        )
+        self.wait_below(1, f"after the SUBSCRIBE to {destination}")
+
+    def check(self) -> None:
+        """Raise the sidecar's :class:`StompErrorFrame` once one arrived, or
+        :class:`StompConnectionLost` once the connection is :attr:`lost`; else nothing."""
+        with self._cond:
+            if self._error is not None:
+                raise self._error
+            if self.lost:
+                raise StompConnectionLost(
+                    f"the connection to the sidecar at {self.address} was lost"
+                )
+
+    def take(self, limit: int) -> list[Delivery]:
+        """Up to ``limit`` MESSAGEs received so far, oldest first (never waits)."""
+        taken: list[Delivery] = []
+        inbox = self._inbox
+        while inbox is not None and len(taken) < limit:
+            try:
+                taken.append(inbox.get_nowait())
+            except queue.Empty:
+                break
+        return taken
+
+    def ack(self, ack_id: str) -> None:
+        """ACK one MESSAGE of this connection (``client-individual``: only that one), its
+        write bounded as every write is. Raises what :meth:`check` and :meth:`_write` raise."""
+        self.check()
+        conn = self._conn
+        self._write(lambda: conn.ack(ack_id), "an ACK")
+
     def close(self, *, graceful: bool = True) -> None:
-        """With ``graceful``, DISCONNECT and wait for its receipt (at most
+        """With ``graceful``, DISCONNECT and wait for its receipt (at most ``timeout`` and
         ``_DISCONNECT_WAIT`` s); then close the socket and stop the watchdog. Never raises
         (the task's outcome is decided before). A failed task closes without DISCONNECT: its
-        frames may be stuck, and a DISCONNECT's receipt would wait behind them."""
+        frames may be stuck, and a DISCONNECT's receipt would wait behind them. A receiver
+        thread waiting for room in the inbox stops waiting (what was not ACKed is redelivered
+        by the broker)."""
+        self._closing.set()
         conn = self._conn
         if conn is None:
             self._stop.set()
@@ -267,7 +403,9 @@ class Link:
                     lambda: conn.send_frame("DISCONNECT", {"receipt": _BYE}), "the DISCONNECT"
                 )
                 with self._cond:
-                    self._cond.wait_for(lambda: self._bye or self._closed, _DISCONNECT_WAIT)
+                    self._cond.wait_for(
+                        lambda: self._bye or self._closed, min(self.timeout, _DISCONNECT_WAIT)
+                    )
         self._stop.set()
         with contextlib.suppress(Exception):
             conn.transport.disconnect_socket()

@@ -6,6 +6,9 @@ an executor; Spark fails the task with them (and retries it up to ``spark.task.m
 times, the retry sending the same ids), then fails the job with the last attempt's traceback,
 which holds the message: the driver sees ``StompErrorFrame: ...`` with the sidecar's or the
 broker's ERROR text.
+
+The streaming read fails with one class, :class:`StompReadError`, on the driver (the reader
+turns the connection's errors above into it, :mod:`mq_sidecar_spark.reader`).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ __all__ = [
     "StompConnectError",
     "StompConnectionLost",
     "StompErrorFrame",
+    "StompReadError",
     "StompTimeout",
     "StompWriteError",
 ]
@@ -62,3 +66,9 @@ class StompConnectionLost(StompWriteError):
 class RowError(StompWriteError):
     """One row cannot be sent: a null id column, a null or mistyped body column, a value with
     no JSON form. The message names the row (its id, or its partition and position)."""
+
+
+class StompReadError(RuntimeError):
+    """The STOMP session of the streaming reader failed (the message says how: no sidecar at
+    ``host:port``, an ERROR from the sidecar or the broker, no answer within ``timeout``
+    seconds, the connection lost)."""

@@ -15,7 +15,8 @@ What this reader does with that:
 
 - **The STOMP session lives on the driver** (``commit`` runs there, and a STOMP ACK must go on the
   connection that received the message: STOMP 1.2, "ACK"). ``client-individual``, with a bounded
-  prefetch window; :mod:`._read_session`.
+  prefetch window, on the data source's one connection wrapper (:class:`._link.Link`, the
+  writer's too); its failures become :class:`StompReadError` here (:func:`_open_link`).
 - **latestOffset** drains what was received (bounded by the ``ReadLimit`` and
   ``max_bytes_per_batch``), appends it to the durable read log (fsync) and returns
   ``{"seq": N}``; :mod:`._read_log`. An uncommitted batch already in the log that starts at
@@ -36,6 +37,7 @@ What this reader does with that:
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -59,9 +61,16 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from ._link import Link
 from ._read_log import LogRecord, ReadLog, ReadLogError
 from ._read_options import ReadOptions, parse_read_options
-from ._read_session import StompReadError, StompSession
+from .errors import (
+    StompConnectError,
+    StompConnectionLost,
+    StompErrorFrame,
+    StompReadError,
+    StompWriteError,
+)
 
 __all__ = [
     "READ_SCHEMA",
@@ -96,6 +105,82 @@ AVAILABLE_NOW_QUIET = 1.0
 #: A partition holds at most this many records or bytes of bodies (more partitions, more tasks).
 PARTITION_RECORDS = 5000
 PARTITION_BYTES = 16 * 1024 * 1024
+
+#: The subscription's id (its RECEIPT's id is this with ``-sub``).
+SUBSCRIPTION_ID = "mq-sidecar-spark-read"
+
+
+def _read_error(link: Link, exc: StompWriteError, waited_for: str | None) -> StompReadError:
+    """The reader's error for a failure of ``link``: the broker's or sidecar's ERROR, the
+    connection lost, or (``waited_for``: the frame whose answer was waited for) no answer
+    within ``timeout`` seconds; else ``exc``'s own text."""
+    where = link.address
+    if isinstance(exc, StompErrorFrame):
+        message = exc.message or "ERROR"
+        text = f"{message}: {exc.body}" if exc.body else message
+        return StompReadError(f"the sidecar at {where} sent ERROR {text}")
+    if link.lost or isinstance(exc, StompConnectionLost):
+        return StompReadError(f"the connection to the sidecar at {where} was lost")
+    if waited_for is not None:
+        return StompReadError(
+            f"no answer to {waited_for} from the sidecar at {where} within "
+            f"{link.timeout:g} s (option timeout)"
+        )
+    return StompReadError(str(exc))
+
+
+@contextlib.contextmanager
+def _read_errors(link: Link, waited_for: str | None = None) -> Iterator[None]:
+    """Within the block, ``link``'s errors become :class:`StompReadError` (:func:`_read_error`)."""
+    try:
+        yield
+    except StompWriteError as exc:
+        raise _read_error(link, exc, waited_for) from None
+
+
+def _open_link(options: ReadOptions) -> Link:
+    """The query's connection: connected (CONNECTED waited for) and subscribed to
+    ``options.destination`` (its RECEIPT waited for), each wait at most ``timeout`` seconds;
+    the prefetch window ``options.prefetch`` is the inbox's size and both brokers' header.
+
+    Raises :class:`StompReadError` if nothing listens at ``host:port``, the CONNECT or the
+    SUBSCRIBE is refused (the ERROR's ``message`` and body in the text) or not answered in
+    time, or the connection is lost; the connection is closed then.
+    """
+    link = Link(
+        options.host,
+        options.port,
+        options.login,
+        options.passcode,
+        options.timeout,
+        vhost=options.vhost,
+        inbox=options.prefetch,
+    )
+    try:
+        try:
+            link.start()
+        except StompConnectError:
+            raise StompReadError(
+                f"cannot connect to the sidecar at {link.address} (is mq-sidecar running "
+                "there? options host and port)"
+            ) from None
+        with _read_errors(link, "CONNECT"):
+            link.connect()
+        headers = {
+            **options.subscription_headers,
+            "activemq.prefetchSize": str(options.prefetch),
+            "prefetch-count": str(options.prefetch),
+        }
+        subscribe = f"SUBSCRIBE to {options.destination}"
+        try:
+            with _read_errors(link, subscribe):
+                link.subscribe(options.destination, SUBSCRIPTION_ID, headers)
+        except StompReadError as exc:
+            raise StompReadError(f"{subscribe} failed: {exc}") from None
+    except BaseException:
+        link.close()
+        raise
+    return link
 
 
 class StompReadPartition(InputPartition):
@@ -153,7 +238,7 @@ class StompStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.schema = schema
         self.options: ReadOptions = parse_read_options(options)
         self._log: ReadLog | None = None
-        self._session: StompSession | None = None
+        self._session: Link | None = None
         self._pending: list[_Pending] = []
         self._pending_by_id: dict[str, _Pending] = {}
         self._acks: dict[int, list[str]] = {}  # logged seq -> live ack ids
@@ -183,18 +268,18 @@ class StompStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 id_cache_size=self.options.id_cache_size,
             )
         if self._session is None:
-            session = StompSession(self.options)
-            try:
-                session.start()
-            except BaseException:
-                session.close()
-                raise
-            self._session = session
+            self._session = _open_link(self.options)
         return self._log
 
-    def _receive(self, log: ReadLog, session: StompSession) -> None:
+    def _receive(self, log: ReadLog, session: Link) -> None:
         """Sort what arrived: committed copies are ACKed and dropped, copies of logged messages
-        lend their ack id to the commit, the rest waits to be logged."""
+        lend their ack id to the commit, the rest waits to be logged. Raises
+        :class:`StompReadError` once the session failed."""
+        with _read_errors(session):
+            self._sort(log, session)
+
+    def _sort(self, log: ReadLog, session: Link) -> None:
+        """:meth:`_receive`'s work; raises the connection's own errors."""
         session.check()
         room = max(0, self.options.prefetch * 2 - len(self._pending))
         for headers, body in session.take(room):
@@ -347,12 +432,14 @@ class StompStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._receive(log, session)
         self._settle(log, session, int(end["seq"]))
 
-    def _settle(self, log: ReadLog, session: StompSession, end: int) -> None:
+    def _settle(self, log: ReadLog, session: Link, end: int) -> None:
         """Everything up to ``end`` is committed by Spark: store the identities (fsync), then
-        ACK every live delivery of them."""
-        for seq in log.commit(end):
-            for ack in self._acks.pop(seq, ()):
-                session.ack(ack)
+        ACK every live delivery of them. Raises :class:`StompReadError` once the session
+        failed."""
+        with _read_errors(session):
+            for seq in log.commit(end):
+                for ack in self._acks.pop(seq, ()):
+                    session.ack(ack)
 
     def stop(self) -> None:
         """Close the STOMP session (nothing more is ACKed: the broker redelivers what was not

@@ -1,6 +1,7 @@
-"""The writer's STOMP connection (``mq_sidecar_spark._link.Link``) under a hung broker: every wait
-ends within ``timeout`` (issue 26: "never a hang"). No Spark here: the connection is driven
-directly, against a real ActiveMQ (its own, since it is suspended) behind a real sidecar.
+"""The data source's STOMP connection (``mq_sidecar_spark._link.Link``, the writer's and the
+streaming reader's) under a hung broker, driven as the writer drives it: every wait ends within
+``timeout`` (issue 26: "never a hang"). No Spark here: the connection is driven directly,
+against a real ActiveMQ (its own, since it is suspended) behind a real sidecar.
 
 A broker stopped with SIGSTOP keeps its TCP connections open and answers nothing, so the
 sidecar forwards the SEND and no receipt ever comes back: the task's wait must end by itself.
