@@ -62,7 +62,7 @@ from config import Config
 from proxy._errors import ListenError
 from proxy._version import VERSION
 from proxy.admin.actions import AdminActions
-from proxy.admin.health import BrokerProber, Readiness, evaluate_readiness
+from proxy.admin.health import BrokerProber, evaluate_readiness
 from proxy.admin.http import (
     AUTHENTICATE,
     GONE,
@@ -79,7 +79,7 @@ from proxy.admin.page import ASSETS, AdminPage
 from proxy.admin.sse import EventStream
 from proxy.admin.status import status_document
 from proxy.telemetry.gauges import SidecarCollector
-from proxy.telemetry.statistics import SidecarView
+from proxy.telemetry.statistics import Readiness, SidecarView
 from proxy.telemetry.vocabulary import AdminAction
 
 __all__ = ["AdminLimits", "AdminServer", "AdminStatistics"]

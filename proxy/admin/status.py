@@ -14,9 +14,9 @@ import trio
 
 from proxy._version import VERSION
 from proxy.admin.actions import evacuation_status
-from proxy.admin.health import BrokerHealth, Readiness, stuck_for
+from proxy.admin.health import stuck_for
 from proxy.admin.http import format_address
-from proxy.telemetry.statistics import SidecarView
+from proxy.telemetry.statistics import BrokerHealth, Readiness, SidecarView
 
 __all__ = ["MAX_STATUS_SESSIONS", "status_document"]
 

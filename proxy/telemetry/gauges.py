@@ -20,9 +20,8 @@ from prometheus_client.metrics_core import (
 )
 
 from proxy._version import VERSION
-from proxy.admin.health import BrokerHealth, Readiness
 from proxy.telemetry.metrics import PREFIX
-from proxy.telemetry.statistics import SidecarView
+from proxy.telemetry.statistics import BrokerHealth, Readiness, SidecarView
 
 __all__ = ["AdminView", "SidecarCollector"]
 

@@ -21,12 +21,15 @@ from proxy.reconnect.discovery import BrokerDiscovery
 from proxy.reconnect.evacuations import Evacuation
 from proxy.telemetry.events import EventBus
 from proxy.telemetry.metrics import Metrics
+from proxy.telemetry.vocabulary import ProbeOutcome
 from proxy.tracking.budget import BudgetStatistics
 from proxy.tracking.window import WindowStatistics
 
 __all__ = [
+    "BrokerHealth",
     "ForwarderStatistics",
     "OutboxStatistics",
+    "Readiness",
     "RotationView",
     "SessionStatistics",
     "SidecarStatistics",
@@ -176,6 +179,49 @@ class OutboxStatistics:
                 "problems": list(self.recovery_problems),
             },
         }
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerHealth:
+    """What the prober knows about one broker. Times are trio seconds.
+
+    ``state``: ``"unknown"`` (no check finished yet), ``"up"`` (the last finished check was
+    answered) or ``"down"`` (it failed, or was not answered within ``stale_after`` seconds).
+    ``last_check``: when the last check finished; ``last_answer``: when the broker last
+    answered one.
+    """
+
+    broker: str
+    state: str
+    last_check: float | None
+    last_answer: float | None
+    last_outcome: ProbeOutcome | None
+    detail: str
+    checks: int
+    failures: int
+
+
+@dataclass(frozen=True, slots=True)
+class Readiness:
+    """The verdict of ``/readyz``: ``reasons`` say why not when ``ready`` is false."""
+
+    ready: bool
+    reasons: tuple[str, ...]
+    brokers_up: tuple[str, ...]
+    #: Outbox mode: what the outbox holds (``outbox: F frame(s), B of M bytes``); None: off.
+    outbox: str | None = None
+
+    def text(self) -> str:
+        """The response body: ``ready`` or ``not ready`` and one line per reason/broker."""
+        if self.ready:
+            if self.outbox is None:
+                return "ready: broker(s) reachable: " + ", ".join(self.brokers_up) + "\n"
+            if self.brokers_up:
+                brokers = "broker(s) reachable: " + ", ".join(self.brokers_up)
+            else:
+                brokers = "no broker reachable: SENDs are stored in the outbox"
+            return f"ready: {brokers}; {self.outbox}\n"
+        return "not ready:\n" + "".join(f"- {r}\n" for r in self.reasons)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,15 +16,14 @@ import trio
 import trio.testing
 
 from config import Broker, Config, Secret
-from proxy.admin.health import (
-    BrokerHealth,
-    BrokerProber,
-    Readiness,
-    evaluate_readiness,
-    stuck_for,
-)
+from proxy.admin.health import BrokerProber, evaluate_readiness, stuck_for
 from proxy.telemetry.metrics import Metrics
-from proxy.telemetry.statistics import OutboxStatistics, SessionStatistics
+from proxy.telemetry.statistics import (
+    BrokerHealth,
+    OutboxStatistics,
+    Readiness,
+    SessionStatistics,
+)
 from proxy.telemetry.vocabulary import ProbeOutcome
 from proxy.tracking.window import WindowStatistics
 
