@@ -32,7 +32,7 @@ from config import TransactionFailover
 from protocol import Command, ConnectionClosed, Frame, HeartBeat, RawFrame
 from proxy.legs.opening import StreamOpener
 from proxy.legs.stream import HeartBeatTimeout, TransportLost
-from proxy.session.confirmations import Confirmations
+from proxy.session.confirmations import Confirmations, StaleSettlement
 from proxy.session.control import SCOPE_HEADER, ControlChannel, scope_refused
 from proxy.session.core import SessionCore, log
 from proxy.session.ending import Ending, error_frame, rolled_back_message, summary
@@ -495,6 +495,7 @@ class AppSide:
         ):
             raise ForBroker("NACK from a STOMP 1.0 app")  # ActiveMQ refuses it
         tx = state.transaction_of(frame)
+        generation = state.generation  # the link the ACK/NACK frames below are built for
         settled = state.settle(bare, upstream_version=upstream_version, now=trio.current_time())
         core.flow.acks_freed.set()
         await core.hand_seen()  # the ids it acknowledged, persisted in outbox mode
@@ -509,12 +510,20 @@ class AppSide:
         # A `client` ACK settles several messages: one ACK each, the app's receipt last.
         for frame_up in (*settled.more, settled.to_broker):
             last = frame_up is settled.to_broker
-            entry = await self.confirmations.submit(
-                frame_up,
-                app_receipt=app_receipt if last else None,
-                idle=idle and last,
-                context=tx,
-            )
+            try:
+                entry = await self.confirmations.submit(
+                    frame_up,
+                    app_receipt=app_receipt if last else None,
+                    idle=idle and last,
+                    context=tx,
+                    generation=generation,
+                )
+            except StaleSettlement:
+                # The leg changed while this ACK waited to enter the window: settled by
+                # identity when the redelivery comes, as an ACK of the old leg at a failover.
+                if last:
+                    await self.out.answer_locally(app_receipt)
+                continue
             if tx is not None:
                 # re-run from the app's state, not from its frames
                 tx.sent(entry, keep=False, charge=self._confirmed_at_commit)

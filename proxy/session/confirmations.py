@@ -28,7 +28,7 @@ from proxy.telemetry.vocabulary import FrameOutcome, OutcomeCause, TransactionOu
 from proxy.tracking import StoredInOutbox, Transaction
 from proxy.tracking.window import Entry, EntryContext, frame_size
 
-__all__ = ["ALWAYS_RECEIPTED", "WATCH_RECHECK", "Confirmations"]
+__all__ = ["ALWAYS_RECEIPTED", "WATCH_RECHECK", "Confirmations", "StaleSettlement"]
 
 #: Commands that always carry a sidecar receipt: each changes session state a restore must
 #: know the outcome of (docs/behaviour.md, "Confirmation window").
@@ -50,6 +50,14 @@ WATCH_RECHECK = 1.0
 
 #: Frames whose receipt RabbitMQ sends only when their transaction commits.
 _DEFERRED_IN_TRANSACTION = frozenset({Command.SEND, Command.ACK, Command.NACK})
+
+
+class StaleSettlement(Exception):
+    """An ACK/NACK built for a leg that is gone by the time it would enter the window
+    (:meth:`Confirmations.submit` with ``generation``): its ack id means nothing on the new
+    leg, so it is not sent (the message it settles was remembered as settled, and its
+    redelivery is settled by identity when it arrives, as for an ACK of the old leg in the
+    window at the failover: :func:`proxy.tracking.replay.plan_replay`)."""
 
 
 class Confirmations:
@@ -78,6 +86,7 @@ class Confirmations:
         idle: bool,
         context: EntryContext | None = None,
         receipted: bool = True,
+        generation: int | None = None,
     ) -> Entry:
         """Put a frame in the confirmation window and send it if a leg is up.
 
@@ -130,10 +139,12 @@ class Confirmations:
             want = None
         if core.leg.send_lock.locked():  # a restore is writing the window: append after it
             async with core.leg.send_lock:
+                self._check_generation(generation)
                 entry = self._append(frame, app_receipt, want, context, size, deferred=deferred)
         else:
             # _append never checkpoints, so nothing can come between the append and the
             # queueing; taking the lock would only cost a trip through the scheduler.
+            self._check_generation(generation)
             entry = self._append(frame, app_receipt, want, context, size, deferred=deferred)
         if tracer is not None:
             tracer.submitted(entry, started)
@@ -145,6 +156,16 @@ class Confirmations:
         if upstream is not None and upstream.needs_flush:
             await self.flush_upstream()
         return entry
+
+    def _check_generation(self, generation: int | None) -> None:
+        """Raise :class:`StaleSettlement` when ``generation`` (the link an ACK/NACK was built
+        for) is no longer the session's: a client ACK that settles many messages on RabbitMQ
+        is one ACK each, and a restore can take the send lock between two of them (the chaos
+        soak under CPU pressure: the rest, with the old leg's delivery tags, went to the new
+        leg, and RabbitMQ closed it with PRECONDITION_FAILED "unknown delivery tag")."""
+        state = self.core.state
+        if generation is not None and state is not None and state.generation != generation:
+            raise StaleSettlement(f"built for link {generation}, now {state.generation}")
 
     def _append(
         self,

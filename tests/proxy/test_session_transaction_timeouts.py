@@ -1,4 +1,6 @@
-"""Session: a transaction that loses a frame to ``call_timeout`` is never committed (issue 36).
+"""Session: what the chaos soak found on a slower machine (issue 36): a transaction that loses a
+frame to ``call_timeout`` is never committed, and an ACK built for a lost leg never reaches the
+new one.
 
 The chaos soak, on a machine four times slower, confirmed a COMMIT whose broker stored two of
 its five SENDs. The interleaving, reproduced here on scripted brokers and the mock clock: the
@@ -19,7 +21,8 @@ from __future__ import annotations
 import pytest
 import trio
 
-from protocol import Command
+from protocol import Command, Frame
+from proxy.session.confirmations import StaleSettlement
 from tests.proxy.scripted_broker import (
     ACTIVEMQ,
     RABBITMQ,
@@ -219,3 +222,41 @@ async def test_a_send_the_lost_broker_had_dropped_at_call_timeout_rolls_back_too
     await trio.sleep(5)
     assert committed_on(broker) == []
     assert broker.links[-1].received(Command.SEND) == []
+
+
+async def test_an_ack_built_for_a_lost_leg_never_reaches_the_new_one(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, network: Network
+) -> None:
+    """The chaos soak under CPU pressure (RabbitMQ, a ``client`` subscription): the app's
+    cumulative ACK becomes one ACK per message upstream; a restore took the send lock between
+    two of them, and the rest, with the old leg's delivery tags, went to the new leg, which
+    RabbitMQ closed (PRECONDITION_FAILED "unknown delivery tag"). An ACK built for a link that
+    is gone by the time it enters the window is not sent (StaleSettlement); one built for the
+    current link is."""
+    broker = network.add("broker", 61001, server=RABBITMQ)
+    running = await connected(nursery, network, broker)
+    app = running.app
+    await app.send(
+        Command.SUBSCRIBE, {"destination": QUEUE, "id": "s", "ack": "client", "receipt": "sub"}
+    )
+    await app.wait_receipt("sub")
+    old_ack = await broker.link.deliver(QUEUE, b"m", message_id="m-1")
+    state = running.session.core.state
+    assert state is not None
+    old = state.generation
+    await broker.link.drop("reset")
+    await app.wait_event("FAILOVER")
+    await broker.wait_for(Command.SUBSCRIBE, link=2)
+    assert state.generation == old + 1
+
+    confirmations = running.session.confirmations
+    stale = Frame(Command.ACK, (("id", old_ack),))
+    with pytest.raises(StaleSettlement):
+        await confirmations.submit(stale, app_receipt=None, idle=True, generation=old)
+    new_ack = await broker.links[-1].deliver(QUEUE, b"n", message_id="m-2")
+    fresh = Frame(Command.ACK, (("id", new_ack),))
+    await confirmations.submit(fresh, app_receipt=None, idle=True, generation=state.generation)
+    await confirmations.flush_upstream()  # as the app relay does at the end of a burst
+    await broker.wait_for(Command.ACK, link=len(broker.links))
+    await trio.sleep(1)
+    assert [f.get("id") for f in broker.links[-1].received(Command.ACK)] == [new_ack]
