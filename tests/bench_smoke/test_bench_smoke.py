@@ -355,8 +355,9 @@ def test_hot_functions_add_up_lines_and_leave_out_the_roots() -> None:
 
 
 @pytest.mark.activemq
-@pytest.mark.skipif(not activemq_installed(), reason="needs ActiveMQ (scripts/setup.sh)")
 def test_profile_samples_the_sidecar(tmp_path: Path) -> None:
+    if not activemq_installed():
+        pytest.fail("ActiveMQ is needed: run scripts/setup.sh", pytrace=False)
     raw = tmp_path / "stacks.txt"
     out = _bench("profile", "--n", "3000", "--top", "5", "--raw", str(raw), timeout=240)
     assert "sidecar CPU per message: user" in out.stdout

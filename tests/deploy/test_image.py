@@ -50,9 +50,9 @@ DEFAULT_BASE = "localhost/mq-sidecar-base:bookworm"
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 
 
-def _skip_reason() -> str | None:
-    if os.environ.get("SKIP_IMAGE_BUILD") == "1":
-        return "SKIP_IMAGE_BUILD=1"
+def _missing() -> str | None:
+    """What this machine lacks for the image build (None: nothing): a missing tool fails the
+    test with the set-up step to run, it never skips (a skip hides a missing install step)."""
     missing = [t for t in ("podman", "buildah") if shutil.which(t) is None]
     if missing:
         return (
@@ -71,16 +71,21 @@ def _tail(result: subprocess.CompletedProcess[str], lines: int = 25) -> str:
 @pytest.fixture(scope="module")
 def image() -> str:
     """The image built from the repository's Dockerfile on the local base, tagged IMAGE."""
-    reason = _skip_reason()
+    if os.environ.get("SKIP_IMAGE_BUILD") == "1":
+        pytest.skip("SKIP_IMAGE_BUILD=1: the image build was asked not to run")
+    reason = _missing()
     if reason:
-        pytest.skip(f"image build not possible: {reason}")
+        pytest.fail(f"image build not possible: {reason}", pytrace=False)
     base = os.environ.get("DEPLOY_BASE_IMAGE", DEFAULT_BASE)
     if run(["podman", "image", "exists", base]).returncode != 0:
         if base != DEFAULT_BASE:
             pytest.fail(f"DEPLOY_BASE_IMAGE={base} is not in podman's storage")
         built = run(["bash", REPO / "scripts" / "build-base-image.sh"], timeout=900)
         if built.returncode != 0:
-            pytest.skip(f"image build not possible: no local base image ({_tail(built, 5)})")
+            pytest.fail(
+                f"image build not possible: no local base image ({_tail(built, 5)})",
+                pytrace=False,
+            )
     # Can this machine execute RUN steps (chroot isolation) at all?
     probe = run(["buildah", "from", "--quiet", "--pull-never", base])
     if probe.returncode == 0:
@@ -88,7 +93,7 @@ def image() -> str:
         ran = run(["buildah", "run", "--isolation", "chroot", ctr, "--", "true"])
         run(["buildah", "rm", ctr])
         if ran.returncode != 0:
-            pytest.skip(f"image build not possible: RUN steps fail here ({_tail(ran, 3)})")
+            pytest.fail(f"image build not possible: RUN steps fail here ({_tail(ran, 3)})")
 
     old = run(["podman", "image", "inspect", "--format", "{{.Id}}", IMAGE]).stdout.strip()
     cmd: list[str | Path] = [
