@@ -54,6 +54,7 @@ COMPILED = (
     "proxy/tracking/links.py",
     "proxy/tracking/records.py",
     "proxy/tracking/state.py",
+    "proxy/tracking/streams.py",
     "proxy/telemetry/vocabulary.py",
     "proxy/tracking/window.py",
     "proxy/tracking/budget.py",

@@ -137,6 +137,12 @@ class BrokerSide:
             # An auto subscription's message: its id is persisted once the app has it.
             self.out.seen.extend(state.seen_out)
             state.seen_out.clear()
+        if state.stream_notes:
+            # A stream subscription whose MESSAGE's x-stream-offset is not a number: a queue
+            # from now on (docs/behaviour.md, "Streams"); logged once per subscription.
+            for note in state.stream_notes:
+                log.warning("session %s: %s", core.id, note)
+            state.stream_notes.clear()
         if core.tracer is not None:
             core.tracer.message(frame, decision.to_app, decision.hidden)
         if decision.to_app is not None:

@@ -25,6 +25,7 @@ from proxy.tracking.records import (
     Transaction,
     ack_ident,
 )
+from proxy.tracking.streams import STREAM_OFFSET, parse_offset
 
 __all__ = ["Deliveries"]
 
@@ -54,6 +55,7 @@ class Deliveries:
     _next_ack: int
     temps: TempNames
     seen_out: list[tuple[str, str]]
+    stream_notes: list[str]
 
     @property
     def unacked(self) -> int:
@@ -100,6 +102,12 @@ class Deliveries:
           is always shown again (it asked for a redelivery);
         - a duplicate (same identity on the same link, e.g. a producer's replayed SEND):
           acknowledged upstream and hidden in both modes.
+
+        On a stream subscription (``x-stream-offset`` on the MESSAGE, a number), the offset is
+        recorded (:attr:`Subscription.stream_offset`) and a MESSAGE at or below the last one
+        delivered to the app is hidden and acknowledged (credit) in both modes: the app was
+        shown it (docs/behaviour.md, "Streams"). A value that is not a number turns the
+        subscription into a queue for good, noted once in :attr:`stream_notes`.
         """
         # One pass over the headers (the hot path): the ids this needs, first entries only
         # (STOMP 1.2 "Repeated Header Entries"), and the app's headers without ``ack``.
@@ -107,6 +115,7 @@ class Deliveries:
         message_id: str | None = None
         upstream_ack: str | None = None
         dup_id: str | None = None
+        stream_value: str | None = None
         rest: list[tuple[str, str]] = []
         artemis_at: list[int] = []  # where _AMQ_DUPL_ID entries are in ``rest``
         sub_at = -1
@@ -135,6 +144,9 @@ class Deliveries:
                 continue
             elif name == ARTEMIS_DUPLICATE_ID:
                 artemis_at.append(len(rest))
+            elif name == STREAM_OFFSET:
+                if stream_value is None:
+                    stream_value = item[1]
             elif name == "receipt" and SIDECAR_RECEIPT.fullmatch(item[1]):
                 # RabbitMQ copies a SEND's headers into the MESSAGE, the receipt request of
                 # the producer's sidecar too: that one is the sidecars' own, not shown.
@@ -173,6 +185,22 @@ class Deliveries:
         sub.arrivals += 1
         identity = self._identity_of(dup_id, message_id)
         message_id = message_id or ""
+        if stream_value is not None and sub.stream_refused is None and not sub.local:
+            offset = parse_offset(stream_value)
+            if offset is None:
+                sub.stream = False
+                sub.stream_refused = stream_value
+                self.stream_notes.append(
+                    f"subscription {sub.upstream_id!r} to {sub.destination}: x-stream-offset "
+                    f"{stream_value[:40]!r} is not a number; treated as a queue"
+                )
+            else:
+                sub.stream = True
+                last = sub.stream_offset
+                if last is not None and offset <= last:
+                    # Shown already (a new leg read the stream again from before it).
+                    return self._hide(sub, message_id, upstream_ack, "redelivery", upstream_version)
+                sub.stream_offset = offset
         redelivered = False
         if identity is not None:
             held = sub.pending_by_identity.get(identity)
@@ -229,6 +257,8 @@ class Deliveries:
                 self._remember(sub, identity, "acked", now)
                 if sub.persist_seen and dup_id is not None:
                     self.seen_out.append((sub.destination, dup_id))
+            if sub.auto_upstream:
+                return Delivered(out)  # auto upstream too: the broker wants no ACK
             ack = self._own_ack(sub, message_id, upstream_ack, upstream_version)
             return Delivered(out, to_broker=ack, coalesce=self._coalesce(sub))
         out, key = self._app_ack_key(sub, out, message_id)
@@ -284,6 +314,8 @@ class Deliveries:
             self.duplicates_hidden += 1
         else:
             self.redeliveries_hidden += 1
+        if sub.auto_upstream:
+            return Delivered(None, hidden=why)
         ack = self._own_ack(sub, message_id, upstream_ack, upstream_version)
         return Delivered(None, to_broker=ack, hidden=why, coalesce=self._coalesce(sub))
 
@@ -367,7 +399,10 @@ class Deliveries:
             raise ForBroker(f"{frame.command} of unknown {what}")
         sub = delivery.subscription
         stale = delivery.generation != self.generation and not sub.local
-        if stale and not self.transparent:
+        if stale and not self.transparent and not sub.stream:
+            # (A stream's old deliveries never come again: the new leg resumes after them,
+            # and an ACK there is credit, which the sidecar answers; docs/behaviour.md,
+            # "Streams".)
             self._forget(delivery)
             raise FrameRejected(
                 f"{what} is stale: the message was delivered before a failover and will be "

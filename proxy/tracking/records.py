@@ -169,6 +169,21 @@ class Subscription:
     #: Left behind by a failover (a browser): no broker has it; the app's UNSUBSCRIBE and ACKs
     #: are answered by the sidecar (``local`` is set too), a SUBSCRIBE with its id replaces it.
     dormant: bool = False
+    #: A RabbitMQ stream subscription (:mod:`proxy.tracking.streams`): its SUBSCRIBE said so
+    #: (``x-stream-offset``, ``x-queue-type:stream``) or its MESSAGEs carry a numeric
+    #: ``x-stream-offset``. A new leg re-subscribes it after :attr:`stream_offset`, and its
+    #: deliveries of an old leg are settled by the sidecar (an ACK on a stream is credit).
+    stream: bool = False
+    #: The offset of the last MESSAGE delivered to the app (or hidden as one the app was
+    #: shown), None before the first: the new leg resumes at ``offset=<this + 1>``.
+    stream_offset: int | None = None
+    #: A MESSAGE carried an ``x-stream-offset`` that is not a number: the subscription is a
+    #: queue for good (docs/behaviour.md, "Streams", bad input); the value, for the log.
+    stream_refused: str | None = None
+    #: An app ``ack:auto`` SUBSCRIBE whose headers name a stream: it stays ``auto`` upstream
+    #: (RabbitMQ refuses automatic acknowledgement on a stream; the broker decides) and the
+    #: sidecar sends no ACK of its own for it.
+    auto_upstream: bool = False
 
 
 @dataclass(eq=False)

@@ -22,6 +22,7 @@ from proxy.tracking.records import (
     TransactionBytes,
     persists_seen,
 )
+from proxy.tracking.streams import is_stream_subscribe, resume_subscribe
 
 __all__ = ["SessionState"]
 
@@ -87,6 +88,9 @@ class SessionState(Deliveries):
         #: by :meth:`deliver`, :meth:`settle` and :meth:`end` (COMMIT); the daemon takes and
         #: clears them after each such call, so they hold at most what one call settles.
         self.seen_out: list[tuple[str, str]] = []
+        #: One line per stream subscription found to be a queue after all (a MESSAGE's
+        #: ``x-stream-offset`` not a number), for the daemon to log once and clear.
+        self.stream_notes: list[str] = []
 
     # -- links ------------------------------------------------------------------------------
 
@@ -201,9 +205,13 @@ class SessionState(Deliveries):
                     break
             upstream = frame.with_header("id", upstream_id)
         upstream = upstream.without("receipt")
+        stream = not local and is_stream_subscribe(frame)
+        # An auto SUBSCRIBE that names a stream stays auto: RabbitMQ refuses it (measured:
+        # "automatic acknowledgement not supported by stream queues"), as it would directly.
+        auto_upstream = stream and ack is AckMode.AUTO
         if ack is AckMode.CLIENT and not local:
             upstream = upstream.with_header("ack", AckMode.CLIENT_INDIVIDUAL.value)
-        elif ack is AckMode.AUTO and not local:
+        elif ack is AckMode.AUTO and not local and not auto_upstream:
             upstream = upstream.with_header("ack", self.auto_ack_mode.value)
         self.removing.discard(upstream_id)
         self.subscriptions[upstream_id] = Subscription(
@@ -220,6 +228,8 @@ class SessionState(Deliveries):
                 and frame.get("browser") != "true"
                 and persists_seen(destination)
             ),
+            stream=stream,
+            auto_upstream=auto_upstream,
         )
         return upstream
 
@@ -253,9 +263,15 @@ class SessionState(Deliveries):
 
     def upstream_subscribe(self, frame: Frame) -> Frame:
         """A SUBSCRIBE about to go upstream again (a restore), with the ack mode of the
-        current link for an app auto subscription (:meth:`new_link`)."""
+        current link for an app auto subscription (:meth:`new_link`), and, for a stream
+        subscription, the position right after the last MESSAGE the app was delivered
+        (:func:`proxy.tracking.streams.resume_subscribe`; docs/behaviour.md, "Streams")."""
         sub = self.subscriptions.get(frame.get("id") or "")
-        if sub is None or sub.ack is not AckMode.AUTO or sub.local:
+        if sub is None or sub.local:
+            return frame
+        if sub.stream:
+            frame = resume_subscribe(frame, sub.stream_offset)
+        if sub.ack is not AckMode.AUTO or sub.auto_upstream:
             return frame
         mode = self.auto_ack_mode.value
         if frame.get("ack") == mode:

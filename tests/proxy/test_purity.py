@@ -20,6 +20,7 @@ PURE = [
     "tracking/window.py",
     "tracking/budget.py",
     "tracking/replay.py",
+    "tracking/streams.py",
     "reconnect/__init__.py",
     "reconnect/tally.py",
     "reconnect/policy.py",
