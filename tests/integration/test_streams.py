@@ -1,0 +1,248 @@
+"""RabbitMQ streams through the sidecar, against a real RabbitMQ 3.10 node (issue 32 part 1;
+docs/behaviour.md, "Streams"; the broker's facts in docs/brokers.md, "Streams").
+
+An app reads a stream through the sidecar while a producer publishes to it straight to the node;
+a fault proxy resets the sidecar's broker connection and refuses new ones while the producer
+goes on, then lets the sidecar back. For each starting position the app must be shown every
+message from its position on once, in offset order, none missing. Before the fix the sidecar
+re-sent the app's SUBSCRIBE unchanged: ``first``, ``offset=N`` and ``timestamp=T`` showed the
+stream again from there, ``next`` lost what was published during the outage.
+
+Bad input (issue 32, "Bad input"): a SUBSCRIBE the broker refuses on a stream (an
+``x-stream-offset`` it cannot read, no ``prefetch-count``, ``ack:auto``) gets the broker's
+own ERROR through the sidecar, and the sidecar goes on serving.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+
+from protocol import Command, Frame
+from testbed import RabbitMQ
+from tests.faultproxy import FaultProxy
+from tests.integration.support import RawClient, SidecarThread, sidecar_config, unique
+
+FAST = {"retry_interval": "50", "max_retry_interval": "200", "connect_timeout": "2000"}
+EVENTS = "/mq-sidecar/events"
+#: Messages published before the app subscribes, while it reads, while its sidecar's broker
+#: connection is down, and after the restore (the last one is the end marker).
+BEFORE, WHILE_UP, WHILE_DOWN, AFTER = 200, 200, 300, 100
+TOTAL = BEFORE + WHILE_UP + WHILE_DOWN + AFTER
+#: The app's reads before the cut: half of what was published while it reads.
+READ_BEFORE_CUT = 100
+#: A bound on the frames any one read loop takes (every message at most three times, events).
+MAX_FRAMES = 4 * TOTAL
+
+
+@pytest.fixture
+def proxy(rabbitmq: RabbitMQ) -> Iterator[FaultProxy]:
+    with FaultProxy((rabbitmq.host, rabbitmq.stomp_port)) as faults:
+        yield faults
+
+
+def sidecar_url(proxy: FaultProxy) -> str:
+    return f"stomp://127.0.0.1:{proxy.port}?host=/"
+
+
+def until(client: RawClient, predicate: object, what: str) -> list[Frame]:
+    """Frames read from ``client`` up to and including the first that ``predicate`` accepts
+    (bounded by :data:`MAX_FRAMES`)."""
+    assert callable(predicate)
+    frames: list[Frame] = []
+    for _ in range(MAX_FRAMES):
+        frame = client.frame()
+        frames.append(frame)
+        if predicate(frame):
+            return frames
+    raise AssertionError(f"no {what} within {MAX_FRAMES} frames")
+
+
+def declare_stream(broker: RabbitMQ) -> str:
+    """A new durable stream queue (RabbitMQ declares a queue on a SUBSCRIBE to ``/queue/``);
+    returns its ``/amq/queue/`` destination."""
+    name = unique("stream").replace("-", "_")
+    client = RawClient((broker.host, broker.stomp_port))
+    client.connect()
+    client.send_frame(
+        "SUBSCRIBE",
+        {
+            "destination": f"/queue/{name}",
+            "id": "declare",
+            "ack": "client-individual",
+            "prefetch-count": "1",
+            "x-queue-type": "stream",
+            "durable": "true",
+            "auto-delete": "false",
+            "receipt": "declared",
+        },
+    )
+    assert client.frame().get("receipt-id") == "declared"
+    client.close()
+    return f"/amq/queue/{name}"
+
+
+class Producer:
+    """Publishes straight to the node (not through the sidecar): message ``seq`` (body and
+    header) is at offset ``seq`` of the new stream, since it is the stream's only writer."""
+
+    def __init__(self, broker: RabbitMQ, destination: str) -> None:
+        self.client = RawClient((broker.host, broker.stomp_port))
+        self.client.connect()
+        self.destination = destination
+        self.sent = 0
+
+    def publish(self, n: int) -> None:
+        """Publish ``n`` more; return once the broker confirmed the last (a stream confirms
+        in order: one connection's messages are appended in order)."""
+        for i in range(n):
+            seq = self.sent
+            self.sent += 1
+            headers = {"destination": self.destination, "seq": str(seq)}
+            if i == n - 1:
+                headers["receipt"] = f"p{seq}"
+            self.client.send_frame("SEND", headers, f"n{seq}".encode())
+        until(self.client, lambda f: f.get("receipt-id") == f"p{self.sent - 1}", "confirm")
+
+
+class App:
+    """The app through the sidecar: reads the stream with ``client-individual`` ACKs, one per
+    message, and the control channel's events."""
+
+    def __init__(self, address: tuple[str, int], destination: str, position: str) -> None:
+        self.client = RawClient(address)
+        self.client.connect()
+        self.client.send_frame("SUBSCRIBE", {"destination": EVENTS, "id": "ev", "ack": "auto"})
+        self.client.send_frame(
+            "SUBSCRIBE",
+            {
+                "destination": destination,
+                "id": "s",
+                "ack": "client-individual",
+                "prefetch-count": "50",
+                "x-stream-offset": position,
+                "receipt": "sub",
+            },
+        )
+        until(self.client, lambda f: f.get("receipt-id") == "sub", "SUBSCRIBE receipt")
+        self.shown: list[int] = []
+        self.offsets: list[int] = []
+        self.errors: list[Frame] = []
+        self.events: list[str] = []
+        self.failover: dict[str, object] = {}
+
+    def read(self, predicate: object, what: str) -> None:
+        """Read (and ACK each message) until ``predicate(frame)``."""
+        assert callable(predicate)
+
+        def take(frame: Frame) -> bool:
+            if frame.command is Command.ERROR:
+                self.errors.append(frame)
+            elif frame.command is Command.MESSAGE and frame.get("subscription") == "ev":
+                self.events.append(frame.get("event") or "")
+                if frame.get("event") == "FAILOVER":
+                    self.failover = json.loads(frame.body)
+            elif frame.command is Command.MESSAGE:
+                self.shown.append(int(frame.get("seq") or "-1"))
+                self.offsets.append(int(frame.get("x-stream-offset") or "-1"))
+                self.client.send_frame("ACK", {"id": frame.get("ack") or ""})
+            return bool(predicate(frame))
+
+        until(self.client, take, what)
+
+
+def is_message(seq: int) -> object:
+    return lambda f: f.command is Command.MESSAGE and f.get("seq") == str(seq)
+
+
+@pytest.mark.parametrize("position", ["first", "next", "offset=150", "timestamp"])
+def test_a_stream_subscription_resumes_where_the_app_is_after_a_reset(
+    rabbitmq: RabbitMQ, proxy: FaultProxy, position: str
+) -> None:
+    stream = declare_stream(rabbitmq)
+    producer = Producer(rabbitmq, stream)
+    if position != "next":
+        producer.publish(BEFORE)
+    if position == "timestamp":  # an hour back: the whole stream (timestamps are of chunks)
+        position = f"timestamp={int(time.time()) - 3600}"
+    config = sidecar_config(sidecar_url(proxy), **FAST)
+    with SidecarThread(config) as sidecar:
+        app = App(sidecar.address, stream, position)
+        if position == "next":
+            producer.publish(BEFORE)  # after the SUBSCRIBE: all of it is "next"
+        producer.publish(WHILE_UP)
+        start = 150 if position == "offset=150" else 0
+        app.read(is_message(BEFORE + READ_BEFORE_CUT - 1), "the reads before the cut")
+
+        proxy.refuse(True)
+        proxy.reset()
+        producer.publish(WHILE_DOWN)
+        proxy.refuse(False)
+        app.read(lambda f: f.get("event") == "FAILOVER", "FAILOVER")
+        producer.publish(AFTER)
+        app.read(is_message(TOTAL - 1), "the last message")
+        app.client.close()
+
+    expected = list(range(start, TOTAL))
+    counts = Counter(app.shown)
+    twice = sum(1 for n in counts.values() if n > 1)
+    missing = len(set(expected) - set(counts))
+    print(
+        f"\nstream {position}: published {TOTAL}, expected {len(expected)}, shown "
+        f"{len(app.shown)}, shown twice {twice}, missing {missing}, events {app.events}, "
+        f"hidden on the new leg {app.failover.get('redeliveries_hidden')} (at the FAILOVER)"
+    )
+    assert app.errors == []
+    assert app.events.count("FAILOVER") == 1
+    assert (twice, missing) == (0, 0)
+    assert app.shown == expected  # once each, in offset order
+    assert app.offsets == expected  # the broker's x-stream-offset reaches the app
+
+
+@pytest.mark.parametrize(
+    ("headers", "message"),
+    [
+        ({"x-stream-offset": "offset=abc", "prefetch-count": "10"}, "Processing error"),
+        ({"x-stream-offset": "first"}, "precondition_failed"),
+        ({"x-stream-offset": "first", "prefetch-count": "10", "ack": "auto"}, "Processing error"),
+    ],
+    ids=["unreadable-offset", "no-prefetch", "ack-auto"],
+)
+def test_a_subscribe_the_broker_refuses_gets_the_brokers_error(
+    rabbitmq: RabbitMQ, headers: dict[str, str], message: str
+) -> None:
+    """Transparency: the broker judges a stream SUBSCRIBE (measured: docs/brokers.md,
+    "Streams"); the app gets the broker's ERROR, the sidecar serves the next session."""
+    stream = declare_stream(rabbitmq)
+    config = sidecar_config(f"stomp://{rabbitmq.host}:{rabbitmq.stomp_port}?host=/", **FAST)
+    with SidecarThread(config) as sidecar:
+        app = RawClient(sidecar.address)
+        app.connect()
+        app.send_frame(
+            "SUBSCRIBE",
+            {"destination": stream, "id": "s", "ack": "client-individual", **headers},
+        )
+        error = until(app, lambda f: f.command is Command.ERROR, "ERROR")[-1]
+        assert error.get("message") == message, error
+        app.close()
+        # The sidecar goes on: a new session reads the stream.
+        Producer(rabbitmq, stream).publish(1)
+        again = RawClient(sidecar.address)
+        again.connect()
+        again.send_frame(
+            "SUBSCRIBE",
+            {
+                "destination": stream,
+                "id": "s",
+                "ack": "client-individual",
+                "prefetch-count": "10",
+                "x-stream-offset": "first",
+            },
+        )
+        shown = until(again, lambda f: f.command is Command.MESSAGE, "MESSAGE")[-1]
+        assert (shown.body, shown.get("x-stream-offset")) == (b"n0", "0")
+        again.close()
