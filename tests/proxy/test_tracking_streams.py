@@ -137,9 +137,10 @@ def test_a_stream_known_only_by_its_messages_resumes_at_an_offset_appended() -> 
     is ``next``): the MESSAGEs' x-stream-offset make it a stream subscription."""
     st = new_state()
     subscribe(st)
-    assert not st.subscriptions["s"].stream
+    sub = st.subscriptions["s"]
+    before = sub.stream
     st.deliver(stream_message("3", 1), now=0.0)
-    assert st.subscriptions["s"].stream
+    assert (before, sub.stream) == (False, True)
     assert resubscribe(st).get("x-stream-offset") == "offset=4"
 
 
