@@ -45,6 +45,7 @@ from proxy.legs.broker import ConnectFailed, UpstreamRefused, open_upstream
 from proxy.legs.connect_frame import connect_frame
 from proxy.legs.opening import BrokerStreams, StreamOpener
 from proxy.legs.stream import TransportLost
+from proxy.legs.tls import DIAGNOSIS_SECONDS
 from proxy.telemetry.metrics import Metrics
 from proxy.telemetry.statistics import (
     BrokerHealth,
@@ -252,8 +253,10 @@ class BrokerProber:
 
     A broker is ``up`` while its last finished check was answered, ``down`` once a check
     fails or times out. Each check is bounded by the prober: a probe not answered within
-    ``stale_after`` seconds of its start (two intervals plus ``connect_timeout``: the probe's
-    own CONNECT bound and room for a loop that runs late) is cancelled and counts as failed
+    ``stale_after`` seconds of its start (two intervals, ``connect_timeout`` and twice
+    ``DIAGNOSIS_SECONDS``: the probe's own bounds, the CONNECT's and the diagnosis of a TLS
+    handshake that went silent after it, and room for a loop that runs late) is cancelled and
+    counts as failed
     ("no answer for N s"). Nothing else ages a verdict: neither a check in progress nor the
     wait between checks, however late a busy event loop wakes the prober (issue 36: a broker
     that had just answered was called down on a loaded machine because its answer was older
@@ -277,7 +280,7 @@ class BrokerProber:
         self.config = config
         seconds = config.durations
         self.interval = seconds.broker_probe_interval
-        self.stale_after = 2 * self.interval + seconds.connect_timeout
+        self.stale_after = 2 * self.interval + seconds.connect_timeout + 2 * DIAGNOSIS_SECONDS
         self._sessions = sessions
         self._metrics = metrics
         opener = streams if streams is not None else BrokerStreams(config)

@@ -410,14 +410,14 @@ async def test_a_stale_answer_is_down(autojump_clock: trio.testing.MockClock) ->
     prober = BrokerProber(
         config(A, broker_probe_interval=1000, connect_timeout=1000), lambda: (), probe=probe
     )
-    assert prober.stale_after == 3.0
+    assert prober.stale_after == 4.0
 
     def check() -> None:
         (h,) = prober.statistics()
         assert h.state == "down"
-        assert h.detail == "no answer for 5.0 s (last: ok)"
+        assert h.detail == "no answer for 6.0 s (last: ok)"
 
-    await run_prober(prober, 5.0, check)
+    await run_prober(prober, 6.0, check)
 
 
 async def test_a_probe_bug_is_logged_and_counts_as_unreachable(
