@@ -54,7 +54,8 @@ def after_restore(plan: ReplayPlan, mode: FailoverMode) -> list[FrameReport]:
       settles the redelivery when it recognises it (``replayed``); in ``strict`` mode the
       message is shown again (``lost``). A NACK's message comes back either way, as asked;
     - a frame of a transaction rolled back (``transaction_failover = rollback``):
-      ``rolled_back``; a COMMIT in flight there: ``unknown`` (in doubt).
+      ``rolled_back``; a COMMIT in flight there: ``unknown`` (in doubt), or ``rolled_back``
+      when no broker ever had it.
     """
     cause = OutcomeCause.FAILOVER
     reports = [report_of(e, FrameOutcome.REPLAYED, cause) for e in plan.replay if e.sent_before]
@@ -67,6 +68,7 @@ def after_restore(plan: ReplayPlan, mode: FailoverMode) -> list[FrameReport]:
             outcome = FrameOutcome.LOST if mode is FailoverMode.STRICT else FrameOutcome.REPLAYED
             reports.append(report_of(entry, outcome, cause))
     reports += (report_of(e, FrameOutcome.UNKNOWN, cause) for e in plan.in_doubt)
+    reports += (report_of(e, FrameOutcome.ROLLED_BACK, cause) for e in plan.refused)
     return sorted(reports, key=lambda r: r.seq)
 
 

@@ -27,14 +27,14 @@ from proxy.legs.stream import TransportLost
 from proxy.reconnect.walk import Attempt, ReconnectExhausted
 from proxy.session.control import ControlChannel
 from proxy.session.core import GOODBYE_TIMEOUT, SessionCore, log
-from proxy.session.ending import SUMMARY_NAMES, Ending, Loss, error_frame
+from proxy.session.ending import SUMMARY_NAMES, Ending, Loss, error_frame, rolled_back_message
 from proxy.session.ending import summary as frames_summary
 from proxy.session.outcomes import after_restore, unsettled
 from proxy.session.phase import Phase
 from proxy.session.to_app import AppOutput
 from proxy.telemetry.events import EventKind, SessionEvent, report_of_frame
 from proxy.telemetry.vocabulary import FrameOutcome, OutageOutcome, OutcomeCause, TransactionOutcome
-from proxy.tracking import SessionState
+from proxy.tracking import SessionState, Transaction
 from proxy.tracking.links import LinkEnd, probe_end
 from proxy.tracking.replay import ReplayPlan, plan_replay
 from proxy.tracking.window import Entry
@@ -183,7 +183,7 @@ class Restorer:
         replay_tx = core.config.transaction_failover is TransactionFailover.REPLAY
         async with core.leg.send_lock:
             plan = plan_replay(state, window, replay_transactions=replay_tx)
-            for entry in (*plan.answer, *plan.in_doubt):
+            for entry in (*plan.answer, *plan.in_doubt, *plan.refused):
                 window.drop(entry)
             core.flow.window_changed()
             # plan.replay, then what the app handed over while we reconnected
@@ -206,6 +206,17 @@ class Restorer:
                     await self.out.answer_locally(entry.app_receipt)
                 if entry is core.asked.disconnect_entry:
                     core.asked.disconnected.set()
+            for entry in plan.refused:
+                tx = entry.context
+                if not entry.answered and isinstance(tx, Transaction) and tx.rolled_back:
+                    entry.answered = True
+                    await self.out.send(
+                        error_frame(
+                            rolled_back_message(tx.id, tx.rolled_back),
+                            receipt_id=entry.app_receipt,
+                            outcome=FrameOutcome.ROLLED_BACK,
+                        )
+                    )
             for entry in plan.in_doubt:
                 if not entry.answered:
                     entry.answered = True

@@ -48,7 +48,10 @@ class ReplayPlan:
     then the window entries in ``replay``.
 
     ``answer``: entries dropped because their effect already holds (the app gets its RECEIPT).
-    ``in_doubt``: COMMIT entries dropped with an ERROR for the app (``rollback`` mode).
+    ``in_doubt``: COMMIT entries dropped with an ERROR for the app (``rollback`` mode): written
+    to a lost broker, which may have committed.
+    ``refused``: COMMIT entries dropped with an ERROR "rolled back" (``rollback`` mode, or a
+    transaction the sidecar had rolled back): no broker ever had them.
     """
 
     subscribe: list[Frame] = field(default_factory=list)
@@ -56,6 +59,7 @@ class ReplayPlan:
     replay: list[Entry] = field(default_factory=list)
     answer: list[Entry] = field(default_factory=list)
     in_doubt: list[Entry] = field(default_factory=list)
+    refused: list[Entry] = field(default_factory=list)
     transactions_replayed: list[str] = field(default_factory=list)
     transactions_rolled_back: list[str] = field(default_factory=list)
     transactions_in_doubt: list[str] = field(default_factory=list)
@@ -108,6 +112,12 @@ def plan_replay(
             # it dropped at call_timeout: no broker may be given part of it again)
             continue
         if ended_by is Command.COMMIT:
+            assert tx.end is not None
+            if not replay_transactions and not tx.end.sent_before:
+                # Its COMMIT never reached a broker: rolled back for sure, not in doubt.
+                state.roll_back(tx, FAILED_OVER)
+                plan.transactions_rolled_back.append(tx.id)
+                continue
             plan.transactions_in_doubt.append(tx.id)
             if not replay_transactions:
                 continue
@@ -131,7 +141,7 @@ def plan_replay(
         owner = entry.context if isinstance(entry.context, Transaction) else None
         if owner is not None and id(owner) not in replayed:
             if command is Command.COMMIT and owner.end is entry:
-                plan.in_doubt.append(entry)
+                (plan.in_doubt if entry.sent_before else plan.refused).append(entry)
             else:
                 plan.answer.append(entry)
         elif _moot(entry, state, last_subscribe):

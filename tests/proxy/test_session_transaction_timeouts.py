@@ -260,3 +260,42 @@ async def test_an_ack_built_for_a_lost_leg_never_reaches_the_new_one(
     await broker.wait_for(Command.ACK, link=len(broker.links))
     await trio.sleep(1)
     assert [f.get("id") for f in broker.links[-1].received(Command.ACK)] == [new_ack]
+
+
+@pytest.mark.parametrize("reached", [False, True])
+async def test_rollback_mode_names_a_commit_no_broker_had_rolled_back_not_in_doubt(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, network: Network, reached: bool
+) -> None:
+    """``transaction_failover = rollback``: a COMMIT handed over while the session reconnects
+    never reached a broker, so its ERROR says the transaction was rolled back (outcome
+    ``rolled_back``); one written to the broker that was then lost unconfirmed may have
+    committed there: "in doubt" (outcome ``unknown``)."""
+    broker = network.add("broker", 61001)
+    running = await connected(nursery, network, broker, transaction_failover="rollback")
+    app = running.app
+    await begin_and_confirm_two(running, broker)
+    if reached:
+        broker.receipts = "hold"
+        await app.send(Command.COMMIT, {"transaction": TX, "receipt": "commit"})
+        await broker.wait_for(Command.COMMIT)
+    broker.reachable = False
+    await broker.link.drop("reset")
+    await app.wait_event("RECONNECTING")
+    if not reached:
+        await app.send(Command.COMMIT, {"transaction": TX, "receipt": "commit"})
+    broker.receipts = "auto"
+    broker.reachable = True
+    failover = await app.wait_event("FAILOVER")
+    error = await app.wait_error()
+    assert error.get("receipt-id") == "commit"
+    message = error.get("message") or ""
+    if reached:
+        assert message.startswith("transaction outcome in doubt"), message
+        assert error.get("mq-sidecar-outcome") == "unknown"
+        assert failover["transactions_in_doubt"] == [TX]
+    else:
+        assert message.startswith(f"transaction '{TX}' rolled back"), message
+        assert error.get("mq-sidecar-outcome") == "rolled_back"
+        assert failover["transactions_rolled_back"] == [TX]
+    await trio.sleep(2)
+    assert broker.links[-1].received(Command.COMMIT) == []
