@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from pyspark.sql.datasource import (
     DataSource,
+    DataSourceReader,
     DataSourceStreamReader,
     DataSourceStreamWriter,
     DataSourceWriter,
@@ -74,6 +75,18 @@ class StompDataSource(DataSource):
         from mq_sidecar_spark.reader import READ_SCHEMA  # noqa: PLC0415
 
         return READ_SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        """A batch read (``spark.read.format("stomp")``): refused with one sentence that says
+        what to use, instead of Spark's ``NOT_IMPLEMENTED`` traceback. A queue forgets what was
+        acknowledged, so a batch read of it could not be repeated: read a queue with
+        ``spark.readStream`` (exactly once into a sink, docs/spark.md). Raises
+        :class:`OptionError`, always."""
+        raise OptionError(
+            "stomp data source: batch reads (spark.read) are not supported: a queue forgets "
+            "what was acknowledged, so a read could not be repeated; read it with "
+            "spark.readStream.format('stomp') into a sink (docs/spark.md, 'Streaming read')"
+        )
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         """The streaming reader (``spark.readStream.format("stomp")``)."""

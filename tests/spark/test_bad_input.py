@@ -120,6 +120,16 @@ def test_only_append_mode_is_accepted(spark: SparkSession) -> None:
         assert f'The data source "stomp" cannot be written in the "{name}" mode' in text
 
 
+def test_a_batch_read_says_what_to_use(spark: SparkSession) -> None:
+    """``spark.read.format("stomp")`` (issue 33 part 5: a raw NOT_IMPLEMENTED traceback before):
+    one sentence on the driver that says to read a queue as a stream."""
+    message = error_of(
+        lambda: spark.read.format("stomp").option("destination", "/queue/q").load().collect()
+    )
+    assert "batch reads (spark.read) are not supported" in message
+    assert "spark.readStream.format('stomp')" in message
+
+
 def test_streaming_write_checks_its_options_too(spark: SparkSession, tmp_path: Path) -> None:
     """A streaming write with a bad option: the query fails when Spark makes its writer (on
     the query's thread, after ``start()`` returned), with the option named."""
