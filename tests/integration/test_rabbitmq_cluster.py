@@ -428,7 +428,8 @@ def test_rolling_restart(all_up: RabbitMQCluster, tmp_path: Path) -> None:
             raise AssertionError(
                 f"{exc}; sidecar sessions {sessions}, nodes running {cluster.running_nodes()}, "
                 f"producer errors {[e.headers.get('message') for e in producer.errors]}, "
-                f"disconnects producer {producer.disconnects} consumer {consumer.disconnects}"
+                f"disconnects producer {producer.disconnects} consumer {consumer.disconnects}, "
+                f"consumer errors {[(e.headers, e.body[:300]) for e in consumer.errors]}"
             ) from None
         time.sleep(0.5)
         figures = reattach_figures(sidecar)
