@@ -238,6 +238,7 @@ def test_activemq_pair_failover(
         assert frames.message().body == "survives"
 
 
+@pytest.mark.long
 @pytest.mark.rabbitmq
 def test_rabbitmq_crash_and_restart(tmp_path: Path) -> None:
     node = RabbitMQ("crash", tmp_path)

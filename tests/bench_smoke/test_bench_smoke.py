@@ -261,6 +261,7 @@ def test_quick_run_writes_latest_json(tmp_path: Path) -> None:
     assert "goals (activemq):" in proc.stdout
 
 
+@pytest.mark.long
 @pytest.mark.activemq
 def test_quick_outbox_run_writes_outbox_rows(tmp_path: Path) -> None:
     """``python -m bench.run --quick --only outbox`` on ActiveMQ: persistent SENDs direct,

@@ -343,6 +343,7 @@ def test_connected_node_killed(all_up: RabbitMQCluster, tmp_path: Path) -> None:
     assert leader in (1, 2)
 
 
+@pytest.mark.long
 def test_quorum_leader_killed_while_connected_elsewhere(
     all_up: RabbitMQCluster, tmp_path: Path
 ) -> None:
@@ -392,6 +393,7 @@ def test_quorum_leader_killed_while_connected_elsewhere(
     producer.close()
 
 
+@pytest.mark.long
 def test_rolling_restart(all_up: RabbitMQCluster, tmp_path: Path) -> None:
     """(c) Every node stopped and restarted in turn while a producer (200 msg/s) and a
     consumer run through the sidecar: nothing is lost or shown twice."""

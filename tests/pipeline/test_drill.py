@@ -107,6 +107,7 @@ def test_drill_survives_a_kill9_of_the_primary(tmp_path: Path) -> None:
     assert _leftovers(tmp_path / "work") == [], "processes left behind"
 
 
+@pytest.mark.long
 @pytest.mark.activemq
 def test_drill_baseline_reports_the_sidecar_rates_as_a_share_of_direct(tmp_path: Path) -> None:
     """``--baseline``: the same publish and drain straight to the broker first, then the drill
@@ -165,6 +166,7 @@ def _check_spark_consumer(report: dict[str, Any], output: str) -> None:
     assert consumer["errors"] == []
 
 
+@pytest.mark.long
 @pytest.mark.activemq
 def test_drill_spark_consumer_survives_the_broker_and_driver_kills(tmp_path: Path) -> None:
     """``--consumer spark`` on ``local[2]``: a Structured Streaming query reads the queue
@@ -181,6 +183,7 @@ def test_drill_spark_consumer_survives_the_broker_and_driver_kills(tmp_path: Pat
     assert _leftovers(tmp_path / "work") == [], "processes left behind"
 
 
+@pytest.mark.long
 @pytest.mark.activemq
 def test_drill_on_a_standalone_cluster(tmp_path: Path) -> None:
     """``--master cluster --consumer spark``: the drill starts its own Spark standalone cluster

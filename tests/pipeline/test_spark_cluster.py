@@ -485,6 +485,7 @@ class HeldTask:
         return len(list(self.marks.glob("rerun-*")))
 
 
+@pytest.mark.long
 def test_streaming_write_with_an_executor_killed_and_a_replayed_batch_every_row_once(
     cluster: SparkCluster,
     cluster_spark: SparkSession,
@@ -559,6 +560,7 @@ def test_streaming_write_with_an_executor_killed_and_a_replayed_batch_every_row_
     assert hidden == per_batch, "batch 2 ran twice with the same ids; the sidecar hid the copies"
 
 
+@pytest.mark.long
 def test_streaming_read_with_an_executor_killed_every_message_once(
     cluster: SparkCluster,
     cluster_spark: SparkSession,

@@ -284,6 +284,7 @@ def stop_mid_batch(query: StreamingQuery, checkpoint: Path, timeout: float = 120
         query.stop()
 
 
+@pytest.mark.long
 def test_a_driver_killed_mid_batch_restarts_and_every_message_is_in_the_sink_once(
     spark: SparkSession, amq_sidecar: SidecarProcess, tmp_path: Path
 ) -> None:
