@@ -23,28 +23,11 @@ import trio
 
 from protocol import Command, Frame
 from proxy.session.confirmations import StaleSettlement
-from tests.proxy.scripted_broker import (
-    ACTIVEMQ,
-    RABBITMQ,
-    Network,
-    Running,
-    ScriptedBroker,
-    make_config,
-    start_session,
-)
+from tests.proxy.scripted_broker import ACTIVEMQ, RABBITMQ, Network, Running, ScriptedBroker
+from tests.proxy.test_session_timeouts import connected
 
 QUEUE = "/queue/orders"
 TX = "tx1"
-
-
-async def connected(
-    nursery: trio.Nursery, network: Network, broker: ScriptedBroker, **config: object
-) -> Running:
-    """A running session whose app is CONNECTED and subscribed to the control channel."""
-    running = await start_session(nursery, network, make_config(broker, **config))
-    assert (await running.app.connect()).command is Command.CONNECTED
-    await running.app.subscribe_events()
-    return running
 
 
 async def send(running: Running, n: int) -> None:
