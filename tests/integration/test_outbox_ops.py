@@ -18,6 +18,7 @@ from config import Config
 from protocol import Command
 from testbed import ActiveMQ, BrokerProcess, free_port
 from testbed.sidecar import SidecarProcess
+from tests.faultproxy import FaultProxy
 from tests.integration.support import (
     WAIT,
     Client,
@@ -99,7 +100,7 @@ def sample(sidecar: SidecarThread, line_start: str) -> float:
 
 @pytest.mark.activemq
 def test_frames_older_than_outbox_max_age_expire_named_logged_and_counted(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    activemq: ActiveMQ, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """ActiveMQ down; ``outbox_max_age`` 1 s. App A stores three SENDs (one with an
     ``mq-sidecar-id`` of its own) and stays connected; app B stores two and leaves. After a
@@ -108,11 +109,29 @@ def test_frames_older_than_outbox_max_age_expire_named_logged_and_counted(
     nothing of it is left); B's are logged by ``mq-sidecar-id``; all five counted
     (``mq_sidecar_outbox_expired_total``, ``mq_sidecar_frame_outcomes_total{outcome="expired"}``,
     ``/status``). A SEND A stores afterwards is forwarded once ActiveMQ is up, and nothing
-    expired reaches it."""
+    expired reaches it.
+
+    ActiveMQ is "down" behind a fault proxy that refuses every connection, so that it "comes
+    up" at once, before the late SEND is a second old (a broker started only then may take
+    longer than that on a loaded machine, and the late SEND would rightly expire too)."""
     caplog.set_level(logging.WARNING, logger="mq_sidecar.outbox")
-    broker = ActiveMQ("amq-outbox-age", tmp_path / "amq")
+    broker = activemq
     destination = unique("/queue/outbox-age")
-    config = outbox_config(broker.stomp_url, tmp_path / "ob", outbox_max_age="1000")
+    with FaultProxy((broker.host, broker.stomp_port)) as proxy:
+        proxy.refuse(True)
+        config = outbox_config(
+            f"stomp://127.0.0.1:{proxy.port}", tmp_path / "ob", outbox_max_age="1000"
+        )
+        _expire_then_forward(config, proxy, broker, destination, caplog)
+
+
+def _expire_then_forward(
+    config: Config,
+    proxy: FaultProxy,
+    broker: ActiveMQ,
+    destination: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     with SidecarThread(config) as sidecar:
         app_a = producer(sidecar)
         send_stored(app_a, destination, ["a0", "a1"])
@@ -148,9 +167,9 @@ def test_frames_older_than_outbox_max_age_expire_named_logged_and_counted(
         assert sample(sidecar, 'mq_sidecar_frame_outcomes_total{outcome="expired"}') == 5
 
         send_stored(app_a, destination, ["late"])
-        with broker:
-            wait_until(lambda: sidecar.status()["outbox"]["forwarded_total"] == 1, timeout=60)
-            assert on_broker(broker, destination, 1) == ["late"]
+        proxy.refuse(False)
+        wait_until(lambda: sidecar.status()["outbox"]["forwarded_total"] == 1, timeout=60)
+        assert on_broker(broker, destination, 1) == ["late"]
         app_a.close()
 
 

@@ -240,8 +240,17 @@ FAILURES = {
 }
 
 
-@pytest.mark.parametrize("which", ["activemq", "rabbitmq"])
-@pytest.mark.parametrize("case", list(FAILURES))
+# Certificate dates are the client's check, the same whichever broker shows the certificate:
+# ActiveMQ's listener shows the expired and the not-yet-valid one, RabbitMQ's the others.
+CASES = [
+    (case, which)
+    for case in FAILURES
+    for which in ("activemq", "rabbitmq")
+    if which == "activemq" or FAILURES[case][0] not in ("expired", "future")
+]
+
+
+@pytest.mark.parametrize(("case", "which"), CASES)
 def test_each_tls_failure_is_reported_and_the_round_moves_on(
     case: str,
     which: str,
@@ -254,8 +263,6 @@ def test_each_tls_failure_is_reported_and_the_round_moves_on(
     the log and in ``/status``."""
     kind, make_url, option, expected = FAILURES[case]
     prefix = "amq" if which == "activemq" else "rmq"
-    if which == "rabbitmq" and kind in ("expired", "future"):
-        pytest.skip("certificate dates are the client's check: one broker shows it")
     bad = request.getfixturevalue(f"{prefix}_{kind}")
     good = request.getfixturevalue(f"{prefix}_tls")
     bad_url = make_url(bad)
