@@ -32,15 +32,18 @@ fi
 # (spark/, SPARK_FLOOR below; only its lines that run in the tests' own processes count: the
 # code run by Spark's Python workers is not measured, docs/testing.md, "Coverage").
 SPARK_FLOOR=51.0
+# Both runs spread whole test files over TEST_WORKERS pytest-xdist processes (2 by default;
+# the slow folders first: tests/conftest.py's SLOW_FIRST); TEST_WORKERS=0 runs in one process.
+WORKERS=(-n "${TEST_WORKERS:-2}" --dist loadfile)
 status=0
 echo "== pytest (compiled core: the whole suite)"
 # (the floor applies to both runs together: the first alone leaves the compiled modules out)
-EXPECT_MQ_SIDECAR_CORE=compiled .venv/bin/python -m pytest --cov --cov-report= \
-    --cov-fail-under=0 || status=$?
+EXPECT_MQ_SIDECAR_CORE=compiled .venv/bin/python -m pytest "${WORKERS[@]}" --cov \
+    --cov-report= --cov-fail-under=0 || status=$?
 echo "== pytest (pure-Python core: tests/protocol tests/proxy tests/config tests/fuzz)"
-MQ_SIDECAR_PURE=1 EXPECT_MQ_SIDECAR_CORE=pure .venv/bin/python -m pytest --cov --cov-append \
-    --cov-report= --cov-fail-under=0 tests/protocol tests/proxy tests/config tests/fuzz ||
-    status=$?
+MQ_SIDECAR_PURE=1 EXPECT_MQ_SIDECAR_CORE=pure .venv/bin/python -m pytest "${WORKERS[@]}" --cov \
+    --cov-append --cov-report= --cov-fail-under=0 tests/protocol tests/proxy tests/config \
+    tests/fuzz || status=$?
 echo "== coverage: the daemon (protocol/, proxy/, config/; floor: pyproject.toml's fail_under)"
 .venv/bin/coverage report --skip-covered --include='protocol/*,proxy/*,config/*' || status=$?
 echo "== coverage: the PySpark data source (spark/; floor: $SPARK_FLOOR %)"

@@ -237,7 +237,8 @@ def test_kill9_primary_takeover_is_transparent(activemq_pair: ActiveMQPairFactor
         # until each has moved off the primary, then as many as the sidecar counted.
         moves: dict[str, list[dict[str, Any]]] = {}
         while len(moves) < 3 or not all(
-            any(e["from_broker"] == from_primary for e in es) for es in moves.values()
+            any(e["from_broker"] == from_primary != e["to_broker"] for e in es)
+            for es in moves.values()
         ):
             e = next_event(control, "FAILOVER")
             moves.setdefault(e["session_id"], []).append(e)
@@ -251,11 +252,19 @@ def test_kill9_primary_takeover_is_transparent(activemq_pair: ActiveMQPairFactor
         # reattach to the backup after that broker went silent past the heart-beat (1 s x 2),
         # which the test does not cause: a just-started backup JVM on a loaded machine can
         # (issue 36). Any other second move fails the test, with the events.
+        # The same holds for a reattach to the primary before the kill: ActiveMQ closes a
+        # connection whose heart-beats come late, which a loaded machine can cause (seen at load
+        # average 11 on 2 cores); it is listed with the later moves, not counted as the kill's.
         killed_moves = {
-            sid: [e["to_broker"] for e in es if e["from_broker"] == from_primary]
+            sid: [e["to_broker"] for e in es if e["from_broker"] == from_primary != e["to_broker"]]
             for sid, es in moves.items()
         }
-        later = [e for es in moves.values() for e in es if e["from_broker"] != from_primary]
+        later = [
+            e
+            for es in moves.values()
+            for e in es
+            if e["from_broker"] != from_primary or e["to_broker"] == from_primary
+        ]
         hidden = sum(s.duplicates_hidden + s.redeliveries_hidden for s in stats.sessions)
         consumer.close()
         producer.client.close()

@@ -97,8 +97,11 @@ def test_drill_survives_a_kill9_of_the_primary(tmp_path: Path) -> None:
     assert fault["takeover_ms"] is not None
     # An unplanned failover (a heart-beat timeout on an overloaded machine) would be listed
     # as its own incident with fault None; the kill's own incident must be there, once.
+    # Its sessions: the consumer's, and the writer's of the partition being published at the
+    # kill if there was one (the events come from each sidecar's /events, which holds no
+    # session of its own; on a loaded machine the kill may fall between two partitions).
     [incident] = [i for i in report["failover_incidents"] if i["fault"] == 0]
-    assert len(incident["sessions"]) >= 2, "both sidecars' control sessions moved"
+    assert any(s.startswith("consumer:") for s in incident["sessions"]), incident
     assert report["failovers"] >= 1
     assert report["residual"] == 0
     assert (tmp_path / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
