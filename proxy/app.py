@@ -47,7 +47,7 @@ import protocol
 from config import Config
 from proxy._errors import ListenError, OutboxUnusable, TracingUnavailable
 from proxy.admin.server import AdminLimits, AdminServer
-from proxy.legs.memory import MemoryBudgetGate
+from proxy.legs.memory import MemoryBudgetGate, refusal
 from proxy.legs.opening import BrokerStreams
 from proxy.legs.stream import RECEIVE_SIZE, FrameStream, TransportLost
 from proxy.outbox.forwarder import OutboxForwarder
@@ -180,6 +180,7 @@ class Sidecar:
             MemoryBudget(
                 config.max_memory_bytes,
                 reserve=FRAME_COST * config.max_frame_bytes + RECEIVE_SIZE,
+                broker_read=FRAME_COST * RECEIVE_SIZE,
             )
         )
         self.listen_address: tuple[str, int] | None = None
@@ -312,14 +313,7 @@ class Sidecar:
         budget = self.memory.budget
         if budget.over:
             budget.refused_total += 1
-            await self._refuse(
-                stream,
-                f"max_memory_bytes ({budget.limit}) reached",
-                "out of memory",
-                f"the sessions of this mq-sidecar hold {budget.held} bytes, its budget for all "
-                f"of them (max_memory_bytes = {budget.limit}); this connection is closed. "
-                "Connect again once the brokers have confirmed what the others sent.",
-            )
+            await self._refuse(stream, *refusal(budget, self.config.max_frame_bytes))
             return
         # <6 hex digits>-<n>: the shape proxy.tracking.SIDECAR_RECEIPT recognises.
         session_id = f"{self._prefix}-{next(self._counter)}"
