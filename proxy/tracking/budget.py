@@ -14,9 +14,10 @@ sessions are refused; what frees memory goes on: broker RECEIPTs confirm windows
 read complete. App reads leave two reserves, each sized by what can happen while they are
 held (issue 34), so that what goes on regardless stays inside the limit:
 
-- the broker legs' room (:attr:`MemoryBudget.broker_room`): one read of one leg, twice,
-  shared by every leg, and for each leg that once held more (a MESSAGE split across reads)
-  the most it held. App reads leave it under the limit whatever they hold.
+- the broker legs' room (:attr:`MemoryBudget.broker_room`): one read, twice, shared by the
+  legs that get only RECEIPTs, one each for the legs that receive MESSAGEs
+  (:meth:`ReadCharge.receives`), and for each leg that once held more (a MESSAGE split across
+  reads) the most it held. App reads leave it under the limit whatever they hold.
 - the overdraft's reserve (:attr:`MemoryBudget.reserve`, twice one frame of
   ``max_frame_bytes`` and a read): only the frames being read from apps
   (:attr:`MemoryBudget.reading`) leave it, not the windows or transactions. The overdraft is
@@ -236,6 +237,7 @@ class ReadCharge:
         "largest",
         "must_read",
         "position",
+        "receiving",
     )
 
     def __init__(self, budget: MemoryBudget, chunk: int, *, broker: bool = False) -> None:
@@ -251,6 +253,9 @@ class ReadCharge:
         #: a leg that only ever held frames smaller than a read needs little beyond the read
         #: all legs share).
         self.largest = 0
+        #: A broker leg's: whether it receives MESSAGEs (:meth:`receives`), whose size the
+        #: broker chooses: then its room is at least one read, twice, from then on.
+        self.receiving = False
         #: Whether only the app's next frames can free what its session holds (its window
         #: waits for a COMMIT, its broker relay for ACKs): then its reads never wait for the
         #: budget (they are charged all the same), or the session would wait for itself.
@@ -298,6 +303,18 @@ class ReadCharge:
             if frame != self.frame:
                 self.frame = frame
                 self.handed(buffered)
+
+    def receives(self) -> None:
+        """The broker leg's session subscribed (or a MESSAGE came): the broker may send it
+        MESSAGEs of any size, so its room is at least one read, twice, like every leg's before
+        issue 34; a leg that only gets RECEIPTs (a producer's) shares one read with the
+        others. Once per leg; nothing for an app leg's charge."""
+        if self.broker and not self.receiving:
+            self.receiving = True
+            floor = FRAME_COST * self.chunk
+            if self.largest < floor:  # its room: from what it held less charged, to the floor's
+                self.budget.broker_room += floor - self.largest
+                self.largest = floor
 
     def take(self, nbytes: int) -> None:
         """Hold ``nbytes`` from now on (granted, or what a read brought)."""

@@ -23,7 +23,7 @@ import pytest
 import trio
 
 from bench.admission import run_load
-from testbed.sidecar import SidecarProcess
+from testbed.sidecar import SidecarProcess, metric_total
 from tests.conftest import ActiveMQPairFactory
 from tests.integration.support import unique
 
@@ -67,6 +67,7 @@ def test_a_thousand_busy_sessions_with_the_defaults_through_a_kill9_none_refused
         )
         peak = sidecar.peak_rss_kib()
         memory = sidecar.status()["memory"]
+        metrics = sidecar.metrics()
     after = sorted(figures.after_kill)
     print(
         f"\n[admission, defaults] {SESSIONS} producers + {CONSUMERS} consumers: refused "
@@ -88,6 +89,13 @@ def test_a_thousand_busy_sessions_with_the_defaults_through_a_kill9_none_refused
     assert figures.duplicated == 0
     assert memory["refused_total"] == 0
     assert memory["limit"] == 384 << 20  # the default
+    # Held, reserved and free add up to the budget, in /status and in the gauges alike.
+    assert memory["held"] + memory["reserved"] + memory["free"] == memory["limit"]
+    gauges = [
+        metric_total(metrics, f"mq_sidecar_memory_{name}_bytes")
+        for name in ("held", "reserved", "free", "budget")
+    ]
+    assert gauges[0] + gauges[1] + gauges[2] == gauges[3] == memory["limit"]
 
 
 def test_run_refuses_to_start_when_the_open_file_limit_cannot_hold_max_sessions(

@@ -494,6 +494,32 @@ def test_a_broker_leg_keeps_room_for_the_largest_message_it_read() -> None:
     assert MemoryBudget(100, reserve=1000).fits(50)  # nothing held: reserves never stop a read
 
 
+def test_legs_that_receive_messages_keep_a_read_each_the_others_share_one() -> None:
+    """A producer's broker leg gets RECEIPTs only: the legs share one read (twice) of room,
+    and each keeps what it once held. A leg whose session subscribed may get MESSAGEs of any
+    size: at least one read, twice, of its own (issue 34: 128 KiB for every leg at once
+    refused newcomers with the defaults past ~770 sessions)."""
+    budget = MemoryBudget(10_000, broker_read=200)
+    producer, consumer = (ReadCharge(budget, 100, broker=True) for _ in range(2))
+    assert budget.broker_room == 200
+    consumer.receives()
+    consumer.receives()  # once
+    assert budget.broker_room == 400
+    consumer.take(1000)  # a MESSAGE split across reads: held, not kept in reserve
+    assert (budget.held, budget.broker_room) == (1000, 200)
+    consumer.take(0)  # handed on: it may hold as much again
+    assert budget.broker_room == 1200
+    producer.take(60)  # a RECEIPT split across two reads
+    producer.take(0)
+    assert budget.broker_room == 1260
+    ReadCharge(budget, 100).receives()  # an app leg's charge: nothing
+    assert budget.broker_room == 1260
+    producer.close()
+    consumer.close()
+    consumer.close()  # once
+    assert (budget.held, budget.broker_room) == (0, 200)
+
+
 def test_a_frame_entering_the_window_moves_its_charge_there() -> None:
     """The app leg's charge of a returned frame (twice its size) gives way to the window's
     entry (its size, or twice) when the frame enters the window: never both at once."""
