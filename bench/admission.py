@@ -260,6 +260,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--messages", type=int, default=100, help="SENDs per producer")
     parser.add_argument("--consumers", type=int, default=20)
     parser.add_argument(
+        "--connecting", type=int, default=50, help="CONNECTs unanswered at once, at most"
+    )
+    parser.add_argument(
         "--container-limit",
         help="derive max_memory_bytes as the chart does from this memory limit (e.g. 1Gi) and "
         "set max_sessions to the producers and consumers; default: the program's defaults",
@@ -290,6 +293,7 @@ def main(argv: list[str] | None = None) -> None:
                         messages=args.messages,
                         consumers=args.consumers,
                         kill=primary.kill,
+                        connecting=args.connecting,
                     )
                 )
                 elapsed = time.monotonic() - start
@@ -323,17 +327,21 @@ def _report(
     sessions = args.sessions + args.consumers
     print(f"# bench.admission on {platform.node()} ({platform.machine()}), {elapsed:.0f} s")
     print(f"options: {options}")
+    budget = [r for r in figures.refused if r.startswith(("out of memory", "too many sessions"))]
     print(
-        "| sessions | refused | confirmed | lost | duplicated | idle RSS MiB | peak RSS MiB "
-        "| RSS per session KiB | budget peak MiB | first receipt after kill p50 / max s |"
+        "| sessions | refused by the sidecar | not connected by the broker | confirmed | lost "
+        "| duplicated | idle RSS MiB | peak RSS MiB | RSS per session KiB | budget peak MiB "
+        "| first receipt after kill p50 / max s |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     print(
-        f"| {sessions:,} | {len(figures.refused)} | {len(figures.confirmed):,} "
-        f"| {len(figures.lost)} | {figures.duplicated} | {idle / mib:.0f} | {peak / mib:.0f} "
-        f"| {(peak - idle) / sessions / 1024:.0f} | {memory['peak'] / mib:.1f} "
+        f"| {sessions:,} | {len(budget)} | {len(figures.refused) - len(budget)} "
+        f"| {len(figures.confirmed):,} | {len(figures.lost)} | {figures.duplicated} "
+        f"| {idle / mib:.0f} | {peak / mib:.0f} | {(peak - idle) / sessions / 1024:.0f} "
+        f"| {memory['peak'] / mib:.1f} "
         f"| {_pct(figures.after_kill, 0.5):.2f} / {_pct(figures.after_kill, 1.0):.2f} |"
     )
+    print(f"sessions ended by an ERROR after CONNECTED: {len(figures.errors)}")
     print(f"memory at the end: {memory}")
     if figures.refused:
         print(f"first refusal: {figures.refused[0]}")
