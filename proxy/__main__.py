@@ -26,7 +26,14 @@ import trio
 from config import Config, ConfigError, load_config
 from proxy._version import VERSION
 from proxy.admin.http import TokenUnavailable, read_token
-from proxy.app import ListenError, NoBrokers, OutboxUnusable, TracingUnavailable, serve
+from proxy.app import (
+    FileLimitTooLow,
+    ListenError,
+    NoBrokers,
+    OutboxUnusable,
+    TracingUnavailable,
+    serve,
+)
 from proxy.legs.memory import keep_mmap_threshold
 from proxy.legs.tls import TlsFailed, client_context
 from proxy.telemetry.logs import configure_logging
@@ -129,7 +136,8 @@ def run_sidecar(config: Config, reload_config: Callable[[], Config] | None = Non
     """Run the daemon with ``config`` until SIGTERM/SIGINT; exit 1 if it cannot listen, a
     file it is given cannot be used (:func:`unusable_files`), its ``outbox_dir`` cannot
     (another sidecar holds it, or it cannot be written), ``tracing = true`` cannot start
-    (:class:`~proxy.app.TracingUnavailable`), or no broker is found at start (DNS names that
+    (:class:`~proxy.app.TracingUnavailable`), the open-file limit cannot hold ``max_sessions``
+    (:class:`~proxy.app.FileLimitTooLow`), or no broker is found at start (DNS names that
     do not resolve, an empty brokers file). SIGHUP loads the configuration again with
     ``reload_config`` (:mod:`proxy.reload`)."""
     configure_logging(config.log_level, config.log_format)
@@ -141,7 +149,7 @@ def run_sidecar(config: Config, reload_config: Callable[[], Config] | None = Non
     keep_mmap_threshold()  # RSS follows what the memory budget counts
     try:
         trio.run(lambda: serve(config, handle_signals=True, reload_config=reload_config))
-    except* (ListenError, OutboxUnusable, TracingUnavailable, NoBrokers) as group:
+    except* (ListenError, OutboxUnusable, TracingUnavailable, NoBrokers, FileLimitTooLow) as group:
         for exc in group.exceptions:
             click.echo(f"mq-sidecar: {exc}", err=True)
         sys.exit(1)

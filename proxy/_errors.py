@@ -1,9 +1,15 @@
-"""Errors that stop the daemon at start: its listeners (STOMP and admin), its outbox and its
-tracing; re-exported by ``proxy.app``."""
+"""Errors that stop the daemon at start: its listeners (STOMP and admin), its open-file limit,
+its outbox and its tracing; re-exported by ``proxy.app``."""
 
 from __future__ import annotations
 
-__all__ = ["ListenError", "OutboxUnusable", "TracingUnavailable"]
+__all__ = ["FileLimitTooLow", "ListenError", "OutboxUnusable", "TracingUnavailable"]
+
+
+class FileLimitTooLow(Exception):
+    """The open-file limit (``RLIMIT_NOFILE``'s hard limit) cannot hold what ``max_sessions``
+    needs (two sockets per session and the daemon's own files); the message names both
+    numbers and the option. One line, for ``mq-sidecar run``'s exit 1."""
 
 
 class ListenError(Exception):

@@ -36,6 +36,7 @@ import contextlib
 import errno
 import itertools
 import logging
+import resource
 import secrets
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -45,9 +46,9 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 
 import protocol
 from config import Config
-from proxy._errors import ListenError, OutboxUnusable, TracingUnavailable
+from proxy._errors import FileLimitTooLow, ListenError, OutboxUnusable, TracingUnavailable
 from proxy.admin.server import AdminLimits, AdminServer
-from proxy.legs.memory import MemoryBudgetGate
+from proxy.legs.memory import MemoryBudgetGate, refusal
 from proxy.legs.opening import BrokerStreams
 from proxy.legs.stream import RECEIVE_SIZE, FrameStream, TransportLost
 from proxy.outbox.forwarder import OutboxForwarder
@@ -70,12 +71,15 @@ if TYPE_CHECKING:  # imported at run time only when tracing is on (start_tracing
     from proxy.telemetry.tracing import Tracing
 
 __all__ = [
+    "FILES_BESIDE_SESSIONS",
+    "FileLimitTooLow",
     "ListenError",
     "NoBrokers",
     "OutboxUnusable",
     "Sidecar",
     "SidecarStatistics",
     "TracingUnavailable",
+    "fit_file_limit",
     "serve",
     "start_tracing",
 ]
@@ -180,6 +184,7 @@ class Sidecar:
             MemoryBudget(
                 config.max_memory_bytes,
                 reserve=FRAME_COST * config.max_frame_bytes + RECEIVE_SIZE,
+                broker_read=FRAME_COST * RECEIVE_SIZE,
             )
         )
         self.listen_address: tuple[str, int] | None = None
@@ -312,14 +317,7 @@ class Sidecar:
         budget = self.memory.budget
         if budget.over:
             budget.refused_total += 1
-            await self._refuse(
-                stream,
-                f"max_memory_bytes ({budget.limit}) reached",
-                "out of memory",
-                f"the sessions of this mq-sidecar hold {budget.held} bytes, its budget for all "
-                f"of them (max_memory_bytes = {budget.limit}); this connection is closed. "
-                "Connect again once the brokers have confirmed what the others sent.",
-            )
+            await self._refuse(stream, *refusal(budget, self.config.max_frame_bytes))
             return
         # <6 hex digits>-<n>: the shape proxy.tracking.SIDECAR_RECEIPT recognises.
         session_id = f"{self._prefix}-{next(self._counter)}"
@@ -411,6 +409,39 @@ def start_tracing(config: Config) -> Tracing | None:
     return Tracing.from_environment()
 
 
+#: Open files the daemon needs beside its sessions' sockets: listeners, admin connections and
+#: SSE readers (bounded by AdminLimits), broker probes, DNS, logs, the outbox's database.
+FILES_BESIDE_SESSIONS = 256
+
+
+def fit_file_limit(max_sessions: int) -> int:
+    """Raise this process's soft open-file limit (``RLIMIT_NOFILE``) to what ``max_sessions``
+    needs: two sockets per session (the app's, the broker's) and
+    :data:`FILES_BESIDE_SESSIONS`, up to the hard limit; a soft limit already as high is
+    left alone. Returns the soft limit in force.
+
+    Raises:
+        FileLimitTooLow: the hard limit is lower than what is needed (both numbers and the
+            option named).
+    """
+    needed = 2 * max_sessions + FILES_BESIDE_SESSIONS
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return soft
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        raise FileLimitTooLow(
+            f"max_sessions ({max_sessions}) needs {needed} open files (two sockets per session "
+            f"and {FILES_BESIDE_SESSIONS} for the rest), the open-file limit allows {hard} "
+            "(RLIMIT_NOFILE, hard): lower max_sessions or raise the limit (ulimit -n, the "
+            "container's nofile)"
+        )
+    resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+    log.info(
+        "open-file limit raised from %d to %d for max_sessions (%d)", soft, needed, max_sessions
+    )
+    return needed
+
+
 async def serve(
     config: Config,
     *,
@@ -439,7 +470,10 @@ async def serve(
             member of an ExceptionGroup, as everything leaving a nursery is).
         OutboxUnusable: ``outbox_dir`` cannot be used (the same way).
         TracingUnavailable: ``tracing = true`` cannot start (:func:`start_tracing`).
+        FileLimitTooLow: the open-file limit cannot hold ``max_sessions``
+            (:func:`fit_file_limit`).
     """
+    fit_file_limit(config.max_sessions)
     owned = start_tracing(config) if tracing is None else None
     sidecar = Sidecar(config, tracing=tracing if tracing is not None else owned)
     async with trio.open_nursery(strict_exception_groups=True) as nursery:

@@ -21,9 +21,9 @@ import ctypes
 
 import trio
 
-from proxy.tracking.budget import FRAME_COST, MemoryBudget, ReadCharge
+from proxy.tracking.budget import FRAME_COST, SHORT_HELD, MemoryBudget, ReadCharge
 
-__all__ = ["MMAP_THRESHOLD", "MemoryBudgetGate", "keep_mmap_threshold"]
+__all__ = ["MMAP_THRESHOLD", "MemoryBudgetGate", "keep_mmap_threshold", "refusal"]
 
 #: Blocks of this many bytes or more get a mapping of their own, returned to the kernel when
 #: freed: glibc's default threshold, kept (``mallopt(M_MMAP_THRESHOLD)``). Left alone, glibc
@@ -52,6 +52,36 @@ def keep_mmap_threshold() -> bool:
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int
     return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+
+
+def refusal(budget: MemoryBudget, max_frame_bytes: int) -> tuple[str, str, str]:
+    """The ERROR that refuses a new session while ``budget`` is over: ``(why, what,
+    detail)`` for :meth:`proxy.app.Sidecar._refuse` (message ``<what>: <why>``), saying which
+    was short (:meth:`~proxy.tracking.budget.MemoryBudget.short`): "memory is full" (what the
+    sessions hold) or "reserves are large" (what the budget keeps back for frames being read
+    and broker legs, naming ``max_frame_bytes``), with held, reserved and free in bytes."""
+    stats = budget.statistics()
+    limit = stats.limit
+    figures = (
+        f"the sessions of this mq-sidecar hold {stats.held} bytes ({budget.reading} of them "
+        f"frames being read), {stats.reserved} are kept in reserve and {stats.free} are free, "
+        f"of its budget for all of them (max_memory_bytes = {limit})"
+    )
+    if budget.short() == SHORT_HELD:
+        short = "memory is full"
+        advice = "Connect again once the brokers have confirmed what the others sent."
+    else:
+        short = "reserves are large"
+        advice = (
+            f"The reserve for the frames being read is one frame of max_frame_bytes "
+            f"({max_frame_bytes}) twice and a read ({budget.reserve} bytes), the broker legs' "
+            f"room {budget.broker_room} bytes: lower max_frame_bytes or raise max_memory_bytes."
+        )
+    return (
+        f"max_memory_bytes ({limit}) reached: {short}",
+        "out of memory",
+        f"{short}: {figures}; this connection is closed. {advice}",
+    )
 
 
 class MemoryBudgetGate:
@@ -87,6 +117,13 @@ class MemoryBudgetGate:
             await self._wait(charge)
         if wanted > charge.charged:
             charge.take(wanted)
+
+    def brought(self, charge: ReadCharge, nbytes: int) -> None:
+        """After the read :meth:`reserve_read` held room for: hold what it brought
+        (``nbytes``, twice: the buffer and the frames taken from it), no longer the read it
+        might have been, so a busy session between bursts holds its bytes, not 128 KiB."""
+        if FRAME_COST * nbytes < charge.charged:
+            charge.take(FRAME_COST * nbytes)
 
     def account(self, charge: ReadCharge, buffered: int, total: int, frame: int) -> None:
         """:meth:`before_read` for a leg that never waits (a broker's): what it holds is

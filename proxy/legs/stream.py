@@ -403,8 +403,7 @@ class FrameStream:
                 charge = self.read_charge
                 assert charge is not None
                 buffered, total = conn.frame_in_progress()
-                # Between frames, nothing charged, budget not over: nothing to wait for or
-                # release (no coroutine to make for it: this runs before every read).
+                # Between frames, nothing charged, not over: no coroutine to make (every read).
                 if not self._memory_waits:
                     memory.account(charge, buffered, total, self.frames_in)
                 elif buffered or charge.charged or memory.budget.over:
@@ -510,9 +509,9 @@ class FrameStream:
 
     async def _recv(self, sock: socket.socket, reserve: _Reserve | None) -> bytes | None:
         """One ``recv`` of up to :data:`RECEIVE_SIZE` bytes, the memory budget's room for it
-        reserved first (given back if the kernel had nothing), the time noted on the heart-beat
-        timer at once (:meth:`keep_alive` may judge silence at the next checkpoint): the bytes
-        (``b""`` at EOF), or None. Raises trio.BrokenResourceError (reset, closed)."""
+        reserved first (then what it brought held), the time noted on the heart-beat timer at
+        once (:meth:`keep_alive` may judge silence at the next checkpoint): the bytes (``b""``
+        at EOF), or None (room given back). Raises trio.BrokenResourceError (reset, closed)."""
         if reserve is not None:
             await reserve[0].reserve_read(reserve[1])
         try:
@@ -523,6 +522,8 @@ class FrameStream:
             return None
         except OSError as exc:
             raise trio.BrokenResourceError(f"recv: {exc}") from exc
+        if reserve is not None:
+            reserve[0].brought(reserve[1], len(data))
         self._drained = len(data) < RECEIVE_SIZE
         timer = self.timer
         if timer is not None:

@@ -411,6 +411,8 @@ class AppSide:
         core = self.core
         state = core.state
         assert state is not None
+        if core.upstream_charge is not None:  # its broker leg may get MESSAGEs of any size
+            core.upstream_charge.receives()
         app_receipt = frame.get("receipt")
         if frame.get("destination") == core.config.events_destination:
             every_session = frame.get(SCOPE_HEADER) == "all"

@@ -103,6 +103,9 @@ class BrokerSide:
     async def _on_frame(self, upstream: Upstream, frame: Frame) -> None:
         command = frame.command
         if command is Command.MESSAGE:
+            charge = self.core.upstream_charge
+            if charge is not None and not charge.receiving:
+                charge.receives()  # a reply to a temporary queue: no SUBSCRIBE of its own
             await self._on_message(upstream, frame)
         elif command is Command.RECEIPT:
             await self.confirmations.confirm(frame.get("receipt-id") or "")

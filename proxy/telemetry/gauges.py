@@ -140,6 +140,16 @@ class _Families:
             "Bytes all sessions hold together: windows, frames being read, open "
             "transactions (what max_memory_bytes bounds).",
         )
+        self.memory_reserved = GaugeMetricFamily(
+            f"{p}_memory_reserved_bytes",
+            "Bytes of max_memory_bytes kept back from app reads, not held: the broker legs' "
+            "room and, for frames being read, the overdraft's frame.",
+        )
+        self.memory_free = GaugeMetricFamily(
+            f"{p}_memory_free_bytes",
+            "Bytes of max_memory_bytes app reads and new sessions may still take (0: new "
+            "sessions are refused).",
+        )
         self.memory_limit = GaugeMetricFamily(
             f"{p}_memory_budget_bytes", "The memory budget of all sessions (max_memory_bytes)."
         )
@@ -205,6 +215,8 @@ class SidecarCollector:
         f.reconnects.add_metric([], states["reconnecting"])
         if stats.memory is not None:
             f.memory_held.add_metric([], stats.memory.held)
+            f.memory_reserved.add_metric([], stats.memory.reserved)
+            f.memory_free.add_metric([], stats.memory.free)
             f.memory_limit.add_metric([], stats.memory.limit)
         outbox = stats.outbox
         if outbox is not None:

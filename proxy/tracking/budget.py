@@ -1,5 +1,5 @@
 """The process's memory budget: what every session holds together, in bytes, against
-``max_memory_bytes`` (docs/behaviour.md, "Limits and bad input"; issue 28).
+``max_memory_bytes`` (docs/behaviour.md, "One memory budget"; issues 28 and 34).
 
 Each session's limits (``confirmation_window_size``, ``max_frame_bytes``,
 ``max_transaction_size``) bound one session; times ``max_sessions`` they allow far more than a
@@ -11,19 +11,29 @@ waits for room, or a broker's, which never waits).
 
 Over it, apps are not read (their frames wait in TCP, as for one session's full window) and new
 sessions are refused; what frees memory goes on: broker RECEIPTs confirm windows, frames being
-read complete. App reads stop short of the limit by two reserves, so that what goes on
-regardless stays inside it: the overdraft's (:attr:`MemoryBudget.reserve`, twice one frame of
-``max_frame_bytes`` and a read) and the broker legs' (:attr:`MemoryBudget.broker_room`: each
-may hold again what it once held, at least one read, twice). The one wait here that could
-hold memory hostage, reads that need more room to finish their frames and wait on each other,
-is broken by the overdraft (:meth:`MemoryBudget.grants`): once everything else held belongs to
-waiting reads, one of them at a time takes the reserve. A read is held before it reads (an
-app leg between frames holds one read once bytes are ready, :meth:`ReadCharge.wanted` one read
-more inside a frame), and a frame entering the window moves its charge there
-(:meth:`ReadCharge.to_window`), so the sum stays under the limit; what can still go past it: a
-session that only its app can free (:attr:`ReadCharge.must_read`, read regardless), a broker
-leg reading a MESSAGE larger than any it read before, and one read per TLS app leg (no
-readiness to wait for apart from the read).
+read complete. App reads leave two reserves, each sized by what can happen while they are
+held (issue 34), so that what goes on regardless stays inside the limit:
+
+- the broker legs' room (:attr:`MemoryBudget.broker_room`): one read, twice, shared by the
+  legs that get only RECEIPTs, one each for the legs that receive MESSAGEs
+  (:meth:`ReadCharge.receives`), and for each leg that once held more (a MESSAGE split across
+  reads) the most it held. App reads leave it under the limit whatever they hold.
+- the overdraft's reserve (:attr:`MemoryBudget.reserve`, twice one frame of
+  ``max_frame_bytes`` and a read): only the frames being read from apps
+  (:attr:`MemoryBudget.reading`) leave it, not the windows or transactions. The overdraft is
+  granted only once everything else held belongs to reads waiting like it (windows confirmed,
+  transactions ended), so what is held then is frames being read, which left it its frame.
+
+The one wait here that could hold memory hostage, reads that need more room to finish their
+frames and wait on each other, is broken by the overdraft (:meth:`MemoryBudget.grants`): one of
+them at a time takes the reserve. A read is held before it reads (an app leg between frames
+holds one read once bytes are ready, and what it brought once it has read,
+:meth:`ReadCharge.wanted` one read more inside a frame), and a frame entering the window moves
+its charge there (:meth:`ReadCharge.to_window`), so the sum stays under the limit; what can
+still go past it: a session that only its app can free (:attr:`ReadCharge.must_read`, read
+regardless), a broker leg reading a MESSAGE larger than any it read before (by the difference,
+past the shared read), and one read per TLS app leg (no readiness to wait for apart from the
+read).
 
 Pure: no trio, no clock; the waiting is :mod:`proxy.legs.memory`'s.
 """
@@ -33,7 +43,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["FRAME_COST", "BudgetStatistics", "MemoryBudget", "ReadCharge"]
+__all__ = [
+    "FRAME_COST",
+    "SHORT_HELD",
+    "SHORT_RESERVES",
+    "BudgetStatistics",
+    "MemoryBudget",
+    "ReadCharge",
+]
 
 #: What a frame being read from an app costs, in multiples of its size: the read buffer and
 #: the frame taken from it (measured on a sidecar process: a 64 MiB SEND raises the peak RSS
@@ -42,13 +59,24 @@ __all__ = ["FRAME_COST", "BudgetStatistics", "MemoryBudget", "ReadCharge"]
 FRAME_COST = 2
 
 
+#: Why a new session is refused (:meth:`MemoryBudget.short`): what it holds fills the budget
+#: (windows, transactions, frames being read: "memory is full"), or the frames being read and
+#: the reserves kept for what goes on regardless do ("reserves are large").
+SHORT_HELD = "held"
+SHORT_RESERVES = "reserves"
+
+
 @dataclass(frozen=True, slots=True)
 class BudgetStatistics:
-    """The budget now (``/status``, gauges): ``held`` of ``limit`` bytes, the most ever held
-    (``peak``), reads waiting for room (``waiting``), sessions refused for it
-    (``refused_total``)."""
+    """The budget now (``/status``, gauges), in bytes: ``held`` of ``limit``, ``reserved``
+    (kept back from app reads: the broker legs' room and, for frames being read, the
+    overdraft's frame), ``free`` (what app reads may still take: ``held + reserved + free ==
+    limit`` while held is under the limit), the most ever held (``peak``), reads waiting for
+    room (``waiting``), sessions refused for it (``refused_total``)."""
 
     held: int
+    reserved: int
+    free: int
     limit: int
     peak: int
     waiting: int
@@ -60,11 +88,14 @@ class MemoryBudget:
 
     Args:
         limit: ``max_memory_bytes`` (> 0).
-        reserve: bytes app reads leave for the overdraft's frame (the sidecar's: twice
-            ``max_frame_bytes`` and one read; 0: none).
+        reserve: bytes the frames being read from apps leave for the overdraft's frame (the
+            sidecar's: twice ``max_frame_bytes`` and one read; 0: none).
+        broker_read: room every broker leg shares for the read it is making (the sidecar's:
+            one read, twice; 0: none).
 
     Attributes:
         held: bytes charged now. peak: the most ever charged.
+        reading: what app legs' reads hold of it (frames being read from apps).
         waiting_bytes: what reads waiting for room hold (:meth:`fits`).
         on_release: called (synchronously) after every release while a read waits, so the
             I/O layer can wake it; None when nothing waits.
@@ -80,21 +111,25 @@ class MemoryBudget:
         "on_release",
         "overdraft",
         "peak",
+        "reading",
         "refused_total",
         "reserve",
         "waiting",
         "waiting_bytes",
     )
 
-    def __init__(self, limit: int, reserve: int = 0) -> None:
+    def __init__(self, limit: int, reserve: int = 0, broker_read: int = 0) -> None:
         if limit <= 0:
             raise ValueError("limit must be > 0")
         self.limit = limit
-        #: Kept for the overdraft's frame: app reads stop this far under the limit.
+        #: Kept for the overdraft's frame: frames being read from apps stop this far under
+        #: the limit (and under the broker legs' room).
         self.reserve = reserve
-        #: Kept for broker legs: what each may still take, up to the most it ever held.
-        self.broker_room = 0
+        #: Kept for broker legs: one read shared by all, and what each may take again, up to
+        #: the most it ever held.
+        self.broker_room = broker_read
         self.held = 0
+        self.reading = 0
         self.peak = 0
         self.waiting = 0
         self.waiting_bytes = 0
@@ -108,15 +143,32 @@ class MemoryBudget:
         """Whether everything apps may hold is held (the reserves left): apps are not read,
         new sessions refused. Never while nothing is held: reserves larger than the budget
         slow reads down, never stop them."""
-        held = self.held
-        return held > 0 and held + self.reserve + self.broker_room >= self.limit
+        return self.held > 0 and self.free_bytes() <= 0
+
+    def free_bytes(self) -> int:
+        """What app reads may still take (may be negative): the limit less what is held and
+        the broker legs' room, and less what frames being read hold, the overdraft's reserve
+        and that room, whichever is smaller."""
+        limit = self.limit - self.broker_room
+        return min(limit - self.held, limit - self.reserve - self.reading)
+
+    def short(self) -> str:
+        """Which is short when the budget is over: :data:`SHORT_HELD` (what is held and the
+        broker legs' room fill it) or :data:`SHORT_RESERVES` (the frames being read and the
+        overdraft's reserve do)."""
+        if self.held + self.broker_room >= self.limit:
+            return SHORT_HELD
+        return SHORT_RESERVES
 
     def fits(self, nbytes: int) -> bool:
-        """Whether an app read may take ``nbytes`` more and leave the reserves (the
-        overdraft's, the broker legs'), or nothing is held at all (so reserves larger than
-        the budget slow reads down, never stop them)."""
+        """Whether an app read may take ``nbytes`` more and leave the reserves (the broker
+        legs' room; with the frames being read, the overdraft's), or nothing is held at all
+        (so reserves larger than the budget slow reads down, never stop them)."""
         held = self.held
-        return held == 0 or held + nbytes + self.reserve + self.broker_room <= self.limit
+        if held == 0:
+            return True
+        limit = self.limit - self.broker_room - nbytes
+        return held <= limit and self.reading + self.reserve <= limit
 
     def charge(self, nbytes: int) -> None:
         """Hold ``nbytes`` more (a negative count releases: see :meth:`release`)."""
@@ -149,8 +201,12 @@ class MemoryBudget:
 
     def statistics(self) -> BudgetStatistics:
         """The budget now."""
+        held = self.held
+        free = max(0, self.free_bytes())
         return BudgetStatistics(
-            held=self.held,
+            held=held,
+            reserved=max(0, self.limit - held - free),
+            free=free,
             limit=self.limit,
             peak=self.peak,
             waiting=self.waiting,
@@ -167,8 +223,9 @@ class ReadCharge:
         budget: the process's budget.
         chunk: the most one read brings (``proxy.legs.stream.RECEIVE_SIZE``).
         broker: a broker leg's, never held back: the budget keeps room for it
-            (:attr:`MemoryBudget.broker_room`), at first one read (twice), then the most it
-            ever held, until :meth:`close`.
+            (:attr:`MemoryBudget.broker_room`): the read all legs share, and the most this
+            one ever held, until :meth:`close`; it is charged what it holds (a frame of
+            unknown size: what arrived, twice), since it never waits before a read.
     """
 
     __slots__ = (
@@ -180,6 +237,7 @@ class ReadCharge:
         "largest",
         "must_read",
         "position",
+        "receiving",
     )
 
     def __init__(self, budget: MemoryBudget, chunk: int, *, broker: bool = False) -> None:
@@ -191,10 +249,13 @@ class ReadCharge:
         #: An app leg's: what is buffered of its next frame and how many frames it returned
         #: (:meth:`to_window`); None: a frame's charge goes at the next read.
         self.position: Callable[[], tuple[int, int]] | None = None
-        #: A broker leg's: the most it ever held (its room is kept: MemoryBudget.broker_room).
-        self.largest = FRAME_COST * chunk if broker else 0
-        if broker:
-            budget.broker_room += self.largest
+        #: A broker leg's: the most it ever held (its room is kept: MemoryBudget.broker_room;
+        #: a leg that only ever held frames smaller than a read needs little beyond the read
+        #: all legs share).
+        self.largest = 0
+        #: A broker leg's: whether it receives MESSAGEs (:meth:`receives`), whose size the
+        #: broker chooses: then its room is at least one read, twice, from then on.
+        self.receiving = False
         #: Whether only the app's next frames can free what its session holds (its window
         #: waits for a COMMIT, its broker relay for ACKs): then its reads never wait for the
         #: budget (they are charged all the same), or the session would wait for itself.
@@ -217,6 +278,8 @@ class ReadCharge:
             return 0
         if total >= 0:
             return FRAME_COST * max(total, buffered)
+        if self.broker:  # charged after each read, never waits: what it holds
+            return FRAME_COST * buffered
         return FRAME_COST * buffered + self.chunk
 
     def handed(self, buffered: int) -> None:
@@ -241,13 +304,28 @@ class ReadCharge:
                 self.frame = frame
                 self.handed(buffered)
 
+    def receives(self) -> None:
+        """The broker leg's session subscribed (or a MESSAGE came): the broker may send it
+        MESSAGEs of any size, so its room is at least one read, twice, like every leg's before
+        issue 34; a leg that only gets RECEIPTs (a producer's) shares one read with the
+        others. Once per leg; nothing for an app leg's charge."""
+        if self.broker and not self.receiving:
+            self.receiving = True
+            floor = FRAME_COST * self.chunk
+            if self.largest < floor:  # its room: from what it held less charged, to the floor's
+                self.budget.broker_room += floor - self.largest
+                self.largest = floor
+
     def take(self, nbytes: int) -> None:
         """Hold ``nbytes`` from now on (granted, or what a read brought)."""
+        budget = self.budget
         if self.broker:
             before = max(0, self.largest - self.charged)
             self.largest = max(self.largest, nbytes)
-            self.budget.broker_room += max(0, self.largest - nbytes) - before
-        self.budget.charge(nbytes - self.charged)
+            budget.broker_room += max(0, self.largest - nbytes) - before
+        else:
+            budget.reading += nbytes - self.charged
+        budget.charge(nbytes - self.charged)
         self.charged = nbytes
 
     def close(self) -> None:
@@ -255,10 +333,11 @@ class ReadCharge:
         if self.budget.overdraft is self:
             self.budget.overdraft = None
         budget = self.budget
-        if self.broker:
+        if not self.broker:
+            budget.reading -= self.charged
+        elif self.largest:
             budget.broker_room -= max(0, self.largest - self.charged)
             self.largest = 0
-            self.broker = False
             if budget.waiting and budget.on_release is not None:
                 budget.on_release()  # its room is free: reads waiting may fit now
         if self.charged:

@@ -325,27 +325,76 @@ async def test_open_transactions_are_charged_and_their_app_is_read_past_the_budg
 # -- a new session past the budget ------------------------------------------------------------
 
 
-async def test_a_new_session_past_the_budget_gets_an_error_naming_the_option(
-    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+@pytest.mark.parametrize("short", ["memory is full", "reserves are large"])
+async def test_a_new_session_past_the_budget_gets_an_error_naming_what_was_short(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, short: str
 ) -> None:
+    """Past the budget a new session is refused with an ERROR that says which was short:
+    what the sessions hold (windows: "memory is full") or the reserves kept for frames being
+    read ("reserves are large", naming max_frame_bytes), with held, reserved and free."""
     sidecar = make_sidecar(max_sessions=10, max_memory_bytes=1 << 20, max_frame_bytes=1 << 18)
     budget = sidecar.memory.budget
-    # The overdraft's reserve: twice one frame and a read, kept under the limit.
+    # The overdraft's reserve: twice one frame and a read; the broker legs' shared read, twice.
     assert budget.reserve == 2 * (1 << 18) + CHUNK
-    budget.charge((1 << 20) - budget.reserve)  # the sessions hold all that apps may
+    assert budget.broker_room == 2 * CHUNK
+    reading = ReadCharge(budget, CHUNK)
+    if short == "memory is full":  # windows hold everything but the broker legs' room
+        budget.charge((1 << 20) - budget.broker_room)
+        held, reserved = (1 << 20) - 2 * CHUNK, 2 * CHUNK
+    else:  # frames being read hold everything the overdraft's reserve leaves
+        held = (1 << 20) - budget.reserve - budget.broker_room
+        reading.take(held)
+        reserved = budget.reserve + budget.broker_room
+    stats = budget.statistics()
+    assert (stats.held, stats.reserved, stats.free) == (held, reserved, 0)
     app = connect_app(sidecar, nursery)
     answer = await app.connect()
     assert answer.command is Command.ERROR
-    assert answer.get("message") == "out of memory: max_memory_bytes (1048576) reached"
+    assert answer.get("message") == f"out of memory: max_memory_bytes (1048576) reached: {short}"
+    assert answer.body.startswith(f"{short}: the sessions of this mq-sidecar hold {held}".encode())
+    assert f"{reserved} are kept in reserve and 0 are free".encode() in answer.body
     assert b"(max_memory_bytes = 1048576)" in answer.body
+    assert (b"max_frame_bytes (262144)" in answer.body) == (short == "reserves are large")
     await app.wait_closed()
     assert not sidecar.sessions
     assert refused(sidecar) == 1
     assert sidecar.statistics().memory is not None
     assert sidecar.statistics().memory.refused_total == 1  # type: ignore[union-attr]
-    budget.release(1)  # under again: the next one is let in
+    if reading.charged:
+        reading.take(reading.charged - 1)  # under again: the next one is let in
+    else:
+        budget.release(1)
     connect_app(sidecar, nursery)
     await wait_until(lambda: len(sidecar.sessions) == 1)
+
+
+async def test_windows_may_fill_what_the_overdrafts_reserve_keeps_for_frames_being_read(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    """The default configuration's budget (384 MiB) against the reserve of one 144 MiB frame
+    (twice, 288 MiB): windows and transactions holding more than what the reserve leaves, and
+    a thousand broker legs connected, refuse no one (issue 34: refused at ~770 sessions)."""
+    sidecar = make_sidecar(max_sessions=2000)
+    budget = sidecar.memory.budget
+    assert budget.reserve > budget.limit // 2
+    legs = [ReadCharge(budget, CHUNK, broker=True) for _ in range(1000)]
+    for leg in legs:  # each read a RECEIPT split across two reads once
+        leg.take(2 * 60)
+        leg.take(0)
+    budget.charge(200 << 20)  # windows: 200 MiB
+    assert budget.broker_room == 2 * CHUNK + 1000 * 2 * 60  # not 128 KiB per leg
+    stats = budget.statistics()
+    # Frames being read may still take all the overdraft's reserve leaves; the windows use
+    # part of that reserve (it is kept for frames being read, not from windows).
+    assert stats.free == budget.limit - budget.reserve - budget.broker_room
+    assert stats.held + stats.reserved + stats.free == budget.limit
+    assert stats.reserved < budget.reserve
+    connect_app(sidecar, nursery)  # no broker here: admitted is what counts
+    await wait_until(lambda: len(sidecar.sessions) == 1)
+    assert refused(sidecar) == 0
+    for leg in legs:
+        leg.close()
+    assert budget.broker_room == 2 * CHUNK
 
 
 # -- bad input --------------------------------------------------------------------------------
@@ -443,6 +492,32 @@ def test_a_broker_leg_keeps_room_for_the_largest_message_it_read() -> None:
     broker.close()
     assert (budget.held, budget.broker_room) == (500, 0)
     assert MemoryBudget(100, reserve=1000).fits(50)  # nothing held: reserves never stop a read
+
+
+def test_legs_that_receive_messages_keep_a_read_each_the_others_share_one() -> None:
+    """A producer's broker leg gets RECEIPTs only: the legs share one read (twice) of room,
+    and each keeps what it once held. A leg whose session subscribed may get MESSAGEs of any
+    size: at least one read, twice, of its own (issue 34: 128 KiB for every leg at once
+    refused newcomers with the defaults past ~770 sessions)."""
+    budget = MemoryBudget(10_000, broker_read=200)
+    producer, consumer = (ReadCharge(budget, 100, broker=True) for _ in range(2))
+    assert budget.broker_room == 200
+    consumer.receives()
+    consumer.receives()  # once
+    assert budget.broker_room == 400
+    consumer.take(1000)  # a MESSAGE split across reads: held, not kept in reserve
+    assert (budget.held, budget.broker_room) == (1000, 200)
+    consumer.take(0)  # handed on: it may hold as much again
+    assert budget.broker_room == 1200
+    producer.take(60)  # a RECEIPT split across two reads
+    producer.take(0)
+    assert budget.broker_room == 1260
+    ReadCharge(budget, 100).receives()  # an app leg's charge: nothing
+    assert budget.broker_room == 1260
+    producer.close()
+    consumer.close()
+    consumer.close()  # once
+    assert (budget.held, budget.broker_room) == (0, 200)
 
 
 def test_a_frame_entering_the_window_moves_its_charge_there() -> None:
