@@ -15,14 +15,16 @@ read complete. App reads leave two reserves, each sized by what can happen while
 held (issue 34), so that what goes on regardless stays inside the limit:
 
 - the broker legs' room (:attr:`MemoryBudget.broker_room`): one read, twice, shared by the
-  legs that get only RECEIPTs, one each for the legs that receive MESSAGEs
-  (:meth:`ReadCharge.receives`), and for each leg that once held more (a MESSAGE split across
-  reads) the most it held. App reads leave it under the limit whatever they hold.
+  legs that get only RECEIPTs (and for each of them that once held more, the most it held),
+  and for each leg that receives MESSAGEs (:meth:`ReadCharge.receives`) room for the largest
+  MESSAGE any such leg held (:attr:`MemoryBudget.message_room`; the broker chooses their
+  sizes, and consumers of one destination get alike ones).
 - the overdraft's reserve (:attr:`MemoryBudget.reserve`, twice one frame of
-  ``max_frame_bytes`` and a read): only the frames being read from apps
-  (:attr:`MemoryBudget.reading`) leave it, not the windows or transactions. The overdraft is
-  granted only once everything else held belongs to reads waiting like it (windows confirmed,
-  transactions ended), so what is held then is frames being read, which left it its frame.
+  ``max_frame_bytes`` and a read), once for the process.
+
+App reads leave both under the limit whatever they hold. (A first version let windows use the
+overdraft's reserve, and kept each receiving leg only its own largest: eight consumers'
+first 1 MiB MESSAGEs then took a 32 MiB budget 1-2 MiB past its limit, measured.)
 
 The one wait here that could hold memory hostage, reads that need more room to finish their
 frames and wait on each other, is broken by the overdraft (:meth:`MemoryBudget.grants`): one of
@@ -31,8 +33,8 @@ holds one read once bytes are ready, and what it brought once it has read,
 :meth:`ReadCharge.wanted` one read more inside a frame), and a frame entering the window moves
 its charge there (:meth:`ReadCharge.to_window`), so the sum stays under the limit; what can
 still go past it: a session that only its app can free (:attr:`ReadCharge.must_read`, read
-regardless), a broker leg reading a MESSAGE larger than any it read before (by the difference,
-past the shared read), and one read per TLS app leg (no readiness to wait for apart from the
+regardless), a receiving broker leg reading a MESSAGE larger than any such leg held before (by
+the difference), and one read per TLS app leg (no readiness to wait for apart from the
 read).
 
 Pure: no trio, no clock; the waiting is :mod:`proxy.legs.memory`'s.
@@ -60,8 +62,8 @@ FRAME_COST = 2
 
 
 #: Why a new session is refused (:meth:`MemoryBudget.short`): what it holds fills the budget
-#: (windows, transactions, frames being read: "memory is full"), or the frames being read and
-#: the reserves kept for what goes on regardless do ("reserves are large").
+#: (windows, transactions, frames being read, with the broker legs' room: "memory is full"), or
+#: only with the overdraft's reserve does ("reserves are large").
 SHORT_HELD = "held"
 SHORT_RESERVES = "reserves"
 
@@ -69,10 +71,10 @@ SHORT_RESERVES = "reserves"
 @dataclass(frozen=True, slots=True)
 class BudgetStatistics:
     """The budget now (``/status``, gauges), in bytes: ``held`` of ``limit``, ``reserved``
-    (kept back from app reads: the broker legs' room and, for frames being read, the
-    overdraft's frame), ``free`` (what app reads may still take: ``held + reserved + free ==
-    limit`` while held is under the limit), the most ever held (``peak``), reads waiting for
-    room (``waiting``), sessions refused for it (``refused_total``)."""
+    (kept back from app reads: the broker legs' room and the overdraft's frame), ``free``
+    (what app reads may still take: ``held + reserved + free == limit`` while held is under
+    the limit), the most ever held (``peak``), reads waiting for room (``waiting``), sessions
+    refused for it (``refused_total``)."""
 
     held: int
     reserved: int
@@ -88,8 +90,8 @@ class MemoryBudget:
 
     Args:
         limit: ``max_memory_bytes`` (> 0).
-        reserve: bytes the frames being read from apps leave for the overdraft's frame (the
-            sidecar's: twice ``max_frame_bytes`` and one read; 0: none).
+        reserve: bytes app reads leave for the overdraft's frame (the sidecar's: twice
+            ``max_frame_bytes`` and one read; 0: none).
         broker_read: room every broker leg shares for the read it is making (the sidecar's:
             one read, twice; 0: none).
 
@@ -105,13 +107,16 @@ class MemoryBudget:
     """
 
     __slots__ = (
-        "broker_room",
         "held",
+        "leg_room",
         "limit",
+        "message_room",
         "on_release",
         "overdraft",
         "peak",
         "reading",
+        "receiving",
+        "receiving_held",
         "refused_total",
         "reserve",
         "waiting",
@@ -122,12 +127,19 @@ class MemoryBudget:
         if limit <= 0:
             raise ValueError("limit must be > 0")
         self.limit = limit
-        #: Kept for the overdraft's frame: frames being read from apps stop this far under
-        #: the limit (and under the broker legs' room).
+        #: Kept for the overdraft's frame: app reads stop this far under the limit (and
+        #: under the broker legs' room).
         self.reserve = reserve
-        #: Kept for broker legs: one read shared by all, and what each may take again, up to
-        #: the most it ever held.
-        self.broker_room = broker_read
+        #: Kept for the broker legs that get no MESSAGEs: one read shared by all, and what
+        #: each may take again, up to the most it ever held.
+        self.leg_room = broker_read
+        #: Kept for each broker leg that receives MESSAGEs (:meth:`ReadCharge.receives`): the
+        #: most any of them held since one first received (at least one read, twice): the
+        #: broker chooses their sizes, and a leg's next MESSAGE may be as large as another's.
+        self.message_room = 0
+        #: How many broker legs receive MESSAGEs, and what they hold together.
+        self.receiving = 0
+        self.receiving_held = 0
         self.held = 0
         self.reading = 0
         self.peak = 0
@@ -139,6 +151,13 @@ class MemoryBudget:
         self.overdraft: ReadCharge | None = None
 
     @property
+    def broker_room(self) -> int:
+        """Bytes kept for broker legs (they never wait for the budget): :attr:`leg_room`, and
+        for each leg that receives MESSAGEs what it may take before it holds
+        :attr:`message_room`."""
+        return self.leg_room + self.receiving * self.message_room - self.receiving_held
+
+    @property
     def over(self) -> bool:
         """Whether everything apps may hold is held (the reserves left): apps are not read,
         new sessions refused. Never while nothing is held: reserves larger than the budget
@@ -146,29 +165,24 @@ class MemoryBudget:
         return self.held > 0 and self.free_bytes() <= 0
 
     def free_bytes(self) -> int:
-        """What app reads may still take (may be negative): the limit less what is held and
-        the broker legs' room, and less what frames being read hold, the overdraft's reserve
-        and that room, whichever is smaller."""
-        limit = self.limit - self.broker_room
-        return min(limit - self.held, limit - self.reserve - self.reading)
+        """What app reads may still take (may be negative): the limit less what is held, the
+        broker legs' room and the overdraft's reserve."""
+        return self.limit - self.broker_room - self.reserve - self.held
 
     def short(self) -> str:
         """Which is short when the budget is over: :data:`SHORT_HELD` (what is held and the
-        broker legs' room fill it) or :data:`SHORT_RESERVES` (the frames being read and the
-        overdraft's reserve do)."""
+        broker legs' room fill it) or :data:`SHORT_RESERVES` (only with the overdraft's
+        reserve do they)."""
         if self.held + self.broker_room >= self.limit:
             return SHORT_HELD
         return SHORT_RESERVES
 
     def fits(self, nbytes: int) -> bool:
         """Whether an app read may take ``nbytes`` more and leave the reserves (the broker
-        legs' room; with the frames being read, the overdraft's), or nothing is held at all
+        legs' room, the overdraft's), or nothing is held at all
         (so reserves larger than the budget slow reads down, never stop them)."""
         held = self.held
-        if held == 0:
-            return True
-        limit = self.limit - self.broker_room - nbytes
-        return held <= limit and self.reading + self.reserve <= limit
+        return held == 0 or held + nbytes + self.reserve + self.broker_room <= self.limit
 
     def charge(self, nbytes: int) -> None:
         """Hold ``nbytes`` more (a negative count releases: see :meth:`release`)."""
@@ -310,19 +324,26 @@ class ReadCharge:
         issue 34; a leg that only gets RECEIPTs (a producer's) shares one read with the
         others. Once per leg; nothing for an app leg's charge."""
         if self.broker and not self.receiving:
+            budget = self.budget
             self.receiving = True
-            floor = FRAME_COST * self.chunk
-            if self.largest < floor:  # its room: from what it held less charged, to the floor's
-                self.budget.broker_room += floor - self.largest
-                self.largest = floor
+            budget.leg_room -= max(0, self.largest - self.charged)  # now in message_room
+            if not budget.receiving:  # the first: the room starts again from one read
+                budget.message_room = FRAME_COST * self.chunk
+            budget.message_room = max(budget.message_room, self.largest)
+            budget.receiving += 1
+            budget.receiving_held += self.charged
 
     def take(self, nbytes: int) -> None:
         """Hold ``nbytes`` from now on (granted, or what a read brought)."""
         budget = self.budget
-        if self.broker:
+        if self.receiving:
+            self.largest = max(self.largest, nbytes)
+            budget.message_room = max(budget.message_room, nbytes)
+            budget.receiving_held += nbytes - self.charged
+        elif self.broker:
             before = max(0, self.largest - self.charged)
             self.largest = max(self.largest, nbytes)
-            budget.broker_room += max(0, self.largest - nbytes) - before
+            budget.leg_room += max(0, self.largest - nbytes) - before
         else:
             budget.reading += nbytes - self.charged
         budget.charge(nbytes - self.charged)
@@ -335,8 +356,13 @@ class ReadCharge:
         budget = self.budget
         if not self.broker:
             budget.reading -= self.charged
-        elif self.largest:
-            budget.broker_room -= max(0, self.largest - self.charged)
+        elif self.receiving or self.largest:
+            if self.receiving:
+                budget.receiving -= 1
+                budget.receiving_held -= self.charged
+                self.receiving = False
+            else:
+                budget.leg_room -= max(0, self.largest - self.charged)
             self.largest = 0
             if budget.waiting and budget.on_release is not None:
                 budget.on_release()  # its room is free: reads waiting may fit now

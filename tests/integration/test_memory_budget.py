@@ -9,6 +9,13 @@ the moment the sessions are connected and idle, over that idle RSS) stay within 
 received once. The numbers are printed.
 The frames carry no ``content-length`` (the worst case: their size is known only at their
 NUL).
+
+One 1 MiB message goes through first: the budget keeps room for MESSAGEs as large as the
+largest one a consumer's leg held, and a broker leg is never held back, so the first MESSAGE
+larger than any before may take the budget past its limit by what it brings (docs/behaviour.md,
+"One memory budget"; measured before that message: 8 consumers starting their first 1 MiB
+MESSAGEs while producers' reads held 28 MB took it 1-6 MiB past, in 2 of 8 runs, as often as
+before issue 34). What is bounded is the steady state that follows.
 """
 
 from __future__ import annotations
@@ -67,6 +74,8 @@ def test_many_sessions_of_large_frames_stay_within_the_budget_and_lose_nothing(
     for n, consumer in enumerate(consumers):
         consumer.subscribe(destination, f"c{n}")
 
+    expected.add("warm-up")
+
     def consume(consumer: Peer) -> None:
         deadline = time.monotonic() + 2 * BURST_WAIT
         while len(received) < len(expected) and time.monotonic() < deadline:
@@ -79,6 +88,16 @@ def test_many_sessions_of_large_frames_stay_within_the_budget_and_lose_nothing(
             received.append(message.get("n") or "")
 
     apps = [Peer(sidecar.address) for _ in range(SESSIONS)]
+    readers = [threading.Thread(target=consume, args=(c,), daemon=True) for c in consumers]
+    for reader in readers:
+        reader.start()
+    warm_up = apps[0]
+    warm_up.send("SEND", {"destination": destination, "n": "warm-up", "receipt": "w"}, b"w" * BODY)
+    assert warm_up.frame(BURST_WAIT).get("receipt-id") == "w"
+    deadline = time.monotonic() + BURST_WAIT
+    while "warm-up" not in received and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "warm-up" in received
     pid = sidecar.pid
     assert pid is not None
     idle = sidecar.rss_kib() * 1024  # the process with its sessions connected, idle
@@ -105,9 +124,6 @@ def test_many_sessions_of_large_frames_stay_within_the_budget_and_lose_nothing(
         except BaseException as exc:  # reported below, with the thread's frame
             failures.append(exc)
 
-    readers = [threading.Thread(target=consume, args=(c,), daemon=True) for c in consumers]
-    for reader in readers:
-        reader.start()
     producers = [threading.Thread(target=produce, args=(n,), daemon=True) for n in range(SESSIONS)]
     for thread in producers:
         thread.start()
