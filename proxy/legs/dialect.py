@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from protocol import Frame
+from proxy.tracking.health import SubscriptionState
 
 __all__ = ["RETRYABLE_ERRORS", "BrokerDialect", "HeartBeatAnswer", "RetryableError"]
 
@@ -66,12 +67,16 @@ class RetryableError:
         message: the ERROR's ``message`` header, exactly.
         body_contains: text its body contains.
         meaning: what it means, measured (for logs and docs).
+        subscriptions: what it makes of the subscriptions it names (its ``subscription``
+            header, else the queue its body quotes: :meth:`proxy.tracking.SessionState.
+            subscriptions_refused`): cancelled by the broker, or waiting for their queue.
     """
 
     broker: str
     message: str
     body_contains: str
     meaning: str
+    subscriptions: SubscriptionState = SubscriptionState.WAITING_FOR_QUEUE
 
     def matches(self, server: str, error: Frame) -> bool:
         """Whether ``error`` from a broker that says ``server:<server>`` is this one."""
@@ -99,6 +104,7 @@ RETRYABLE_ERRORS: tuple[RetryableError, ...] = (
         meaning="the broker cancelled a live subscription (its queue's home node went down, "
         "or the queue was deleted; rabbitmq-server#2410): the connection stays open and no "
         "message comes again, so the subscription is restored by a reconnect",
+        subscriptions=SubscriptionState.CANCELLED_BY_BROKER,
     ),
 )
 

@@ -428,6 +428,8 @@ class AppSide:
         if core.leg.dialect.refuses_durable_without_id(frame):
             raise ForBroker("durable SUBSCRIBE without id")  # RabbitMQ refuses it
         upstream = state.subscribe(frame)
+        if not core.leg.ready:  # no leg has it: restoring until a restore sends it
+            state.subscriptions[upstream.get("id") or ""].health.lost(trio.current_time())
         if core.seen is not None:  # outbox mode: before the SUBSCRIBE goes upstream
             await core.seen.seed(state, upstream.get("id") or "", now=trio.current_time())
         if core.leg.dialect.subscribe_receipt_breaks(upstream.get("destination") or ""):

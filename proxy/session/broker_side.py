@@ -63,6 +63,10 @@ class BrokerSide:
                         # reconnects with its window, the refused frame in it.
                         reason = _retry_reason(event, retry)
                         kind = FailoverReason.QUEUE_UNAVAILABLE
+                        assert core.state is not None
+                        core.state.subscriptions_refused(
+                            event, retry.subscriptions, trio.current_time()
+                        )
                         log.warning("session %s: %s; reconnecting", core.id, reason)
                         break
                 await self._on_frame(upstream, event)

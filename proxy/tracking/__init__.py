@@ -27,8 +27,9 @@ is a redelivery, one seen again on the same generation is a duplicate (a produce
 Modules: ``state`` (:class:`SessionState`), ``deliveries`` (its delivery half), ``records``
 (subscriptions, deliveries, transactions...), ``links`` (temporary destinations per leg, topic
 gaps), ``window`` (the confirmation window), ``budget`` (what all sessions hold together
-against ``max_memory_bytes``), ``replay`` (what restores a session on a new leg) and
-``streams`` (where a RabbitMQ stream subscription resumes on a new leg).
+against ``max_memory_bytes``), ``replay`` (what restores a session on a new leg),
+``streams`` (where a RabbitMQ stream subscription resumes on a new leg) and ``health`` (every
+subscription's state: live, restoring, cancelled by the broker, waiting for its queue).
 """
 
 from __future__ import annotations

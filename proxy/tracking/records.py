@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from protocol import Frame
 from proxy.tracking.budget import MemoryBudget
+from proxy.tracking.health import SubscriptionHealth
 from proxy.tracking.window import Entry, EntryContext
 
 __all__ = [
@@ -184,6 +185,9 @@ class Subscription:
     #: (RabbitMQ refuses automatic acknowledgement on a stream; the broker decides) and the
     #: sidecar sends no ACK of its own for it.
     auto_upstream: bool = False
+    #: Whether a broker delivers to it now: live, restoring, cancelled by the broker, waiting
+    #: for its queue (:mod:`proxy.tracking.health`; ``/status``, metrics, ``/readyz``).
+    health: SubscriptionHealth = field(default_factory=SubscriptionHealth)
 
 
 @dataclass(eq=False)
