@@ -18,11 +18,11 @@ from config import Config
 from protocol import Command
 from proxy.admin.health import MAX_SUBSCRIPTION_REASONS, evaluate_readiness
 from proxy.admin.server import AdminServer
-from proxy.app import Sidecar, serve
 from proxy.tracking.health import SubscriptionState, SubscriptionStatistics
 from tests.proxy.scripted_broker import RABBITMQ, Network, wait_until
 from tests.proxy.test_admin_health import A, health, session_stats
-from tests.proxy.test_admin_server import GUARD, make_config
+from tests.proxy.test_admin_page import app_of_an_outbox_sidecar
+from tests.proxy.test_admin_server import GUARD
 from tests.proxy.test_metrics import FakeSidecar
 from tests.proxy.test_session_modes import connected
 from tests.proxy.test_session_queue_unavailable import QUEUE, cancelled, not_found
@@ -194,15 +194,11 @@ async def test_status_lists_every_subscription_in_a_part_of_its_own(tmp_path: Pa
     is restoring; ``/status`` lists it under ``subscriptions`` (not in the session's entry),
     and readiness in outbox mode without a broker does not count it."""
     with trio.fail_after(GUARD):
-        config = make_config(
-            outbox=True, outbox_dir=str(tmp_path / "outbox"), subscription_down_timeout=1
-        )
-        async with trio.open_nursery() as nursery:
-            sidecar: Sidecar = await nursery.start(serve, config)
+        async with app_of_an_outbox_sidecar(tmp_path, subscription_down_timeout=1) as (
+            sidecar,
+            app,
+        ):
             assert sidecar.admin is not None
-            assert sidecar.listen_address is not None
-            app = await trio.open_tcp_stream(*sidecar.listen_address)
-            await app.send_all(b"CONNECT\naccept-version:1.2\nhost:/\n\n\0")
             await app.send_all(b"SUBSCRIBE\ndestination:/queue/a\nid:c\nack:client\n\n\0")
             status: dict[str, Any] = {"subscriptions": []}
 
@@ -231,5 +227,3 @@ async def test_status_lists_every_subscription_in_a_part_of_its_own(tmp_path: Pa
             }
             assert status["subscriptions_truncated"] is False
             assert sidecar.admin.readiness().ready  # outbox mode, no broker: no reason
-            await app.aclose()
-            nursery.cancel_scope.cancel()
