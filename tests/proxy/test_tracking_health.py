@@ -5,6 +5,7 @@ restore, a RECEIPT and a MESSAGE do to a subscription's state)."""
 from __future__ import annotations
 
 from protocol import Command, Frame
+from proxy.legs.dialect import BrokerDialect
 from proxy.tracking import SessionState
 from proxy.tracking.health import (
     SubscriptionHealth,
@@ -14,6 +15,7 @@ from proxy.tracking.health import (
     kind_of,
     queue_of,
 )
+from tests.proxy.scripted_broker import RABBITMQ
 from tests.proxy.test_session_queue_unavailable import QUEUE, cancelled, not_found
 
 LIVE = SubscriptionState.LIVE
@@ -139,3 +141,13 @@ def test_statistics_per_subscription() -> None:
         ),
         SubscriptionStatistics("st", "/amq/queue/log", "stream", "client", "live", None, 2.5, 41),
     )
+
+
+def test_the_retried_errors_say_what_they_make_of_the_subscriptions_they_name() -> None:
+    rabbit = BrokerDialect.from_server(RABBITMQ)
+    cancel = rabbit.retryable_error(cancelled("s1"))
+    home_down = rabbit.retryable_error(not_found(None))
+    assert cancel is not None
+    assert home_down is not None
+    assert cancel.subscriptions is CANCELLED
+    assert home_down.subscriptions is WAITING
