@@ -25,7 +25,7 @@ from proxy.tracking.records import (
     Transaction,
     ack_ident,
 )
-from proxy.tracking.streams import STREAM_OFFSET, parse_offset
+from proxy.tracking.streams import STREAM_OFFSET, StreamGap, gap_before, parse_offset
 
 __all__ = ["Deliveries"]
 
@@ -56,6 +56,8 @@ class Deliveries:
     temps: TempNames
     seen_out: list[tuple[str, str]]
     stream_notes: list[str]
+    stream_gaps: list[StreamGap]
+    stream_offsets_missed: int
 
     @property
     def unacked(self) -> int:
@@ -106,8 +108,11 @@ class Deliveries:
         On a stream subscription (``x-stream-offset`` on the MESSAGE, a number), the offset is
         recorded (:attr:`Subscription.stream_offset`) and a MESSAGE at or below the last one
         delivered to the app is hidden and acknowledged (credit) in both modes: the app was
-        shown it (docs/behaviour.md, "Streams"). A value that is not a number turns the
-        subscription into a queue for good, noted once in :attr:`stream_notes`.
+        shown it (docs/behaviour.md, "Streams"). The first MESSAGE past it on a resumed leg
+        that comes after the offset the leg was asked to start at names the offsets between
+        as a gap (retention removed them): appended to :attr:`stream_gaps`, counted in
+        :attr:`stream_offsets_missed`, and the MESSAGE is shown. A value that is not a number
+        turns the subscription into a queue for good, noted once in :attr:`stream_notes`.
         """
         # One pass over the headers (the hot path): the ids this needs, first entries only
         # (STOMP 1.2 "Repeated Header Entries"), and the app's headers without ``ack``.
@@ -201,6 +206,13 @@ class Deliveries:
                     # Shown already (a new leg read the stream again from before it).
                     return self._hide(sub, message_id, upstream_ack, "redelivery", upstream_version)
                 sub.stream_offset = offset
+                if sub.stream_resume is not None:
+                    skipped = gap_before(sub.stream_resume, offset)
+                    sub.stream_resume = None
+                    if skipped is not None:
+                        gap = StreamGap(sub.app_id, sub.destination, *skipped)
+                        self.stream_gaps.append(gap)
+                        self.stream_offsets_missed += gap.count
         redelivered = False
         if identity is not None:
             held = sub.pending_by_identity.get(identity)

@@ -177,6 +177,10 @@ class Subscription:
     #: The offset of the last MESSAGE delivered to the app (or hidden as one the app was
     #: shown), None before the first: the new leg resumes at ``offset=<this + 1>``.
     stream_offset: int | None = None
+    #: The offset the current leg was asked to resume at (``stream_offset + 1``), until its
+    #: first MESSAGE past :attr:`stream_offset` came: one further on names a gap
+    #: (:class:`proxy.tracking.streams.StreamGap`: retention removed what was between).
+    stream_resume: int | None = None
     #: A MESSAGE carried an ``x-stream-offset`` that is not a number: the subscription is a
     #: queue for good (docs/behaviour.md, "Streams", bad input); the value, for the log.
     stream_refused: str | None = None

@@ -22,7 +22,7 @@ from proxy.tracking.records import (
     TransactionBytes,
     persists_seen,
 )
-from proxy.tracking.streams import is_stream_subscribe, resume_subscribe
+from proxy.tracking.streams import StreamGap, is_stream_subscribe, resume_subscribe
 
 __all__ = ["SessionState"]
 
@@ -91,6 +91,12 @@ class SessionState(Deliveries):
         #: One line per stream subscription found to be a queue after all (a MESSAGE's
         #: ``x-stream-offset`` not a number), for the daemon to log once and clear.
         self.stream_notes: list[str] = []
+        #: Offsets of stream subscriptions that a resumed leg skipped (retention removed them;
+        #: :class:`proxy.tracking.streams.StreamGap`), for the daemon to report and clear:
+        #: at most one per :meth:`deliver` call.
+        self.stream_gaps: list[StreamGap] = []
+        #: Offsets named in :attr:`stream_gaps` since the session began (their ``count``).
+        self.stream_offsets_missed = 0
 
     # -- links ------------------------------------------------------------------------------
 
@@ -271,6 +277,8 @@ class SessionState(Deliveries):
             return frame
         if sub.stream:
             frame = resume_subscribe(frame, sub.stream_offset)
+            if sub.stream_offset is not None:
+                sub.stream_resume = sub.stream_offset + 1
         if sub.ack is not AckMode.AUTO or sub.auto_upstream:
             return frame
         mode = self.auto_ack_mode.value

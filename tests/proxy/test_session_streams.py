@@ -189,3 +189,27 @@ async def test_a_non_numeric_offset_is_passed_on_and_the_subscription_is_a_queue
     notes = [r for r in caplog.records if "is not a number" in r.getMessage()]
     assert len(notes) == 1
     assert running.app.errors() == []
+
+
+async def test_a_gap_at_the_resume_is_named_in_an_event_before_the_message(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, network: Network
+) -> None:
+    """The new link starts past the offset it was asked for (retention removed it): the app
+    gets a STREAM_GAP event with the range and the count, then the MESSAGE."""
+    broker, running = await subscribed(nursery, network, "first")
+    await deliver(broker.link, 0, 1, 2)
+    await running.app.signal.wait_until(lambda: len(shown(running)) == 3)
+    link = await reattached(broker, running)
+    assert subscribe_on(link).get("x-stream-offset") == "offset=3"
+    await deliver(link, 391, 392)
+    await running.app.signal.wait_until(lambda: len(shown(running)) == 5)
+    event = await running.app.wait_event("STREAM_GAP")
+    assert event["offsets_missed"] == [
+        {"subscription": "s", "destination": STREAM, "first": 3, "last": 390, "count": 388}
+    ]
+    assert event["offsets_missed_count"] == 388
+    kinds = [f.get("event") or f.get("x-stream-offset") for f in running.app.of(Command.MESSAGE)]
+    kinds = [k for k in kinds if k is not None]
+    assert kinds[kinds.index("STREAM_GAP") + 1] == "391"  # the event comes first
+    assert shown(running) == ["0", "1", "2", "391", "392"]
+    assert running.app.errors() == []

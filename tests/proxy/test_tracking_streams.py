@@ -11,7 +11,13 @@ import pytest
 from protocol import Command, Frame
 from proxy.tracking import SessionState
 from proxy.tracking.replay import plan_replay
-from proxy.tracking.streams import is_stream_subscribe, parse_offset, resume_subscribe
+from proxy.tracking.streams import (
+    StreamGap,
+    gap_before,
+    is_stream_subscribe,
+    parse_offset,
+    resume_subscribe,
+)
 from proxy.tracking.window import ConfirmationWindow
 
 STREAM = "/amq/queue/events"
@@ -104,6 +110,21 @@ def test_resume_subscribe_replaces_or_appends_the_offset_and_keeps_the_rest() ->
     bare = Frame.build(Command.SUBSCRIBE, {"destination": STREAM, "id": "s"})
     assert resume_subscribe(bare, 0).get("x-stream-offset") == "offset=1"
     assert resume_subscribe(frame, None) is frame
+
+
+@pytest.mark.parametrize(
+    ("resumed_at", "offset", "gap"),
+    [(10, 10, None), (10, 9, None), (10, 11, (10, 10)), (10, 391, (10, 390))],
+)
+def test_gap_before_names_the_offsets_skipped(
+    resumed_at: int, offset: int, gap: tuple[int, int] | None
+) -> None:
+    assert gap_before(resumed_at, offset) == gap
+
+
+def test_a_gap_counts_its_offsets() -> None:
+    assert StreamGap("s", STREAM, 10, 390).count == 381
+    assert StreamGap(None, STREAM, 4, 4).count == 1
 
 
 # -- SessionState ----------------------------------------------------------------------------
@@ -247,3 +268,39 @@ def test_a_queue_subscription_is_resubscribed_unchanged() -> None:
         )
     )
     assert resubscribe(st) == sent
+
+
+def test_a_resumed_leg_that_starts_further_on_names_the_gap_once() -> None:
+    """Retention removed the offset the new leg was asked to start at: RabbitMQ starts at the
+    first offset it still has (measured, docs/brokers.md, "Streams"). The first MESSAGE names
+    the offsets between as a gap and is shown; later ones, and later jumps on the same leg
+    (RabbitMQ's entries that are not messages), name none."""
+    st = new_state()
+    subscribe(st, **{"x-stream-offset": "first"})
+    for n in range(3):
+        st.deliver(stream_message(str(n), n + 1), now=0.0)
+    assert st.stream_gaps == []
+    assert resubscribe(st).get("x-stream-offset") == "offset=3"
+    shown = st.deliver(stream_message("391", 1, gen=2), now=0.0).to_app
+    assert shown is not None
+    assert shown.get("x-stream-offset") == "391"
+    assert st.stream_gaps == [StreamGap("s", STREAM, 3, 390)]
+    assert st.stream_offsets_missed == 388
+    st.stream_gaps.clear()
+    st.deliver(stream_message("393", 2, gen=2), now=0.0)
+    assert st.stream_gaps == []
+    assert st.subscriptions["s"].stream_offset == 393
+
+
+def test_a_resumed_leg_that_starts_where_asked_names_no_gap() -> None:
+    """A redelivery first (hidden), then the offset asked for: no gap; nor on a first leg
+    whose broker starts further on than the app's own position (the broker's answer, as
+    directly)."""
+    st = new_state()
+    subscribe(st, **{"x-stream-offset": "offset=5"})
+    st.deliver(stream_message("200", 1), now=0.0)  # retention: 5 is gone; the app's position
+    assert st.stream_gaps == []
+    resubscribe(st)
+    assert st.deliver(stream_message("200", 1, gen=2), now=0.0).to_app is None
+    assert st.deliver(stream_message("201", 2, gen=2), now=0.0).to_app is not None
+    assert (st.stream_gaps, st.stream_offsets_missed) == ([], 0)
