@@ -11,12 +11,19 @@ receipts, Artemis' duplicate-detection header understood).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from enum import Enum
 
 from protocol import Frame
 
-__all__ = ["RETRYABLE_ERRORS", "BrokerDialect", "HeartBeatAnswer", "RetryableError"]
+__all__ = [
+    "RETRYABLE_ERRORS",
+    "BrokerDialect",
+    "HeartBeatAnswer",
+    "RetryableError",
+    "unavailable_queue",
+]
 
 
 class HeartBeatAnswer(Enum):
@@ -101,6 +108,19 @@ RETRYABLE_ERRORS: tuple[RetryableError, ...] = (
         "message comes again, so the subscription is restored by a reconnect",
     ),
 )
+
+
+#: How RabbitMQ 3.10 names the queue in its ``not_found`` ERROR ("NOT_FOUND - home node 'N' of
+#: durable queue 'Q' in vhost '/' is down or inaccessible"; measured, classic and stream queues).
+_UNAVAILABLE_QUEUE = re.compile(rb"of durable queue '([^']{1,255})' in vhost")
+
+
+def unavailable_queue(error: Frame) -> str | None:
+    """The queue a retryable ERROR (:data:`RETRYABLE_ERRORS`) says is unavailable, by its
+    name in the broker (RabbitMQ: 255 bytes at most), or None when its body names none (the
+    cancelled subscription's ERROR names its subscription instead, header ``subscription``)."""
+    match = _UNAVAILABLE_QUEUE.search(error.body)
+    return match.group(1).decode("utf-8", "replace") if match else None
 
 
 @dataclass(frozen=True, slots=True)

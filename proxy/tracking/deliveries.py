@@ -188,6 +188,7 @@ class Deliveries:
             kept = [h for h in kept if not (h[0] == ARTEMIS_DUPLICATE_ID and h[1] == dup_id)]
             return Delivered(Frame.unchecked(Command.MESSAGE, tuple(kept), message.body))
         sub.arrivals += 1
+        sub.waiting_for_queue = None
         identity = self._identity_of(dup_id, message_id)
         message_id = message_id or ""
         if stream_value is not None and sub.stream_refused is None and not sub.local:

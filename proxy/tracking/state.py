@@ -26,6 +26,10 @@ from proxy.tracking.streams import StreamGap, is_stream_subscribe, resume_subscr
 
 __all__ = ["SessionState"]
 
+#: Destinations that name one queue by its name in the broker (RabbitMQ: ``/queue/<name>``
+#: declares or reuses it, ``/amq/queue/<name>`` reads an existing one).
+_QUEUE_PREFIXES = ("/queue/", "/amq/queue/")
+
 
 class SessionState(Deliveries):
     """The state of one app session that outlives any single upstream connection.
@@ -295,6 +299,36 @@ class SessionState(Deliveries):
         """The live non-durable topic subscriptions: those that miss what is published while
         no broker has them (:func:`proxy.tracking.links.misses_messages`)."""
         return [s for s in self.subscriptions.values() if misses_messages(s)]
+
+    def queue_unavailable(
+        self, reason: str, *, queue: str | None = None, subscription: str | None = None
+    ) -> list[Subscription]:
+        """The broker said a queue is unavailable for now (``reason``: its ERROR's words):
+        mark the broker subscriptions that wait for it (:attr:`Subscription.waiting_for_queue`)
+        and return them. ``queue``: the queue's name in the broker, matched against the last
+        part of ``/queue/<name>`` and ``/amq/queue/<name>`` destinations; ``subscription``: the
+        upstream id of the subscription the broker cancelled."""
+        marked: list[Subscription] = []
+        for sub in self.subscriptions.values():
+            if sub.local:
+                continue
+            named = subscription is not None and sub.upstream_id == subscription
+            if queue is not None and sub.destination.startswith(_QUEUE_PREFIXES):
+                named = named or sub.destination.rpartition("/")[2] == queue
+            if named:
+                sub.waiting_for_queue = reason
+                marked.append(sub)
+        return marked
+
+    def waiting_for_queues(self) -> list[Subscription]:
+        """The broker subscriptions waiting for their queue (:meth:`queue_unavailable`)."""
+        return [s for s in self.subscriptions.values() if s.waiting_for_queue is not None]
+
+    def queues_available(self) -> None:
+        """Every subscription is live again (a leg stayed up past the pacing bound with its
+        restore sent; the daemon decides): no subscription waits for its queue."""
+        for sub in self.subscriptions.values():
+            sub.waiting_for_queue = None
 
     def iter_subscribe_frames(self) -> Iterator[Frame]:
         """The SUBSCRIBE frames that recreate every live broker subscription, in order."""

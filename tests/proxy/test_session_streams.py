@@ -22,6 +22,7 @@ from tests.proxy.scripted_broker import (
     ScriptedBroker,
     make_config,
     start_session,
+    wait_until,
 )
 
 STREAM = "/amq/queue/events"
@@ -212,4 +213,58 @@ async def test_a_gap_at_the_resume_is_named_in_an_event_before_the_message(
     kinds = [k for k in kinds if k is not None]
     assert kinds[kinds.index("STREAM_GAP") + 1] == "391"  # the event comes first
     assert shown(running) == ["0", "1", "2", "391", "392"]
+    assert running.app.errors() == []
+
+
+STREAM_DOWN = (
+    b"NOT_FOUND - home node 'rabbit@localhost' of durable queue 'events' in vhost '/' is down "
+    b"or inaccessible"
+)
+
+
+async def test_a_stream_whose_node_restarts_waits_then_resumes_at_its_offset(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, network: Network
+) -> None:
+    """RabbitMQ 3.10 after a kill -9 and restart: every SUBSCRIBE to the stream gets
+    ``not_found`` ("home node ... is down or inaccessible") and the connection closes
+    (measured, docs/brokers.md, "Streams"). The sidecar keeps the subscription, marks it
+    waiting for its queue, reconnects with back-off, and once the stream answers again
+    resumes after the last offset shown; the app sees no ERROR."""
+    broker, running = await subscribed(nursery, network, "first")
+    await deliver(broker.link, 0, 1, 2)
+    await running.app.signal.wait_until(lambda: len(shown(running)) == 3)
+    state = running.session.core.state
+    assert state is not None
+    back = trio.Event()
+
+    async def refuse_subscribes() -> None:
+        answered = 1  # the first link's SUBSCRIBE
+        while not back.is_set():
+            subscribes = [f for f in broker.frames() if f.command is Command.SUBSCRIBE]
+            if len(subscribes) > answered and broker.live_links():
+                answered = len(subscribes)
+                link = broker.live_links()[-1]
+                await link.send(Frame.build(Command.ERROR, {"message": "not_found"}, STREAM_DOWN))
+                await link.drop("close")
+            await trio.sleep(0.01)
+
+    nursery.start_soon(refuse_subscribes)
+    await broker.link.drop("reset")
+    await wait_until(lambda: broker.connects >= 5)
+    waiting = [(s.upstream_id, s.waiting_for_queue) for s in state.waiting_for_queues()]
+    assert waiting == [("s", "not_found")]
+    assert running.app.errors() == []
+    back.set()
+
+    def resumed() -> bool:
+        live = broker.live_links()
+        return bool(live) and bool(live[-1].received(Command.SUBSCRIBE))
+
+    await wait_until(resumed)
+    link = broker.live_links()[-1]
+    assert subscribe_on(link).get("x-stream-offset") == "offset=3"
+    await deliver(link, 3, 4)
+    await running.app.signal.wait_until(lambda: len(shown(running)) == 5)
+    assert shown(running) == ["0", "1", "2", "3", "4"]
+    assert state.waiting_for_queues() == []
     assert running.app.errors() == []
