@@ -451,10 +451,10 @@ class Deliveries:
             ]
             if not frames:
                 return Settled(None)
-            return Settled(frames[-1], more=tuple(frames[:-1]))
+            return Settled(frames[-1], more=tuple(frames[:-1]), credit=sub.stream)
         if stale:
             return Settled(None)
-        return Settled(self.upstream_ack(frame, delivery, upstream_version))
+        return Settled(self.upstream_ack(frame, delivery, upstream_version), credit=sub.stream)
 
     def persist(self, delivery: Delivery) -> None:
         """Hand the ``mq-sidecar-id`` of a message the app acknowledged to the daemon, to

@@ -23,6 +23,7 @@ __all__ = [
     "SEEN_SECONDS",
     "SETTLED_DELIVERY_COST",
     "SIDECAR_RECEIPT",
+    "STREAM_CREDIT",
     "TRANSACTION_OVERHEAD",
     "AckMode",
     "Delivered",
@@ -34,6 +35,7 @@ __all__ = [
     "SessionError",
     "Settled",
     "StoredInOutbox",
+    "StreamCredit",
     "Subscription",
     "Transaction",
     "TransactionBytes",
@@ -240,6 +242,19 @@ class PassThrough(EntryContext):
 PASS_THROUGH = PassThrough()
 
 
+class StreamCredit(EntryContext):
+    """Window-entry context of an ACK of a RabbitMQ stream's delivery outside a transaction
+    (:data:`STREAM_CREDIT`): credit, not settlement (docs/brokers.md, "Streams"). One the old
+    leg never confirmed is moot at a restore and reported to no one: the new leg resumes after
+    its message, which never comes again (docs/behaviour.md, "Streams")."""
+
+    __slots__ = ()
+
+
+#: The one :class:`StreamCredit`.
+STREAM_CREDIT = StreamCredit()
+
+
 @dataclass(frozen=True, slots=True)
 class StoredInOutbox(EntryContext):
     """Window-entry context of a SEND forwarded from the outbox (issue 17, docs/outbox.md):
@@ -383,3 +398,5 @@ class Settled:
     to_broker: Frame | None
     local: bool = False
     more: tuple[Frame, ...] = ()
+    #: The delivery was a stream subscription's: the ACK is credit (:class:`StreamCredit`).
+    credit: bool = False
