@@ -268,27 +268,3 @@ async def test_a_stream_whose_node_restarts_waits_then_resumes_at_its_offset(
     assert shown(running) == ["0", "1", "2", "3", "4"]
     assert state.waiting_for_queues() == []
     assert running.app.errors() == []
-
-
-async def test_acks_the_old_link_never_confirmed_are_named_in_no_outcome(
-    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, network: Network
-) -> None:
-    """The app's ACKs of stream messages are on the old link, unconfirmed, when it is lost:
-    credit, moot on the new link (which resumes after their messages): no OUTCOME names
-    them, in both failover modes the app sees RECONNECTING and FAILOVER only."""
-    broker, running = await subscribed(nursery, network, "first")
-    app = running.app
-    await deliver(broker.link, 0, 1)
-    await app.signal.wait_until(lambda: len(shown(running)) == 2)
-    broker.receipts = "hold"
-    for message in app.messages(STREAM):
-        await app.send(Command.ACK, {"id": message.get("ack") or ""})
-    await broker.wait_for(Command.ACK, 2, link=1)
-    await broker.link.drop("reset")
-    await app.wait_event("FAILOVER")
-    broker.receipts = "auto"
-    await broker.wait_for(Command.SUBSCRIBE, 1, link=2)
-    await deliver(broker.links[1], 2)
-    await app.signal.wait_until(lambda: len(shown(running)) == 3)
-    assert [e["event"] for e in app.events()] == ["RECONNECTING", "FAILOVER"]
-    assert app.errors() == []

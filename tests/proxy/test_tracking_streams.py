@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import pytest
 
+from config import FailoverMode
 from protocol import Command, Frame
-from proxy.tracking import SessionState
+from proxy.session.outcomes import after_restore
+from proxy.telemetry.vocabulary import FrameOutcome
+from proxy.tracking import STREAM_CREDIT, SessionState
 from proxy.tracking.replay import plan_replay
 from proxy.tracking.streams import (
     StreamGap,
@@ -304,3 +307,45 @@ def test_a_resumed_leg_that_starts_where_asked_names_no_gap() -> None:
     assert st.deliver(stream_message("200", 1, gen=2), now=0.0).to_app is None
     assert st.deliver(stream_message("201", 2, gen=2), now=0.0).to_app is not None
     assert (st.stream_gaps, st.stream_offsets_missed) == ([], 0)
+
+
+@pytest.mark.parametrize("mode", [FailoverMode.TRANSPARENT, FailoverMode.STRICT])
+def test_a_stream_ack_in_flight_at_a_failover_is_credit_reported_to_no_one(
+    mode: FailoverMode,
+) -> None:
+    """An ACK of a stream delivery is credit (Settled.credit); one the old leg never
+    confirmed is moot at the restore and named in no OUTCOME, in both failover modes (its
+    message never comes again); a queue's is (``replayed`` / ``lost``)."""
+    reports = []
+    for headers in ({"x-stream-offset": "first"}, {}):
+        st = new_state(transparent=mode is FailoverMode.TRANSPARENT)
+        subscribe(st, **headers)
+        message = stream_message("0", 1) if headers else queue_message(1)
+        shown = st.deliver(message, now=0.0).to_app
+        assert shown is not None
+        settled = st.settle(
+            Frame.build(Command.ACK, {"id": shown.get("ack") or ""}),
+            upstream_version="1.2",
+            now=0.0,
+        )
+        assert settled.to_broker is not None
+        assert settled.credit is bool(headers)
+        window = ConfirmationWindow(1 << 20, receipt_prefix="S-r")
+        window.append(
+            settled.to_broker,
+            app_receipt=None,
+            want_receipt=False,
+            now=0.0,
+            context=STREAM_CREDIT if settled.credit else None,
+        )
+        window.mark_all_unsent()
+        st.new_link(stable_message_ids=False, acks_ignore_subscription=True)
+        plan = plan_replay(st, window, replay_transactions=True)
+        reports.append([r.outcome for r in after_restore(plan, mode)])
+    lost_or_replayed = FrameOutcome.LOST if mode is FailoverMode.STRICT else FrameOutcome.REPLAYED
+    assert reports == [[], [lost_or_replayed]]
+
+
+def queue_message(n: int) -> Frame:
+    """The n-th MESSAGE of a queue subscription ``s`` (no ``x-stream-offset``)."""
+    return stream_message("0", n).without("x-stream-offset")
