@@ -107,12 +107,21 @@ RETRYABLE_ERRORS: tuple[RetryableError, ...] = (
         "or the queue was deleted; rabbitmq-server#2410): the connection stays open and no "
         "message comes again, so the subscription is restored by a reconnect",
     ),
+    RetryableError(
+        broker="RabbitMQ",
+        message="precondition_failed",
+        body_contains="does not have a replica on the local node",
+        meaning="a stream whose members are restarted while its writer moves (its node was "
+        "stopped: RabbitMQ 3.10 answers a SUBSCRIBE on another node so for a moment during a "
+        "rolling restart, measured) and closes the connection",
+    ),
 )
 
 
-#: How RabbitMQ 3.10 names the queue in its ``not_found`` ERROR ("NOT_FOUND - home node 'N' of
-#: durable queue 'Q' in vhost '/' is down or inaccessible"; measured, classic and stream queues).
-_UNAVAILABLE_QUEUE = re.compile(rb"of durable queue '([^']{1,255})' in vhost")
+#: How RabbitMQ 3.10 names the queue in those ERRORs: "NOT_FOUND - home node 'N' of durable
+#: queue 'Q' in vhost '/' is down or inaccessible", "PRECONDITION_FAILED - queue 'queue 'Q' in
+#: vhost '/'' does not have a replica on the local node" (measured).
+_UNAVAILABLE_QUEUE = re.compile(rb"queue '([^']{1,255})' in vhost")
 
 
 def unavailable_queue(error: Frame) -> str | None:
