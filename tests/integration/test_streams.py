@@ -20,6 +20,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -137,6 +138,7 @@ class App:
         self.events: list[str] = []
         self.failover: dict[str, object] = {}
         self.gaps: list[dict[str, object]] = []
+        self.outcomes: list[dict[str, object]] = []
 
     def read(self, predicate: object, what: str) -> None:
         """Read (and ACK each message) until ``predicate(frame)``."""
@@ -151,6 +153,8 @@ class App:
                     self.failover = json.loads(frame.body)
                 elif frame.get("event") == "STREAM_GAP":
                     self.gaps.extend(json.loads(frame.body)["offsets_missed"])
+                elif frame.get("event") == "OUTCOME":
+                    self.outcomes.extend(json.loads(frame.body)["frames"])
             elif frame.command is Command.MESSAGE:
                 self.shown.append(int(frame.get("seq") or "-1"))
                 self.offsets.append(int(frame.get("x-stream-offset") or "-1"))
@@ -338,3 +342,47 @@ def test_offsets_removed_by_retention_during_an_outage_are_named_as_a_gap(
     # After the gap: exactly what the stream still holds, once each, in order.
     assert [(o, s) for o, s in zip(app.offsets[30:], shown_after, strict=True)] == stored
     assert len(set(app.shown)) == len(app.shown)
+
+
+@pytest.mark.long
+def test_a_single_nodes_stream_after_a_kill_waits_then_the_session_ends_at_reconnect_period(
+    tmp_path: Path,
+) -> None:
+    """Issue 32 part 5: one RabbitMQ 3.10 node killed with kill -9 and started again on its
+    data. Its stream answers every SUBSCRIBE with ``not_found`` "home node ... is down or
+    inaccessible" (and closes the connection) for as long as it was watched (docs/brokers.md,
+    "Streams"). The sidecar keeps the app's session and subscription, never shows the app the
+    ERROR, retries with back-off; at ``reconnect_period`` (20 s here) it gives up as any
+    reconnect does: DISCONNECT, then its ERROR. Printed: the attempts and how long."""
+    broker = RabbitMQ("rmqkill", tmp_path / "rmq")
+    with broker:
+        stream = declare_stream(broker)
+        Producer(broker, stream).publish(100)
+        config = sidecar_config(
+            f"stomp://{broker.host}:{broker.stomp_port}?host=/",
+            **FAST,
+            reconnect_period="20000",
+        )
+        with SidecarThread(config) as sidecar:
+            app = App(sidecar.address, stream, "first")
+            app.read(is_message(99), "the stream")
+            killed = time.monotonic()
+            broker.kill()
+            broker.start()
+            broker.wait_ready(120)
+            back = time.monotonic()
+            frames = until(app.client, lambda f: f.command is Command.ERROR, "the final ERROR")
+            ended = time.monotonic()
+            app.client.close()
+    events = [f.get("event") for f in frames if f.get("subscription") == "ev"]
+    reasons = {json.loads(f.body)["reason"][:40] for f in frames if f.get("event")}
+    print(
+        f"\nsingle node killed: back after {back - killed:.1f} s, session ended "
+        f"{ended - back:.1f} s later; events {Counter(events)}; reasons {reasons}"
+    )
+    assert app.shown == list(range(100))
+    assert [f.command for f in frames].count(Command.MESSAGE) == len(events)  # no message
+    assert events[-1] == "DISCONNECT"
+    assert "not_found" in frames[-1].body.decode() or "reconnect" in (
+        frames[-1].get("message") or ""
+    )
