@@ -211,7 +211,8 @@ class Deliveries:
                     skipped = gap_before(sub.stream_resume, offset)
                     sub.stream_resume = None
                     if skipped is not None:
-                        gap = StreamGap(sub.app_id, sub.destination, *skipped)
+                        first, last = skipped
+                        gap = StreamGap(sub.app_id, sub.destination, first, last)
                         self.stream_gaps.append(gap)
                         self.stream_offsets_missed += gap.count
         redelivered = False
