@@ -11,13 +11,20 @@ receipts, Artemis' duplicate-detection header understood).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from enum import Enum
 
 from protocol import Frame
 from proxy.tracking.health import SubscriptionState
 
-__all__ = ["RETRYABLE_ERRORS", "BrokerDialect", "HeartBeatAnswer", "RetryableError"]
+__all__ = [
+    "RETRYABLE_ERRORS",
+    "BrokerDialect",
+    "HeartBeatAnswer",
+    "RetryableError",
+    "unavailable_queue",
+]
 
 
 class HeartBeatAnswer(Enum):
@@ -106,7 +113,29 @@ RETRYABLE_ERRORS: tuple[RetryableError, ...] = (
         "message comes again, so the subscription is restored by a reconnect",
         subscriptions=SubscriptionState.CANCELLED_BY_BROKER,
     ),
+    RetryableError(
+        broker="RabbitMQ",
+        message="precondition_failed",
+        body_contains="does not have a replica on the local node",
+        meaning="a stream whose members are restarted while its writer moves (its node was "
+        "stopped: RabbitMQ 3.10 answers a SUBSCRIBE on another node so for a moment during a "
+        "rolling restart, measured) and closes the connection",
+    ),
 )
+
+
+#: How RabbitMQ 3.10 names the queue in those ERRORs: "NOT_FOUND - home node 'N' of durable
+#: queue 'Q' in vhost '/' is down or inaccessible", "PRECONDITION_FAILED - queue 'queue 'Q' in
+#: vhost '/'' does not have a replica on the local node" (measured).
+_UNAVAILABLE_QUEUE = re.compile(rb"queue '([^']{1,255})' in vhost")
+
+
+def unavailable_queue(error: Frame) -> str | None:
+    """The queue a retryable ERROR (:data:`RETRYABLE_ERRORS`) says is unavailable, by its
+    name in the broker (RabbitMQ: 255 bytes at most), or None when its body names none (the
+    cancelled subscription's ERROR names its subscription instead, header ``subscription``)."""
+    match = _UNAVAILABLE_QUEUE.search(error.body)
+    return match.group(1).decode("utf-8", "replace") if match else None
 
 
 @dataclass(frozen=True, slots=True)

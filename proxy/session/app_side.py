@@ -47,6 +47,7 @@ from proxy.telemetry.events import report_of_frame
 from proxy.telemetry.vocabulary import ClientErrorReason, FrameOutcome, OutcomeCause
 from proxy.tracking import (
     PASS_THROUGH,
+    STREAM_CREDIT,
     TRANSACTION_OVERHEAD,
     DurableRemoval,
     ForBroker,
@@ -517,7 +518,7 @@ class AppSide:
                     frame_up,
                     app_receipt=app_receipt if last else None,
                     idle=idle and last,
-                    context=tx,
+                    context=STREAM_CREDIT if tx is None and settled.credit else tx,
                     generation=generation,
                 )
             except StaleSettlement:

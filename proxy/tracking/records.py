@@ -24,6 +24,7 @@ __all__ = [
     "SEEN_SECONDS",
     "SETTLED_DELIVERY_COST",
     "SIDECAR_RECEIPT",
+    "STREAM_CREDIT",
     "TRANSACTION_OVERHEAD",
     "AckMode",
     "Delivered",
@@ -35,6 +36,7 @@ __all__ = [
     "SessionError",
     "Settled",
     "StoredInOutbox",
+    "StreamCredit",
     "Subscription",
     "Transaction",
     "TransactionBytes",
@@ -178,6 +180,17 @@ class Subscription:
     #: The offset of the last MESSAGE delivered to the app (or hidden as one the app was
     #: shown), None before the first: the new leg resumes at ``offset=<this + 1>``.
     stream_offset: int | None = None
+    #: The offset the current leg was asked to resume at (``stream_offset + 1``), until its
+    #: first MESSAGE past :attr:`stream_offset` came: one further on names a gap
+    #: (:class:`proxy.tracking.streams.StreamGap`: retention removed what was between).
+    stream_resume: int | None = None
+    #: Waiting for its queue: the broker said the queue is unavailable for now (RabbitMQ 3.10:
+    #: ``not_found`` "home node ... is down or inaccessible", or "Server cancelled
+    #: subscription"; docs/brokers.md) and the session reconnects with back-off to subscribe
+    #: it again (docs/behaviour.md, "Streams"). The broker's words (its ERROR ``message``),
+    #: None while the subscription is live. Cleared by its next MESSAGE, or by
+    #: :meth:`proxy.tracking.SessionState.queues_available` (a leg that stayed up).
+    waiting_for_queue: str | None = None
     #: A MESSAGE carried an ``x-stream-offset`` that is not a number: the subscription is a
     #: queue for good (docs/behaviour.md, "Streams", bad input); the value, for the log.
     stream_refused: str | None = None
@@ -231,6 +244,19 @@ class PassThrough(EntryContext):
 
 #: The one :class:`PassThrough` context.
 PASS_THROUGH = PassThrough()
+
+
+class StreamCredit(EntryContext):
+    """Window-entry context of an ACK of a RabbitMQ stream's delivery outside a transaction
+    (:data:`STREAM_CREDIT`): credit, not settlement (docs/brokers.md, "Streams"). One the old
+    leg never confirmed is moot at a restore and reported to no one: the new leg resumes after
+    its message, which never comes again (docs/behaviour.md, "Streams")."""
+
+    __slots__ = ()
+
+
+#: The one :class:`StreamCredit`.
+STREAM_CREDIT = StreamCredit()
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,3 +402,5 @@ class Settled:
     to_broker: Frame | None
     local: bool = False
     more: tuple[Frame, ...] = ()
+    #: The delivery was a stream subscription's: the ACK is credit (:class:`StreamCredit`).
+    credit: bool = False

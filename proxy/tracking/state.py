@@ -29,13 +29,17 @@ from proxy.tracking.records import (
     TransactionBytes,
     persists_seen,
 )
-from proxy.tracking.streams import is_stream_subscribe, resume_subscribe
+from proxy.tracking.streams import StreamGap, is_stream_subscribe, resume_subscribe
 
 __all__ = ["SessionState"]
 
 #: How a RabbitMQ ERROR body names a queue (``NOT_FOUND - home node 'n' of durable queue 'q'
 #: in vhost '/' is down or inaccessible``; ``no queue 'q' in vhost '/'``).
 _QUOTED_QUEUE = re.compile(r"queue '((?:[^'\\]|\\.)*)' in vhost")
+
+#: Destinations that name one queue by its name in the broker (RabbitMQ: ``/queue/<name>``
+#: declares or reuses it, ``/amq/queue/<name>`` reads an existing one).
+_QUEUE_PREFIXES = ("/queue/", "/amq/queue/")
 
 
 class SessionState(Deliveries):
@@ -102,6 +106,12 @@ class SessionState(Deliveries):
         #: One line per stream subscription found to be a queue after all (a MESSAGE's
         #: ``x-stream-offset`` not a number), for the daemon to log once and clear.
         self.stream_notes: list[str] = []
+        #: Offsets of stream subscriptions that a resumed leg skipped (retention removed them;
+        #: :class:`proxy.tracking.streams.StreamGap`), for the daemon to report and clear:
+        #: at most one per :meth:`deliver` call.
+        self.stream_gaps: list[StreamGap] = []
+        #: Offsets named in :attr:`stream_gaps` since the session began (their ``count``).
+        self.stream_offsets_missed = 0
 
     # -- links ------------------------------------------------------------------------------
 
@@ -282,6 +292,8 @@ class SessionState(Deliveries):
             return frame
         if sub.stream:
             frame = resume_subscribe(frame, sub.stream_offset)
+            if sub.stream_offset is not None:
+                sub.stream_resume = sub.stream_offset + 1
         if sub.ack is not AckMode.AUTO or sub.auto_upstream:
             return frame
         mode = self.auto_ack_mode.value
@@ -405,6 +417,36 @@ class SessionState(Deliveries):
                 )
             )
         return tuple(out)
+
+    def queue_unavailable(
+        self, reason: str, *, queue: str | None = None, subscription: str | None = None
+    ) -> list[Subscription]:
+        """The broker said a queue is unavailable for now (``reason``: its ERROR's words):
+        mark the broker subscriptions that wait for it (:attr:`Subscription.waiting_for_queue`)
+        and return them. ``queue``: the queue's name in the broker, matched against the last
+        part of ``/queue/<name>`` and ``/amq/queue/<name>`` destinations; ``subscription``: the
+        upstream id of the subscription the broker cancelled."""
+        marked: list[Subscription] = []
+        for sub in self.subscriptions.values():
+            if sub.local:
+                continue
+            named = subscription is not None and sub.upstream_id == subscription
+            if queue is not None and sub.destination.startswith(_QUEUE_PREFIXES):
+                named = named or sub.destination.rpartition("/")[2] == queue
+            if named:
+                sub.waiting_for_queue = reason
+                marked.append(sub)
+        return marked
+
+    def waiting_for_queues(self) -> list[Subscription]:
+        """The broker subscriptions waiting for their queue (:meth:`queue_unavailable`)."""
+        return [s for s in self.subscriptions.values() if s.waiting_for_queue is not None]
+
+    def queues_available(self) -> None:
+        """Every subscription is live again (a leg stayed up past the pacing bound with its
+        restore sent; the daemon decides): no subscription waits for its queue."""
+        for sub in self.subscriptions.values():
+            sub.waiting_for_queue = None
 
     def iter_subscribe_frames(self) -> Iterator[Frame]:
         """The SUBSCRIBE frames that recreate every live broker subscription, in order."""

@@ -10,7 +10,7 @@ import trio
 import trio.testing
 
 from protocol import Command, Frame
-from proxy.legs.dialect import BrokerDialect
+from proxy.legs.dialect import BrokerDialect, unavailable_queue
 from tests.proxy.scripted_broker import RABBITMQ, Network, ScriptedBroker, wait_until
 from tests.proxy.test_session_modes import connected
 
@@ -195,3 +195,22 @@ def test_an_outage_of_unstable_legs_counts_from_the_first() -> None:
     assert (leg.unstable, leg.unstable_since) == (1, 30.0)  # a new episode
     leg.note_loss(40.0, lived=1.0, retryable=False, replay_unconfirmed=False)
     assert (leg.unstable, leg.unstable_since) == (0, None)
+
+
+def test_a_stream_without_a_local_replica_for_now_is_retried_and_names_its_queue() -> None:
+    """RabbitMQ 3.10 during a rolling restart (measured, tests/integration/
+    test_streams_cluster.py): a SUBSCRIBE to a stream on a node whose replica is being
+    restarted gets ``precondition_failed`` ... "does not have a replica on the local node"."""
+    rabbit = BrokerDialect.from_server(RABBITMQ)
+    no_replica = Frame(
+        Command.ERROR,
+        (("message", "precondition_failed"),),
+        b"PRECONDITION_FAILED - queue 'queue 's32_c' in vhost '/'' does not have a replica on "
+        b"the local node",
+    )
+    assert rabbit.retryable_error(no_replica) is not None
+    assert unavailable_queue(no_replica) == "s32_c"
+    assert unavailable_queue(not_found(None)) == "home-down"
+    other = Frame(Command.ERROR, (("message", "precondition_failed"),), b"unknown delivery tag 9")
+    assert rabbit.retryable_error(other) is None  # the app's (its ACK)
+    assert unavailable_queue(other) is None
