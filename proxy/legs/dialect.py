@@ -11,20 +11,13 @@ receipts, Artemis' duplicate-detection header understood).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from enum import Enum
 
 from protocol import Frame
 from proxy.tracking.health import SubscriptionState
 
-__all__ = [
-    "RETRYABLE_ERRORS",
-    "BrokerDialect",
-    "HeartBeatAnswer",
-    "RetryableError",
-    "unavailable_queue",
-]
+__all__ = ["RETRYABLE_ERRORS", "BrokerDialect", "HeartBeatAnswer", "RetryableError"]
 
 
 class HeartBeatAnswer(Enum):
@@ -75,8 +68,9 @@ class RetryableError:
         body_contains: text its body contains.
         meaning: what it means, measured (for logs and docs).
         subscriptions: what it makes of the subscriptions it names (its ``subscription``
-            header, else the queue its body quotes: :meth:`proxy.tracking.SessionState.
-            subscriptions_refused`): cancelled by the broker, or waiting for their queue.
+            header, else the queue its body quotes, :func:`proxy.tracking.health.
+            unavailable_queue`; :meth:`proxy.tracking.SessionState.subscriptions_refused`):
+            cancelled by the broker, or waiting for their queue (the default).
     """
 
     broker: str
@@ -122,20 +116,6 @@ RETRYABLE_ERRORS: tuple[RetryableError, ...] = (
         "rolling restart, measured) and closes the connection",
     ),
 )
-
-
-#: How RabbitMQ 3.10 names the queue in those ERRORs: "NOT_FOUND - home node 'N' of durable
-#: queue 'Q' in vhost '/' is down or inaccessible", "PRECONDITION_FAILED - queue 'queue 'Q' in
-#: vhost '/'' does not have a replica on the local node" (measured).
-_UNAVAILABLE_QUEUE = re.compile(rb"queue '([^']{1,255})' in vhost")
-
-
-def unavailable_queue(error: Frame) -> str | None:
-    """The queue a retryable ERROR (:data:`RETRYABLE_ERRORS`) says is unavailable, by its
-    name in the broker (RabbitMQ: 255 bytes at most), or None when its body names none (the
-    cancelled subscription's ERROR names its subscription instead, header ``subscription``)."""
-    match = _UNAVAILABLE_QUEUE.search(error.body)
-    return match.group(1).decode("utf-8", "replace") if match else None
 
 
 @dataclass(frozen=True, slots=True)

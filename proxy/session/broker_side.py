@@ -12,13 +12,12 @@ import trio
 import protocol
 from protocol import Command, ConnectionClosed, Frame, HeartBeat
 from proxy.legs.broker import Upstream
-from proxy.legs.dialect import RetryableError, unavailable_queue
+from proxy.legs.dialect import RetryableError
 from proxy.legs.stream import HeartBeatTimeout, TransportLost
 from proxy.session.acks import SidecarAcks
 from proxy.session.confirmations import Confirmations
 from proxy.session.core import ERROR_CLOSE_WINDOW, GOODBYE_TIMEOUT, SessionCore, log
 from proxy.session.ending import Ending
-from proxy.session.leg import STABLE_LEG_SECONDS
 from proxy.session.to_app import AppOutput
 from proxy.telemetry.events import EventKind, FrameReport, SessionEvent
 from proxy.telemetry.vocabulary import FailoverReason, OutcomeCause
@@ -46,9 +45,6 @@ class BrokerSide:
         state = core.state
         assert state is not None
         kind = FailoverReason.CONNECTION_LOST
-        # Subscriptions wait for their queue (docs/behaviour.md, "Streams"): checked on
-        # each event until this leg has lived STABLE_LEG_SECONDS (heart-beats come too).
-        waiting = bool(state.waiting_for_queues())
         try:
             while True:
                 event = upstream.next_buffered()
@@ -57,10 +53,6 @@ class BrokerSide:
                     # in one write, before we wait for the broker again.
                     await self.out.flush()
                     event = await upstream.receive_event()
-                if waiting and trio.current_time() - upstream.connected_at >= STABLE_LEG_SECONDS:
-                    # The restore went out and the leg stayed up: the queues are back.
-                    state.queues_available()
-                    waiting = False
                 if isinstance(event, HeartBeat):
                     continue
                 if isinstance(event, ConnectionClosed):
@@ -75,11 +67,6 @@ class BrokerSide:
                         reason = _retry_reason(event, retry)
                         kind = FailoverReason.QUEUE_UNAVAILABLE
                         state.subscriptions_refused(event, retry.subscriptions, trio.current_time())
-                        state.queue_unavailable(
-                            event.get("message") or retry.message,
-                            queue=unavailable_queue(event),
-                            subscription=event.get("subscription"),
-                        )
                         log.warning("session %s: %s; reconnecting", core.id, reason)
                         break
                 await self._on_frame(upstream, event)

@@ -189,7 +189,6 @@ class Deliveries:
             return Delivered(Frame.unchecked(Command.MESSAGE, tuple(kept), message.body))
         sub.arrivals += 1
         sub.health.delivered(now)  # the broker delivers to it: live (proxy.tracking.health)
-        sub.waiting_for_queue = None
         identity = self._identity_of(dup_id, message_id)
         message_id = message_id or ""
         if stream_value is not None and sub.stream_refused is None and not sub.local:

@@ -11,10 +11,17 @@ A session knows, per subscription the app made, whether a broker delivers to it 
 - **cancelled_by_broker**: the broker said it stopped delivering to it (RabbitMQ's ERROR
   ``Server cancelled subscription``: its queue's home node went down, or the queue was
   deleted); the session reconnects to make it again.
-- **waiting_for_queue**: the broker answered its SUBSCRIBE that the queue is not there for now
-  (RabbitMQ's ``not_found`` "home node ... is down or inaccessible"; a stream that answers
-  ``not_found`` after its node's restart); the session keeps it and subscribes again with
-  back-off.
+- **waiting_for_queue**: the broker answered that its queue is not there for now (RabbitMQ's
+  ``not_found`` "home node ... is down or inaccessible", also a stream's after its node's
+  restart; ``precondition_failed`` "does not have a replica on the local node", a stream
+  whose writer moves); the session keeps it and subscribes again with back-off.
+
+Which of the two a broker ERROR makes of the subscriptions it names is the
+``RetryableError.subscriptions`` of its entry in :data:`proxy.legs.dialect.RETRYABLE_ERRORS`;
+the ERROR names them by its ``subscription`` header, else by the queue its body quotes
+(:func:`unavailable_queue`, matched to destinations by :func:`queue_of`). The broker's words
+(the ERROR's ``message``) are kept with the state until it is confirmed
+(:attr:`SubscriptionHealth.message`).
 
 It is *down* from the moment it stops being live until the broker confirms it again: a RECEIPT
 of its SUBSCRIBE, or a MESSAGE on it. A run of failed restores keeps the first moment
@@ -29,7 +36,10 @@ Times are the caller's clock in seconds (trio's in the daemon), passed in: nothi
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
+
+from protocol import Frame
 
 __all__ = [
     "SubscriptionHealth",
@@ -38,6 +48,7 @@ __all__ = [
     "SubscriptionStatistics",
     "kind_of",
     "queue_of",
+    "unavailable_queue",
 ]
 
 
@@ -87,6 +98,22 @@ def queue_of(destination: str) -> str | None:
     return None
 
 
+#: How RabbitMQ 3.10 names the queue in the ERRORs retried as a reconnect (measured):
+#: "NOT_FOUND - home node 'N' of durable queue 'Q' in vhost '/' is down or inaccessible",
+#: "PRECONDITION_FAILED - queue 'queue 'Q' in vhost '/'' does not have a replica on the local
+#: node". A queue's name is 255 bytes at most.
+_QUOTED_QUEUE = re.compile(rb"queue '([^']{1,255})' in vhost")
+
+
+def unavailable_queue(error: Frame) -> str | None:
+    """The queue a broker ERROR says is unavailable, by its name in the broker (compared with
+    :func:`queue_of` of each subscription's destination), or None when its body names none
+    (the cancelled subscription's ERROR names its subscription instead, header
+    ``subscription``)."""
+    match = _QUOTED_QUEUE.search(error.body)
+    return match.group(1).decode("utf-8", "replace") if match else None
+
+
 @dataclass(frozen=True, slots=True)
 class SubscriptionStatistics:
     """Snapshot of one subscription for ``/status``'s ``subscriptions`` and the gauge
@@ -124,16 +151,20 @@ class SubscriptionHealth:
         refused: the broker cancelled or refused it since it was last confirmed: its next
             SUBSCRIBE asks for a RECEIPT (:attr:`receipt`), which confirms it.
         receipt: the sidecar's receipt id on that SUBSCRIBE, while it is awaited.
+        message: the broker's words while :attr:`refused`: the ``message`` header of the
+            ERROR that cancelled or refused it (``not_found``, ``Server cancelled
+            subscription``...), None since it was last confirmed.
         last_delivery_at: when the broker last delivered a MESSAGE on it, None before the first.
     """
 
-    __slots__ = ("down_since", "last_delivery_at", "receipt", "refused", "state")
+    __slots__ = ("down_since", "last_delivery_at", "message", "receipt", "refused", "state")
 
     def __init__(self) -> None:
         self.state = SubscriptionState.LIVE
         self.down_since: float | None = None
         self.refused = False
         self.receipt: str | None = None
+        self.message: str | None = None
         self.last_delivery_at: float | None = None
 
     def lost(self, now: float) -> None:
@@ -145,12 +176,16 @@ class SubscriptionHealth:
         if self.down_since is None:
             self.down_since = now
 
-    def refused_by_broker(self, state: SubscriptionState, now: float) -> None:
+    def refused_by_broker(
+        self, state: SubscriptionState, now: float, message: str | None = None
+    ) -> None:
         """The broker cancelled it or answered that its queue is not there (``state``:
-        cancelled_by_broker or waiting_for_queue), at ``now``."""
+        cancelled_by_broker or waiting_for_queue), at ``now``, in an ERROR whose ``message``
+        header is ``message``."""
         self.state = state
         self.refused = True
         self.receipt = None
+        self.message = message
         if self.down_since is None:
             self.down_since = now
 
@@ -173,6 +208,7 @@ class SubscriptionHealth:
         self.down_since = None
         self.refused = False
         self.receipt = None
+        self.message = None
 
     def delivered(self, now: float) -> None:
         """The broker delivered a MESSAGE on it at ``now``: it is live."""

@@ -184,13 +184,6 @@ class Subscription:
     #: first MESSAGE past :attr:`stream_offset` came: one further on names a gap
     #: (:class:`proxy.tracking.streams.StreamGap`: retention removed what was between).
     stream_resume: int | None = None
-    #: Waiting for its queue: the broker said the queue is unavailable for now (RabbitMQ 3.10:
-    #: ``not_found`` "home node ... is down or inaccessible", or "Server cancelled
-    #: subscription"; docs/brokers.md) and the session reconnects with back-off to subscribe
-    #: it again (docs/behaviour.md, "Streams"). The broker's words (its ERROR ``message``),
-    #: None while the subscription is live. Cleared by its next MESSAGE, or by
-    #: :meth:`proxy.tracking.SessionState.queues_available` (a leg that stayed up).
-    waiting_for_queue: str | None = None
     #: A MESSAGE carried an ``x-stream-offset`` that is not a number: the subscription is a
     #: queue for good (docs/behaviour.md, "Streams", bad input); the value, for the log.
     stream_refused: str | None = None
@@ -199,7 +192,8 @@ class Subscription:
     #: sidecar sends no ACK of its own for it.
     auto_upstream: bool = False
     #: Whether a broker delivers to it now: live, restoring, cancelled by the broker, waiting
-    #: for its queue (:mod:`proxy.tracking.health`; ``/status``, metrics, ``/readyz``).
+    #: for its queue, with the broker's words while it is refused (:mod:`proxy.tracking.health`;
+    #: ``/status``, metrics, ``/readyz``).
     health: SubscriptionHealth = field(default_factory=SubscriptionHealth)
 
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import re
 from collections import OrderedDict
 from collections.abc import Iterator
 
@@ -14,6 +13,7 @@ from proxy.tracking.health import (
     SubscriptionStatistics,
     kind_of,
     queue_of,
+    unavailable_queue,
 )
 from proxy.tracking.links import LinkEnd, TempNames, misses_messages
 from proxy.tracking.records import (
@@ -32,14 +32,6 @@ from proxy.tracking.records import (
 from proxy.tracking.streams import StreamGap, is_stream_subscribe, resume_subscribe
 
 __all__ = ["SessionState"]
-
-#: How a RabbitMQ ERROR body names a queue (``NOT_FOUND - home node 'n' of durable queue 'q'
-#: in vhost '/' is down or inaccessible``; ``no queue 'q' in vhost '/'``).
-_QUOTED_QUEUE = re.compile(r"queue '((?:[^'\\]|\\.)*)' in vhost")
-
-#: Destinations that name one queue by its name in the broker (RabbitMQ: ``/queue/<name>``
-#: declares or reuses it, ``/amq/queue/<name>`` reads an existing one).
-_QUEUE_PREFIXES = ("/queue/", "/amq/queue/")
 
 
 class SessionState(Deliveries):
@@ -332,36 +324,46 @@ class SessionState(Deliveries):
         """The broker's ``error`` says it cancelled a subscription or that a queue is not
         there for now: the subscriptions it names are in ``state`` (cancelled_by_broker or
         waiting_for_queue) from ``now``. It names them by its ``subscription`` header (the
-        upstream id: RabbitMQ's cancel), else by the queue its body quotes (RabbitMQ's
-        ``not_found``: every subscription to ``/queue/<q>`` or ``/amq/queue/<q>``). Returns
-        them (none when it names none the session has)."""
+        upstream id: RabbitMQ's cancel), else by the queue its body quotes
+        (:func:`~proxy.tracking.health.unavailable_queue`: RabbitMQ's ``not_found`` and a
+        stream's ``precondition_failed``, every subscription to ``/queue/<q>`` or
+        ``/amq/queue/<q>``). The ERROR's ``message`` is kept with the state
+        (:attr:`SubscriptionHealth.message <proxy.tracking.health.SubscriptionHealth.message>`)
+        until the broker confirms the subscription again. Returns them (none when it names none
+        the session has)."""
         named = self.subscriptions.get(error.get("subscription") or "")
         if named is not None and not named.local:
             found = [named]
         else:
-            quoted = _QUOTED_QUEUE.search(error.body.decode("utf-8", "replace"))
-            queue = quoted.group(1) if quoted is not None else None
+            queue = unavailable_queue(error)
             found = [
                 s
                 for s in self.broker_subscriptions()
                 if queue is not None and queue_of(s.destination) == queue
             ]
         for sub in found:
-            self._forget_confirmation(sub)
-            sub.health.refused_by_broker(state, now)
+            self._refused(sub, state, now, error.get("message"))
         return found
 
-    def subscription_waiting(self, upstream_id: str, now: float) -> Subscription | None:
+    def subscription_waiting(
+        self, upstream_id: str, now: float, message: str | None = None
+    ) -> Subscription | None:
         """The subscription ``upstream_id`` waits for its queue from ``now`` (the broker
-        answered its SUBSCRIBE ``not_found``; a stream whose node restarted): its next
-        SUBSCRIBE asks for a RECEIPT, which makes it live again. None when the session has no
-        such broker subscription."""
+        answered its SUBSCRIBE ``not_found``, in words ``message``; a stream whose node
+        restarted): its next SUBSCRIBE asks for a RECEIPT, which makes it live again. None when
+        the session has no such broker subscription."""
         sub = self.subscriptions.get(upstream_id)
         if sub is None or sub.local:
             return None
-        self._forget_confirmation(sub)
-        sub.health.refused_by_broker(SubscriptionState.WAITING_FOR_QUEUE, now)
+        self._refused(sub, SubscriptionState.WAITING_FOR_QUEUE, now, message)
         return sub
+
+    def _refused(
+        self, sub: Subscription, state: SubscriptionState, now: float, message: str | None
+    ) -> None:
+        """The broker cancelled or refused ``sub`` (:meth:`subscriptions_refused`)."""
+        self._forget_confirmation(sub)
+        sub.health.refused_by_broker(state, now, message)
 
     def _forget_confirmation(self, sub: Subscription) -> None:
         """The RECEIPT ``sub``'s last SUBSCRIBE asked for will not come (its leg is gone, or
@@ -417,36 +419,6 @@ class SessionState(Deliveries):
                 )
             )
         return tuple(out)
-
-    def queue_unavailable(
-        self, reason: str, *, queue: str | None = None, subscription: str | None = None
-    ) -> list[Subscription]:
-        """The broker said a queue is unavailable for now (``reason``: its ERROR's words):
-        mark the broker subscriptions that wait for it (:attr:`Subscription.waiting_for_queue`)
-        and return them. ``queue``: the queue's name in the broker, matched against the last
-        part of ``/queue/<name>`` and ``/amq/queue/<name>`` destinations; ``subscription``: the
-        upstream id of the subscription the broker cancelled."""
-        marked: list[Subscription] = []
-        for sub in self.subscriptions.values():
-            if sub.local:
-                continue
-            named = subscription is not None and sub.upstream_id == subscription
-            if queue is not None and sub.destination.startswith(_QUEUE_PREFIXES):
-                named = named or sub.destination.rpartition("/")[2] == queue
-            if named:
-                sub.waiting_for_queue = reason
-                marked.append(sub)
-        return marked
-
-    def waiting_for_queues(self) -> list[Subscription]:
-        """The broker subscriptions waiting for their queue (:meth:`queue_unavailable`)."""
-        return [s for s in self.subscriptions.values() if s.waiting_for_queue is not None]
-
-    def queues_available(self) -> None:
-        """Every subscription is live again (a leg stayed up past the pacing bound with its
-        restore sent; the daemon decides): no subscription waits for its queue."""
-        for sub in self.subscriptions.values():
-            sub.waiting_for_queue = None
 
     def iter_subscribe_frames(self) -> Iterator[Frame]:
         """The SUBSCRIBE frames that recreate every live broker subscription, in order."""

@@ -14,6 +14,7 @@ import pytest
 import trio
 
 from protocol import Command, Frame
+from proxy.tracking.health import SubscriptionState
 from tests.proxy.scripted_broker import (
     RABBITMQ,
     BrokerLink,
@@ -227,9 +228,10 @@ async def test_a_stream_whose_node_restarts_waits_then_resumes_at_its_offset(
 ) -> None:
     """RabbitMQ 3.10 after a kill -9 and restart: every SUBSCRIBE to the stream gets
     ``not_found`` ("home node ... is down or inaccessible") and the connection closes
-    (measured, docs/brokers.md, "Streams"). The sidecar keeps the subscription, marks it
-    waiting for its queue, reconnects with back-off, and once the stream answers again
-    resumes after the last offset shown; the app sees no ERROR."""
+    (measured, docs/brokers.md, "Streams"). The sidecar keeps the subscription, shows it
+    waiting for its queue (docs/behaviour.md, "Subscription health"), reconnects with
+    back-off, and once the stream answers again resumes after the last offset shown, live
+    again at the RECEIPT of that SUBSCRIBE; the app sees no ERROR."""
     broker, running = await subscribed(nursery, network, "first")
     await deliver(broker.link, 0, 1, 2)
     await running.app.signal.wait_until(lambda: len(shown(running)) == 3)
@@ -255,8 +257,10 @@ async def test_a_stream_whose_node_restarts_waits_then_resumes_at_its_offset(
     nursery.start_soon(refuse_subscribes)
     await broker.link.drop("reset")
     await wait_until(lambda: broker.connects >= 5)
-    waiting = [(s.upstream_id, s.waiting_for_queue) for s in state.waiting_for_queues()]
-    assert waiting == [("s", "not_found")]
+    health = state.subscriptions["s"].health
+    # Between two legs (the back-off) it waits; a leg's SUBSCRIBE makes it restoring a moment.
+    await wait_until(lambda: health.state is SubscriptionState.WAITING_FOR_QUEUE)
+    assert (health.message, health.refused) == ("not_found", True)
     assert running.app.errors() == []
     back.set()
     await stopped.wait()
@@ -268,8 +272,11 @@ async def test_a_stream_whose_node_restarts_waits_then_resumes_at_its_offset(
     await wait_until(resumed)
     link = [link for link in broker.live_links() if link.index not in refused][-1]
     assert subscribe_on(link).get("x-stream-offset") == "offset=3"
+    (again,) = link.received(Command.SUBSCRIBE)
+    assert again.get("receipt") is not None  # the sidecar's: its RECEIPT confirms it
+    await wait_until(lambda: health.state is SubscriptionState.LIVE)  # before any MESSAGE
+    assert (health.message, health.refused, health.down_since) == (None, False, None)
     await deliver(link, 3, 4)
     await running.app.signal.wait_until(lambda: len(shown(running)) == 5)
     assert shown(running) == ["0", "1", "2", "3", "4"]
-    assert state.waiting_for_queues() == []
     assert running.app.errors() == []

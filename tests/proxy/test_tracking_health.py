@@ -16,7 +16,7 @@ from proxy.tracking.health import (
     queue_of,
 )
 from tests.proxy.scripted_broker import RABBITMQ
-from tests.proxy.test_session_queue_unavailable import QUEUE, cancelled, not_found
+from tests.proxy.test_session_queue_unavailable import QUEUE, cancelled, no_replica, not_found
 
 LIVE = SubscriptionState.LIVE
 RESTORING = SubscriptionState.RESTORING
@@ -56,11 +56,14 @@ def test_a_refused_subscription_stays_down_until_the_broker_confirms_it() -> Non
     h.resubscribing("r1")
     h.restored()  # the restore sent it: not live before its RECEIPT
     assert (h.state, h.receipt, h.down_for(12.0)) == (RESTORING, "r1", 2.0)
-    h.refused_by_broker(WAITING, 12.0)  # the new leg: not_found
-    assert (h.state, h.down_for(14.0)) == (WAITING, 4.0)
+    h.refused_by_broker(WAITING, 12.0, "not_found")  # the new leg: not_found
+    assert (h.state, h.message, h.down_for(14.0)) == (WAITING, "not_found", 4.0)
+    h.lost(14.5)
     h.resubscribing("r2")
+    assert (h.state, h.message) == (RESTORING, "not_found")  # the broker's words kept
     h.confirmed()
-    assert (h.state, h.refused, h.receipt, h.down_for(15.0)) == (LIVE, False, None, None)
+    assert (h.state, h.refused, h.receipt, h.message) == (LIVE, False, None, None)
+    assert h.down_for(15.0) is None
 
 
 def test_a_message_confirms_a_subscription_and_dates_its_last_delivery() -> None:
@@ -85,12 +88,19 @@ def test_the_broker_s_error_names_a_subscription_by_id_or_by_its_queue() -> None
     subscribe(state, "s1", QUEUE)
     subscribe(state, "s2", "/amq/queue/home-down")
     subscribe(state, "t1", "/topic/x")
+    subscribe(state, "st", "/amq/queue/s32_c", **{"x-stream-offset": "first"})
     (sub,) = state.subscriptions_refused(cancelled("s1"), CANCELLED, 5.0)
     assert sub.upstream_id == "s1"
     assert state.subscriptions["s1"].health.state is CANCELLED
+    assert state.subscriptions["s1"].health.message == "Server cancelled subscription"
     assert state.subscriptions["s2"].health.state is LIVE
     named = state.subscriptions_refused(not_found(None), WAITING, 6.0)
     assert [s.upstream_id for s in named] == ["s1", "s2"]  # both read the queue 'home-down'
+    assert state.subscriptions["s2"].health.message == "not_found"
+    (stream,) = state.subscriptions_refused(
+        no_replica("s32_c"), WAITING, 6.5
+    )  # a stream's writer moves
+    assert (stream.upstream_id, stream.health.state) == ("st", WAITING)
     assert state.subscriptions["t1"].health.state is LIVE
     other = Frame(Command.ERROR, (("message", "not_found"),), b"no exchange 'x' in vhost '/'")
     assert state.subscriptions_refused(other, WAITING, 7.0) == []
