@@ -55,6 +55,7 @@ COMPILED = (
     "proxy/tracking/records.py",
     "proxy/tracking/state.py",
     "proxy/tracking/streams.py",
+    "proxy/tracking/health.py",
     "proxy/telemetry/vocabulary.py",
     "proxy/tracking/window.py",
     "proxy/tracking/budget.py",

@@ -369,6 +369,11 @@ def _validate(cfg: Config, settings: Mapping[str, _Setting], skip: set[str]) -> 
         "must be >= 0 (0 = initial_connect_attempts alone bound a first connection)",
     )
     check("jitter", 0.0 <= cfg.jitter <= 1.0, "must be between 0 and 1")
+    check(
+        "subscription_down_timeout",
+        cfg.subscription_down_timeout >= 0,
+        "must be >= 0 (0 = subscriptions are no readiness reason)",
+    )
     problems.extend(_broker_list_problems(cfg, where, skip))
     for name in (
         "call_timeout",

@@ -257,6 +257,11 @@ class Config:
             unconfirmed during failover before the app gets an ``ERROR``, > 0.
             Artemis ``callTimeout`` (default 30000 ms); docs/behaviour.md, "During
             failover: stop the world".
+        subscription_down_timeout: ms a subscription may be down (restoring, cancelled by
+            the broker, waiting for its queue) before ``/readyz`` says not ready, >= 0; 0 =
+            subscriptions are no reason. 15000 ms: longer than a failover or a broker's
+            restart takes (about 5 s), shorter than ``call_timeout``, the bound of the
+            session-wide rule (docs/behaviour.md, "Subscription health").
         confirmation_window_size: Bytes of unconfirmed upstream frames kept for
             replay, > 0; when full the sidecar stops reading from that app.
             Artemis ``confirmationWindowSize`` (docs/behaviour.md, "Confirmation
@@ -356,6 +361,7 @@ class Config:
     randomize: bool = False
     priority_backup: bool = False
     call_timeout: int = 30_000
+    subscription_down_timeout: int = 15_000
     confirmation_window_size: int = 1_048_576
     connect_timeout: int = 5_000
     upstream_heartbeat: tuple[int, int] = (5_000, 5_000)
@@ -434,8 +440,8 @@ class Durations:
 
     Users write milliseconds (Artemis' convention); trio counts seconds. Built once per
     consumer from :attr:`Config.durations`, so no ``/ 1000`` is scattered through the code.
-    ``reconnect_period``, ``initial_connect_period`` and ``outbox_max_age`` are None when the
-    option is 0 (no time bound).
+    ``reconnect_period``, ``initial_connect_period``, ``outbox_max_age`` and
+    ``subscription_down_timeout`` are None when the option is 0 (no time bound).
     """
 
     handshake_timeout: float
@@ -449,6 +455,7 @@ class Durations:
     reconnect_period: float | None
     initial_connect_period: float | None
     outbox_max_age: float | None
+    subscription_down_timeout: float | None = None
 
     @classmethod
     def of(cls, config: Config) -> Durations:
@@ -467,6 +474,11 @@ class Durations:
                 config.initial_connect_period / 1000 if config.initial_connect_period > 0 else None
             ),
             outbox_max_age=config.outbox_max_age / 1000 if config.outbox_max_age > 0 else None,
+            subscription_down_timeout=(
+                config.subscription_down_timeout / 1000
+                if config.subscription_down_timeout > 0
+                else None
+            ),
         )
 
 

@@ -200,6 +200,12 @@ _ROWS = (
         "ms",
     ),
     Option(
+        "subscription_down_timeout",
+        "int",
+        "/readyz is not ready while a subscription is down longer than this, ms, 0 = never",
+        "ms",
+    ),
+    Option(
         "confirmation_window_size",
         "int",
         "bytes of unconfirmed upstream frames kept for replay, > 0 "

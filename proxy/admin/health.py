@@ -1,7 +1,9 @@
 """Broker reachability (a background prober) and the readiness verdict of ``GET /readyz``.
 
-Readiness (issue 4): *at least one broker reachable* — a STOMP CONNECT answered recently — and
-*no session stuck beyond its* ``call_timeout``.
+Readiness (issue 4): *at least one broker reachable* — a STOMP CONNECT answered recently —,
+*no session stuck beyond its* ``call_timeout`` and *no subscription down longer than*
+``subscription_down_timeout`` (issue 32: restoring, cancelled by the broker, waiting for its
+queue; :mod:`proxy.tracking.health`).
 
 In outbox mode (issue 17) the sidecar serves apps with no broker up (it answers their CONNECT
 and stores their SENDs), so readiness is *the outbox open and not full* instead: no broker
@@ -56,6 +58,7 @@ from proxy.telemetry.statistics import (
 from proxy.telemetry.vocabulary import ProbeOutcome
 
 __all__ = [
+    "MAX_SUBSCRIPTION_REASONS",
     "AnswerCallback",
     "BrokerProber",
     "ProbeFunction",
@@ -63,6 +66,9 @@ __all__ = [
     "probe_broker",
     "stuck_for",
 ]
+
+#: ``/readyz`` names at most this many subscriptions that are down, then how many more.
+MAX_SUBSCRIPTION_REASONS = 10
 
 #: A probe: CONNECT to one broker; returns the outcome and a one-line detail. Never raises
 #: for anything the broker or the network does.
@@ -98,6 +104,7 @@ def evaluate_readiness(
     shutting_down: bool = False,
     outbox_mode: bool = False,
     outbox: OutboxStatistics | None = None,
+    subscription_down_timeout: float | None = None,
 ) -> Readiness:
     """Ready when not shutting down, some broker is ``up`` and no session is stuck; in outbox
     mode, when not shutting down and the outbox is open and not full, with or without a
@@ -110,6 +117,8 @@ def evaluate_readiness(
         shutting_down: a graceful shutdown has begun.
         outbox_mode: the ``outbox`` option is on.
         outbox: the open outbox's statistics (None: not open, or off).
+        subscription_down_timeout: seconds (``Config.durations.subscription_down_timeout``)
+            a subscription may be down; None: subscriptions are no reason.
     """
     reasons: list[str] = []
     forwarding = ""  # outbox mode, SIGTERM: the outbox is forwarded before exit
@@ -162,7 +171,28 @@ def evaluate_readiness(
                 f"session {s.session_id} ({s.state}, broker {s.broker or '-'}) stuck for "
                 f"{age:.1f} s, longer than call_timeout {call_timeout:g} s"
             )
+    if subscription_down_timeout is not None:
+        reasons += _subscriptions_down(sessions, subscription_down_timeout)
     return Readiness(ready=not reasons, reasons=tuple(reasons), brokers_up=up, outbox=held)
+
+
+def _subscriptions_down(sessions: Sequence[SessionStatistics], bound: float) -> list[str]:
+    """One line per subscription down longer than ``bound`` seconds (the first
+    :data:`MAX_SUBSCRIPTION_REASONS`, then how many more)."""
+    down = [
+        (s.session_id, sub)
+        for s in sessions
+        for sub in s.per_subscription
+        if sub.down_for_seconds is not None and sub.down_for_seconds > bound
+    ]
+    lines = [
+        f"subscription {sub.id!r} of session {session} to {sub.destination}: {sub.state} for "
+        f"{sub.down_for_seconds:.1f} s, longer than subscription_down_timeout {bound:g} s"
+        for session, sub in down[:MAX_SUBSCRIPTION_REASONS]
+    ]
+    if len(down) > MAX_SUBSCRIPTION_REASONS:
+        lines.append(f"... and {len(down) - MAX_SUBSCRIPTION_REASONS} more subscription(s) down")
+    return lines
 
 
 def _connect_frame(broker: Broker, config: Config) -> tuple[Frame, bool]:

@@ -227,6 +227,7 @@ class AdminServer:
             shutting_down=self.sidecar.shutdown_requested.is_set(),
             outbox_mode=self.config.outbox,
             outbox=stats.outbox,
+            subscription_down_timeout=self.config.durations.subscription_down_timeout,
         )
 
     async def serve(

@@ -18,10 +18,12 @@ from proxy.admin.health import stuck_for
 from proxy.admin.http import format_address
 from proxy.telemetry.statistics import BrokerHealth, Readiness, SidecarView
 
-__all__ = ["MAX_STATUS_SESSIONS", "status_document"]
+__all__ = ["MAX_STATUS_SESSIONS", "MAX_STATUS_SUBSCRIPTIONS", "status_document"]
 
 #: ``/status`` lists at most this many sessions (a sidecar serves one app: a handful).
 MAX_STATUS_SESSIONS = 1000
+#: ...and at most this many subscriptions, all sessions together (``subscriptions``).
+MAX_STATUS_SUBSCRIPTIONS = 1000
 
 
 def status_document(
@@ -50,6 +52,7 @@ def status_document(
     digest = hashlib.sha256(json.dumps(redacted, sort_keys=True).encode()).hexdigest()
     legs: dict[str, int] = {}
     sessions: list[dict[str, object]] = []
+    subscriptions: list[dict[str, object]] = []
     window_frames = window_bytes = reconnecting = 0
     for s in stats.sessions:
         if s.broker is not None and s.state != "reconnecting":
@@ -60,8 +63,11 @@ def status_document(
             window_bytes += s.window.bytes
         if len(sessions) < MAX_STATUS_SESSIONS:
             entry = dataclasses.asdict(s)
+            del entry["per_subscription"]  # listed in ``subscriptions``
             entry["stuck_for_seconds"] = round(stuck_for(s), 3)
             sessions.append(entry)
+        for sub in s.per_subscription[: MAX_STATUS_SUBSCRIPTIONS - len(subscriptions)]:
+            subscriptions.append({"session_id": s.session_id, **dataclasses.asdict(sub)})
 
     wall = time.time()
 
@@ -119,6 +125,11 @@ def status_document(
         # store's recovery found at start (docs/outbox.md).
         "outbox": stats.outbox.status() if stats.outbox is not None else None,
         "sessions": sessions,
+        # Every session's subscriptions and their state: live, restoring, cancelled by the
+        # broker, waiting for its queue (proxy.tracking.health; docs/operations.md).
+        "subscriptions": subscriptions,
+        "subscriptions_truncated": sum(len(s.per_subscription) for s in stats.sessions)
+        > len(subscriptions),
         "events": dataclasses.asdict(sidecar.events.statistics()),
         "admin": admin,
     }

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from protocol import Frame
+from proxy.tracking.health import SubscriptionState
 
 __all__ = ["RETRYABLE_ERRORS", "BrokerDialect", "HeartBeatAnswer", "RetryableError"]
 
@@ -66,12 +67,17 @@ class RetryableError:
         message: the ERROR's ``message`` header, exactly.
         body_contains: text its body contains.
         meaning: what it means, measured (for logs and docs).
+        subscriptions: what it makes of the subscriptions it names (its ``subscription``
+            header, else the queue its body quotes, :func:`proxy.tracking.health.
+            unavailable_queue`; :meth:`proxy.tracking.SessionState.subscriptions_refused`):
+            cancelled by the broker, or waiting for their queue (the default).
     """
 
     broker: str
     message: str
     body_contains: str
     meaning: str
+    subscriptions: SubscriptionState = SubscriptionState.WAITING_FOR_QUEUE
 
     def matches(self, server: str, error: Frame) -> bool:
         """Whether ``error`` from a broker that says ``server:<server>`` is this one."""
@@ -99,6 +105,15 @@ RETRYABLE_ERRORS: tuple[RetryableError, ...] = (
         meaning="the broker cancelled a live subscription (its queue's home node went down, "
         "or the queue was deleted; rabbitmq-server#2410): the connection stays open and no "
         "message comes again, so the subscription is restored by a reconnect",
+        subscriptions=SubscriptionState.CANCELLED_BY_BROKER,
+    ),
+    RetryableError(
+        broker="RabbitMQ",
+        message="precondition_failed",
+        body_contains="does not have a replica on the local node",
+        meaning="a stream whose members are restarted while its writer moves (its node was "
+        "stopped: RabbitMQ 3.10 answers a SUBSCRIBE on another node so for a moment during a "
+        "rolling restart, measured) and closes the connection",
     ),
 )
 

@@ -47,6 +47,7 @@ from proxy.telemetry.events import report_of_frame
 from proxy.telemetry.vocabulary import ClientErrorReason, FrameOutcome, OutcomeCause
 from proxy.tracking import (
     PASS_THROUGH,
+    STREAM_CREDIT,
     TRANSACTION_OVERHEAD,
     DurableRemoval,
     ForBroker,
@@ -430,6 +431,8 @@ class AppSide:
         if core.leg.dialect.refuses_durable_without_id(frame):
             raise ForBroker("durable SUBSCRIBE without id")  # RabbitMQ refuses it
         upstream = state.subscribe(frame)
+        if not core.leg.ready:  # no leg has it: restoring until a restore sends it
+            state.subscriptions[upstream.get("id") or ""].health.lost(trio.current_time())
         if core.seen is not None:  # outbox mode: before the SUBSCRIBE goes upstream
             await core.seen.seed(state, upstream.get("id") or "", now=trio.current_time())
         if core.leg.dialect.subscribe_receipt_breaks(upstream.get("destination") or ""):
@@ -517,7 +520,7 @@ class AppSide:
                     frame_up,
                     app_receipt=app_receipt if last else None,
                     idle=idle and last,
-                    context=tx,
+                    context=STREAM_CREDIT if tx is None and settled.credit else tx,
                     generation=generation,
                 )
             except StaleSettlement:

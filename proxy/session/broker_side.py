@@ -19,8 +19,9 @@ from proxy.session.confirmations import Confirmations
 from proxy.session.core import ERROR_CLOSE_WINDOW, GOODBYE_TIMEOUT, SessionCore, log
 from proxy.session.ending import Ending
 from proxy.session.to_app import AppOutput
-from proxy.telemetry.events import FrameReport
+from proxy.telemetry.events import EventKind, FrameReport, SessionEvent
 from proxy.telemetry.vocabulary import FailoverReason, OutcomeCause
+from proxy.tracking.streams import StreamGap
 
 __all__ = ["BrokerSide"]
 
@@ -41,6 +42,8 @@ class BrokerSide:
         session when the loss is the app's DISCONNECT completing, or the broker closing just
         after an ERROR (an application error, not a failover)."""
         core = self.core
+        state = core.state
+        assert state is not None
         kind = FailoverReason.CONNECTION_LOST
         try:
             while True:
@@ -63,6 +66,7 @@ class BrokerSide:
                         # reconnects with its window, the refused frame in it.
                         reason = _retry_reason(event, retry)
                         kind = FailoverReason.QUEUE_UNAVAILABLE
+                        state.subscriptions_refused(event, retry.subscriptions, trio.current_time())
                         log.warning("session %s: %s; reconnecting", core.id, reason)
                         break
                 await self._on_frame(upstream, event)
@@ -146,6 +150,9 @@ class BrokerSide:
             for note in state.stream_notes:
                 log.warning("session %s: %s", core.id, note)
             state.stream_notes.clear()
+        if state.stream_gaps:
+            await self._report_gaps(state.stream_gaps)
+            state.stream_gaps.clear()
         if core.tracer is not None:
             core.tracer.message(frame, decision.to_app, decision.hidden)
         if decision.to_app is not None:
@@ -170,6 +177,27 @@ class BrokerSide:
             # The sidecar's ACK of an auto subscription's message goes only after the app
             # has it: held until the app's out-buffer is written (AppOutput.flush).
             await self.out.flush()
+
+    async def _report_gaps(self, gaps: list[StreamGap]) -> None:
+        """Name stream offsets a resumed leg skipped (retention removed them) to the app: a
+        STREAM_GAP event (logged by the event log), written before the MESSAGE that follows
+        them, and counted (docs/behaviour.md, "Streams")."""
+        core = self.core
+        for gap in gaps:
+            core.metrics.stream_offsets_missed(gap.count)
+        broker = core.leg.upstream.broker.label if core.leg.upstream is not None else None
+        await self.confirmations.control.publish(
+            SessionEvent(
+                EventKind.STREAM_GAP,
+                core.id,
+                "offsets no longer in the stream (retention)",
+                to_broker=broker,
+                offsets_missed=tuple(
+                    (g.subscription, g.destination, g.first, g.last) for g in gaps
+                ),
+                offsets_missed_count=sum(g.count for g in gaps),
+            )
+        )
 
     def _acked_by_the_app(self, message: Frame) -> bool:
         """Whether ``message`` belongs to a subscription of the app's that the sidecar tracks

@@ -234,6 +234,8 @@ class Confirmations:
         if confirmed is None:
             if not state.take_internal_receipt(receipt):
                 log.warning("session %s: broker sent unknown receipt-id %r", core.id, receipt)
+            else:  # maybe a restore's SUBSCRIBE of a subscription the broker had refused
+                state.subscribe_confirmed(receipt)
             return
         core.flow.window_changed()
         if core.tracer is not None:

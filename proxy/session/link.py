@@ -272,6 +272,7 @@ class Link:
                 replay_unconfirmed=not first
                 and any(e.sent_before and not e.confirmed for e in core.flow.window),
             )
+            state.subscriptions_lost(trio.current_time())  # restoring, for /status
             first = False
             lost_from = upstream.broker.label
             loss = Loss(trio.current_time(), lost_from, loss_reason, loss_kind)

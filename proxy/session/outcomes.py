@@ -19,7 +19,7 @@ from config import FailoverMode
 from protocol import Command
 from proxy.telemetry.events import FrameReport, report_of_frame
 from proxy.telemetry.vocabulary import FrameOutcome, OutcomeCause
-from proxy.tracking import Transaction
+from proxy.tracking import STREAM_CREDIT, Transaction
 from proxy.tracking.replay import ReplayPlan
 from proxy.tracking.window import Entry
 
@@ -52,7 +52,9 @@ def after_restore(plan: ReplayPlan, mode: FailoverMode) -> list[FrameReport]:
     - a frame replayed that an earlier leg may have had (``sent_before``): ``replayed``;
     - an ACK of a delivery of the old leg, not replayed: in ``transparent`` mode the sidecar
       settles the redelivery when it recognises it (``replayed``); in ``strict`` mode the
-      message is shown again (``lost``). A NACK's message comes back either way, as asked;
+      message is shown again (``lost``). A NACK's message comes back either way, as asked. A
+      stream's ACK (:data:`~proxy.tracking.STREAM_CREDIT`) is not reported: it was credit,
+      and its message never comes again (docs/behaviour.md, "Streams");
     - a frame of a transaction rolled back (``transaction_failover = rollback``):
       ``rolled_back``; a COMMIT in flight there: ``unknown`` (in doubt), or ``rolled_back``
       when no broker ever had it.
@@ -64,7 +66,7 @@ def after_restore(plan: ReplayPlan, mode: FailoverMode) -> list[FrameReport]:
         owner = entry.context if isinstance(entry.context, Transaction) else None
         if owner is not None and owner.rolled_back:
             reports.append(report_of(entry, FrameOutcome.ROLLED_BACK, cause))
-        elif command is Command.ACK and not _aborted(owner):
+        elif command is Command.ACK and not _aborted(owner) and entry.context is not STREAM_CREDIT:
             outcome = FrameOutcome.LOST if mode is FailoverMode.STRICT else FrameOutcome.REPLAYED
             reports.append(report_of(entry, outcome, cause))
     reports += (report_of(e, FrameOutcome.UNKNOWN, cause) for e in plan.in_doubt)

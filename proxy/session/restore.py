@@ -196,6 +196,7 @@ class Restorer:
             for frame in frames:
                 await _queue_on(upstream, frame)
             await self._replay(upstream, entries)
+            state.subscriptions_restored()  # live again, but those the broker had refused
             core.leg.ready = True
             if core.phase is Phase.RECONNECTING:
                 core.advance(Phase.RUNNING)

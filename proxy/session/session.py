@@ -340,6 +340,7 @@ class Session:
             outbox_backlog=(
                 self.outbox.stored - self.outbox.forwarded if self.outbox is not None else None
             ),
+            per_subscription=st.subscription_statistics(now) if st else (),
         )
 
     async def run(self) -> None:

@@ -80,6 +80,10 @@ class EventKind(enum.StrEnum):
     #: The outbox forwarder has forwarded every frame of that session (``forwarded_frames``,
     #: ``forwarding_ms`` from its OUTBOX_FORWARDING); ``frames`` names those a broker refused.
     OUTBOX_FORWARDED = "OUTBOX_FORWARDED"
+    #: A stream subscription resumed on a new leg past offsets the app was never shown
+    #: (retention removed them from the stream): ``offsets_missed`` names them, written to
+    #: the app before the MESSAGE that follows them (docs/behaviour.md, "Streams").
+    STREAM_GAP = "STREAM_GAP"
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +150,10 @@ class SessionEvent:
     #: FAILOVER: non-durable topic subscriptions, which missed what was published between
     #: ``outage_start`` and ``outage_end``, as (subscription id, destination).
     topics_missed: tuple[tuple[str | None, str], ...] = ()
+    #: STREAM_GAP: stream offsets the app can never see, as (subscription id, destination,
+    #: first offset, last offset), and how many offsets they hold together.
+    offsets_missed: tuple[tuple[str | None, str, int, int], ...] = ()
+    offsets_missed_count: int = 0
     #: FAILOVER of a failback (``priority_backup``): ms the app's next frame was held.
     app_held_ms: int | None = None
     reattached: bool = False
@@ -190,6 +198,10 @@ class SessionEvent:
             ("topics_missed", self.topics_missed),
         ):
             out[key] = [{"subscription": s, "destination": d} for s, d in subs]
+        out["offsets_missed"] = [
+            {"subscription": s, "destination": d, "first": a, "last": b, "count": b - a + 1}
+            for s, d, a, b in self.offsets_missed
+        ]
         return out
 
     def to_json(self) -> str:

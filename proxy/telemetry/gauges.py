@@ -22,6 +22,7 @@ from prometheus_client.metrics_core import (
 from proxy._version import VERSION
 from proxy.telemetry.metrics import PREFIX
 from proxy.telemetry.statistics import BrokerHealth, Readiness, SidecarView
+from proxy.tracking.health import SubscriptionState
 
 __all__ = ["AdminView", "SidecarCollector"]
 
@@ -55,6 +56,12 @@ class _Families:
         self.sessions = GaugeMetricFamily(
             f"{p}_sessions",
             "App sessions open now, by state (handshake, running, reconnecting, closing).",
+            labels=["state"],
+        )
+        self.subscriptions = GaugeMetricFamily(
+            f"{p}_subscriptions",
+            "The apps' subscriptions now, by state (live, restoring, cancelled_by_broker, "
+            "waiting_for_queue).",
             labels=["state"],
         )
         self.sessions_accepted = CounterMetricFamily(
@@ -192,8 +199,11 @@ class SidecarCollector:
         states = dict.fromkeys(("handshake", "running", "reconnecting", "closing"), 0)
         per_broker = dict.fromkeys((b.label for b in sidecar.rotation.brokers()), 0)
         window_frames = window_bytes = window_max = 0
+        subscriptions = dict.fromkeys(SubscriptionState, 0)
         for s in stats.sessions:
             states[s.state] = states.get(s.state, 0) + 1
+            for sub in s.per_subscription:
+                subscriptions[SubscriptionState(sub.state)] += 1
             if s.broker is not None and s.state != "reconnecting":
                 per_broker[s.broker] = per_broker.get(s.broker, 0) + 1
             if s.window is not None:
@@ -202,6 +212,8 @@ class SidecarCollector:
                 window_max = max(window_max, s.window.bytes)
         for state, n in states.items():
             f.sessions.add_metric([state], n)
+        for sub_state, n in subscriptions.items():
+            f.subscriptions.add_metric([sub_state.value], n)
         f.sessions_accepted.add_metric([], stats.sessions_total)
         for broker, n in per_broker.items():
             f.upstream_connected.add_metric([broker], n)

@@ -89,6 +89,15 @@ def _event_message(e: SessionEvent) -> str:
         if e.frames_lost:
             parts.append(f"frames lost {len(e.frames_lost)}")
         return ", ".join(parts) + f" ({e.reason})"
+    if e.kind is EventKind.STREAM_GAP:
+        ranges = "; ".join(
+            f"subscription {sub!r} to {dest}: offsets {first}..{last}"
+            for sub, dest, first, last in e.offsets_missed
+        )
+        return (
+            f"session {e.session_id}: STREAM_GAP: {e.offsets_missed_count} offset(s) no longer "
+            f"in the stream, never shown ({ranges}) on {e.to_broker or '-'}: {e.reason}"
+        )
     if e.kind is EventKind.SPOOLING:
         return (
             f"session {e.session_id}: SPOOLING: no broker up, SENDs stored in the outbox "
@@ -141,7 +150,7 @@ def log_session_event(event: SessionEvent) -> None:
     or for an OUTCOME event naming many frames, one line per :data:`OUTCOME_NAMES_PER_LINE`.
 
     RECONNECTING is a warning, FAILOVER (the session runs again) info, DISCONNECT an error,
-    SPOOLING a warning, SPOOL_DRAINED, OUTBOX_FORWARDING and OUTBOX_FORWARDED info;
+    SPOOLING and STREAM_GAP warnings, SPOOL_DRAINED, OUTBOX_FORWARDING and OUTBOX_FORWARDED info;
     OUTCOME is info when every frame was replayed, else a warning.
     """
     kind = event.kind
@@ -158,6 +167,7 @@ def log_session_event(event: SessionEvent) -> None:
             EventKind.SPOOL_DRAINED: logging.INFO,
             EventKind.OUTBOX_FORWARDING: logging.INFO,
             EventKind.OUTBOX_FORWARDED: logging.INFO,
+            EventKind.STREAM_GAP: logging.WARNING,
         }[kind]
         lines = [_event_message(event)]
     broker = (
@@ -165,6 +175,7 @@ def log_session_event(event: SessionEvent) -> None:
         if kind
         in (
             EventKind.FAILOVER,
+            EventKind.STREAM_GAP,
             EventKind.SPOOL_DRAINED,
             EventKind.OUTBOX_FORWARDING,
             EventKind.OUTBOX_FORWARDED,

@@ -159,6 +159,11 @@ class Metrics:
             "duplicates_suppressed",
             "Messages recognised as redeliveries or duplicates and not shown to the app again.",
         )
+        self._stream_gap = counter(
+            "stream_offsets_missed",
+            "Offsets of stream subscriptions a resumed leg skipped because retention had "
+            "removed them (each range named to the app in a STREAM_GAP event).",
+        )
         self._transactions = counter(
             "transactions",
             "App transactions by outcome (committed, replayed, rolled_back, in_doubt).",
@@ -325,6 +330,10 @@ class Metrics:
     def duplicates_suppressed(self, count: int = 1) -> None:
         """``count`` messages were recognised as already seen and hidden from the app."""
         self._duplicates.inc(count)
+
+    def stream_offsets_missed(self, count: int) -> None:
+        """A stream subscription resumed past ``count`` offsets no longer in the stream."""
+        self._stream_gap.inc(count)
 
     def transaction(self, outcome: TransactionOutcome, count: int = 1) -> None:
         """``count`` app transactions ended as ``outcome``."""

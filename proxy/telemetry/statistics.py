@@ -23,6 +23,7 @@ from proxy.telemetry.events import EventBus
 from proxy.telemetry.metrics import Metrics
 from proxy.telemetry.vocabulary import ProbeOutcome
 from proxy.tracking.budget import BudgetStatistics
+from proxy.tracking.health import SubscriptionStatistics
 from proxy.tracking.window import WindowStatistics
 
 __all__ = [
@@ -46,6 +47,8 @@ class SessionStatistics:
     app's ``host:port`` as the listener accepted it (None: not a socket). ``outbox_backlog``:
     frames the session stored in the outbox that no broker has confirmed yet (None: the
     outbox is off).
+    ``per_subscription``: each subscription's state (``/status``'s ``subscriptions``, the
+    gauge ``mq_sidecar_subscriptions``; :mod:`proxy.tracking.health`).
     """
 
     session_id: str
@@ -68,6 +71,7 @@ class SessionStatistics:
     oldest_unconfirmed_age: float | None = None  # seconds the oldest window entry has waited
     app_address: str | None = None
     outbox_backlog: int | None = None
+    per_subscription: tuple[SubscriptionStatistics, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

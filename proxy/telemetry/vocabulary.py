@@ -4,6 +4,8 @@ the metrics (as label values), the admin plane and the events.
 Every enum here is a ``StrEnum`` whose values are the exact label values exported to
 Prometheus, so a value is spelled once. The module is a leaf: it imports nothing of the
 sidecar, so the session, metrics, health and admin modules can all import it without cycles.
+One vocabulary lives below it, where the pure bookkeeping that sets it is: a subscription's
+state (``mq_sidecar_subscriptions{state}``), :class:`proxy.tracking.health.SubscriptionState`.
 """
 
 from __future__ import annotations

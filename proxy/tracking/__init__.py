@@ -27,8 +27,9 @@ is a redelivery, one seen again on the same generation is a duplicate (a produce
 Modules: ``state`` (:class:`SessionState`), ``deliveries`` (its delivery half), ``records``
 (subscriptions, deliveries, transactions...), ``links`` (temporary destinations per leg, topic
 gaps), ``window`` (the confirmation window), ``budget`` (what all sessions hold together
-against ``max_memory_bytes``), ``replay`` (what restores a session on a new leg) and
-``streams`` (where a RabbitMQ stream subscription resumes on a new leg).
+against ``max_memory_bytes``), ``replay`` (what restores a session on a new leg),
+``streams`` (where a RabbitMQ stream subscription resumes on a new leg) and ``health`` (every
+subscription's state: live, restoring, cancelled by the broker, waiting for its queue).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from proxy.tracking.records import (
     DUPLICATE_ID_HEADER,
     PASS_THROUGH,
     SIDECAR_RECEIPT,
+    STREAM_CREDIT,
     TRANSACTION_OVERHEAD,
     AckMode,
     Delivered,
@@ -50,6 +52,7 @@ from proxy.tracking.records import (
     SessionError,
     Settled,
     StoredInOutbox,
+    StreamCredit,
     Subscription,
     Transaction,
     TransactionBytes,
@@ -62,6 +65,7 @@ __all__ = [
     "DUPLICATE_ID_HEADER",
     "PASS_THROUGH",
     "SIDECAR_RECEIPT",
+    "STREAM_CREDIT",
     "TRANSACTION_OVERHEAD",
     "AckMode",
     "Delivered",
@@ -74,6 +78,7 @@ __all__ = [
     "SessionState",
     "Settled",
     "StoredInOutbox",
+    "StreamCredit",
     "Subscription",
     "Transaction",
     "TransactionBytes",

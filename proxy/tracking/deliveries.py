@@ -25,7 +25,7 @@ from proxy.tracking.records import (
     Transaction,
     ack_ident,
 )
-from proxy.tracking.streams import STREAM_OFFSET, parse_offset
+from proxy.tracking.streams import STREAM_OFFSET, StreamGap, gap_before, parse_offset
 
 __all__ = ["Deliveries"]
 
@@ -56,6 +56,8 @@ class Deliveries:
     temps: TempNames
     seen_out: list[tuple[str, str]]
     stream_notes: list[str]
+    stream_gaps: list[StreamGap]
+    stream_offsets_missed: int
 
     @property
     def unacked(self) -> int:
@@ -106,8 +108,11 @@ class Deliveries:
         On a stream subscription (``x-stream-offset`` on the MESSAGE, a number), the offset is
         recorded (:attr:`Subscription.stream_offset`) and a MESSAGE at or below the last one
         delivered to the app is hidden and acknowledged (credit) in both modes: the app was
-        shown it (docs/behaviour.md, "Streams"). A value that is not a number turns the
-        subscription into a queue for good, noted once in :attr:`stream_notes`.
+        shown it (docs/behaviour.md, "Streams"). The first MESSAGE past it on a resumed leg
+        that comes after the offset the leg was asked to start at names the offsets between
+        as a gap (retention removed them): appended to :attr:`stream_gaps`, counted in
+        :attr:`stream_offsets_missed`, and the MESSAGE is shown. A value that is not a number
+        turns the subscription into a queue for good, noted once in :attr:`stream_notes`.
         """
         # One pass over the headers (the hot path): the ids this needs, first entries only
         # (STOMP 1.2 "Repeated Header Entries"), and the app's headers without ``ack``.
@@ -183,6 +188,7 @@ class Deliveries:
             kept = [h for h in kept if not (h[0] == ARTEMIS_DUPLICATE_ID and h[1] == dup_id)]
             return Delivered(Frame.unchecked(Command.MESSAGE, tuple(kept), message.body))
         sub.arrivals += 1
+        sub.health.delivered(now)  # the broker delivers to it: live (proxy.tracking.health)
         identity = self._identity_of(dup_id, message_id)
         message_id = message_id or ""
         if stream_value is not None and sub.stream_refused is None and not sub.local:
@@ -201,6 +207,14 @@ class Deliveries:
                     # Shown already (a new leg read the stream again from before it).
                     return self._hide(sub, message_id, upstream_ack, "redelivery", upstream_version)
                 sub.stream_offset = offset
+                if sub.stream_resume is not None:
+                    skipped = gap_before(sub.stream_resume, offset)
+                    sub.stream_resume = None
+                    if skipped is not None:
+                        first, last = skipped
+                        gap = StreamGap(sub.app_id, sub.destination, first, last)
+                        self.stream_gaps.append(gap)
+                        self.stream_offsets_missed += gap.count
         redelivered = False
         if identity is not None:
             held = sub.pending_by_identity.get(identity)
@@ -438,10 +452,10 @@ class Deliveries:
             ]
             if not frames:
                 return Settled(None)
-            return Settled(frames[-1], more=tuple(frames[:-1]))
+            return Settled(frames[-1], more=tuple(frames[:-1]), credit=sub.stream)
         if stale:
             return Settled(None)
-        return Settled(self.upstream_ack(frame, delivery, upstream_version))
+        return Settled(self.upstream_ack(frame, delivery, upstream_version), credit=sub.stream)
 
     def persist(self, delivery: Delivery) -> None:
         """Hand the ``mq-sidecar-id`` of a message the app acknowledged to the daemon, to

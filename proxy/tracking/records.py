@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from protocol import Frame
 from proxy.tracking.budget import MemoryBudget
+from proxy.tracking.health import SubscriptionHealth
 from proxy.tracking.window import Entry, EntryContext
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "SEEN_SECONDS",
     "SETTLED_DELIVERY_COST",
     "SIDECAR_RECEIPT",
+    "STREAM_CREDIT",
     "TRANSACTION_OVERHEAD",
     "AckMode",
     "Delivered",
@@ -34,6 +36,7 @@ __all__ = [
     "SessionError",
     "Settled",
     "StoredInOutbox",
+    "StreamCredit",
     "Subscription",
     "Transaction",
     "TransactionBytes",
@@ -177,6 +180,10 @@ class Subscription:
     #: The offset of the last MESSAGE delivered to the app (or hidden as one the app was
     #: shown), None before the first: the new leg resumes at ``offset=<this + 1>``.
     stream_offset: int | None = None
+    #: The offset the current leg was asked to resume at (``stream_offset + 1``), until its
+    #: first MESSAGE past :attr:`stream_offset` came: one further on names a gap
+    #: (:class:`proxy.tracking.streams.StreamGap`: retention removed what was between).
+    stream_resume: int | None = None
     #: A MESSAGE carried an ``x-stream-offset`` that is not a number: the subscription is a
     #: queue for good (docs/behaviour.md, "Streams", bad input); the value, for the log.
     stream_refused: str | None = None
@@ -184,6 +191,10 @@ class Subscription:
     #: (RabbitMQ refuses automatic acknowledgement on a stream; the broker decides) and the
     #: sidecar sends no ACK of its own for it.
     auto_upstream: bool = False
+    #: Whether a broker delivers to it now: live, restoring, cancelled by the broker, waiting
+    #: for its queue, with the broker's words while it is refused (:mod:`proxy.tracking.health`;
+    #: ``/status``, metrics, ``/readyz``).
+    health: SubscriptionHealth = field(default_factory=SubscriptionHealth)
 
 
 @dataclass(eq=False)
@@ -227,6 +238,19 @@ class PassThrough(EntryContext):
 
 #: The one :class:`PassThrough` context.
 PASS_THROUGH = PassThrough()
+
+
+class StreamCredit(EntryContext):
+    """Window-entry context of an ACK of a RabbitMQ stream's delivery outside a transaction
+    (:data:`STREAM_CREDIT`): credit, not settlement (docs/brokers.md, "Streams"). One the old
+    leg never confirmed is moot at a restore and reported to no one: the new leg resumes after
+    its message, which never comes again (docs/behaviour.md, "Streams")."""
+
+    __slots__ = ()
+
+
+#: The one :class:`StreamCredit`.
+STREAM_CREDIT = StreamCredit()
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,3 +396,5 @@ class Settled:
     to_broker: Frame | None
     local: bool = False
     more: tuple[Frame, ...] = ()
+    #: The delivery was a stream subscription's: the ACK is credit (:class:`StreamCredit`).
+    credit: bool = False

@@ -97,7 +97,7 @@ def plan_replay(
     pending_subscribe_ids = set(last_subscribe)
     for sub in state.subscriptions.values():
         if not sub.local and sub.upstream_id not in pending_subscribe_ids:
-            plan.subscribe.append(state.upstream_subscribe(sub.frame))
+            plan.subscribe.append(state.resubscribe(sub))
     for entry in window:
         if isinstance(entry.context, DurableRemoval):
             # Re-make the durable subscription so the replayed UNSUBSCRIBE can delete it.

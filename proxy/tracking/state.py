@@ -8,6 +8,13 @@ from collections.abc import Iterator
 
 from protocol import Command, Frame
 from proxy.tracking.deliveries import Deliveries
+from proxy.tracking.health import (
+    SubscriptionState,
+    SubscriptionStatistics,
+    kind_of,
+    queue_of,
+    unavailable_queue,
+)
 from proxy.tracking.links import LinkEnd, TempNames, misses_messages
 from proxy.tracking.records import (
     ACK_MODES,
@@ -22,7 +29,7 @@ from proxy.tracking.records import (
     TransactionBytes,
     persists_seen,
 )
-from proxy.tracking.streams import is_stream_subscribe, resume_subscribe
+from proxy.tracking.streams import StreamGap, is_stream_subscribe, resume_subscribe
 
 __all__ = ["SessionState"]
 
@@ -91,6 +98,12 @@ class SessionState(Deliveries):
         #: One line per stream subscription found to be a queue after all (a MESSAGE's
         #: ``x-stream-offset`` not a number), for the daemon to log once and clear.
         self.stream_notes: list[str] = []
+        #: Offsets of stream subscriptions that a resumed leg skipped (retention removed them;
+        #: :class:`proxy.tracking.streams.StreamGap`), for the daemon to report and clear:
+        #: at most one per :meth:`deliver` call.
+        self.stream_gaps: list[StreamGap] = []
+        #: Offsets named in :attr:`stream_gaps` since the session began (their ``count``).
+        self.stream_offsets_missed = 0
 
     # -- links ------------------------------------------------------------------------------
 
@@ -271,6 +284,8 @@ class SessionState(Deliveries):
             return frame
         if sub.stream:
             frame = resume_subscribe(frame, sub.stream_offset)
+            if sub.stream_offset is not None:
+                sub.stream_resume = sub.stream_offset + 1
         if sub.ack is not AckMode.AUTO or sub.auto_upstream:
             return frame
         mode = self.auto_ack_mode.value
@@ -287,6 +302,123 @@ class SessionState(Deliveries):
         """The live non-durable topic subscriptions: those that miss what is published while
         no broker has them (:func:`proxy.tracking.links.misses_messages`)."""
         return [s for s in self.subscriptions.values() if misses_messages(s)]
+
+    # -- subscription health (proxy.tracking.health) ---------------------------------------
+
+    def broker_subscriptions(self) -> list[Subscription]:
+        """The subscriptions a broker has or should have (not the control channel's, not a
+        dormant browser), in the order the app made them."""
+        return [s for s in self.subscriptions.values() if not s.local]
+
+    def subscriptions_lost(self, now: float) -> None:
+        """No leg has the subscriptions from ``now`` (the leg was lost): the live ones are
+        restoring; cancelled or waiting ones stay so (:meth:`SubscriptionHealth.lost
+        <proxy.tracking.health.SubscriptionHealth.lost>`)."""
+        for sub in self.broker_subscriptions():
+            self._forget_confirmation(sub)
+            sub.health.lost(now)
+
+    def subscriptions_refused(
+        self, error: Frame, state: SubscriptionState, now: float
+    ) -> list[Subscription]:
+        """The broker's ``error`` says it cancelled a subscription or that a queue is not
+        there for now: the subscriptions it names are in ``state`` (cancelled_by_broker or
+        waiting_for_queue) from ``now``. It names them by its ``subscription`` header (the
+        upstream id: RabbitMQ's cancel), else by the queue its body quotes
+        (:func:`~proxy.tracking.health.unavailable_queue`: RabbitMQ's ``not_found`` and a
+        stream's ``precondition_failed``, every subscription to ``/queue/<q>`` or
+        ``/amq/queue/<q>``). The ERROR's ``message`` is kept with the state
+        (:attr:`SubscriptionHealth.message <proxy.tracking.health.SubscriptionHealth.message>`)
+        until the broker confirms the subscription again. Returns them (none when it names none
+        the session has)."""
+        named = self.subscriptions.get(error.get("subscription") or "")
+        if named is not None and not named.local:
+            found = [named]
+        else:
+            queue = unavailable_queue(error)
+            found = [
+                s
+                for s in self.broker_subscriptions()
+                if queue is not None and queue_of(s.destination) == queue
+            ]
+        for sub in found:
+            self._refused(sub, state, now, error.get("message"))
+        return found
+
+    def subscription_waiting(
+        self, upstream_id: str, now: float, message: str | None = None
+    ) -> Subscription | None:
+        """The subscription ``upstream_id`` waits for its queue from ``now`` (the broker
+        answered its SUBSCRIBE ``not_found``, in words ``message``; a stream whose node
+        restarted): its next SUBSCRIBE asks for a RECEIPT, which makes it live again. None when
+        the session has no such broker subscription."""
+        sub = self.subscriptions.get(upstream_id)
+        if sub is None or sub.local:
+            return None
+        self._refused(sub, SubscriptionState.WAITING_FOR_QUEUE, now, message)
+        return sub
+
+    def _refused(
+        self, sub: Subscription, state: SubscriptionState, now: float, message: str | None
+    ) -> None:
+        """The broker cancelled or refused ``sub`` (:meth:`subscriptions_refused`)."""
+        self._forget_confirmation(sub)
+        sub.health.refused_by_broker(state, now, message)
+
+    def _forget_confirmation(self, sub: Subscription) -> None:
+        """The RECEIPT ``sub``'s last SUBSCRIBE asked for will not come (its leg is gone, or
+        the broker refused it): its id is no longer one of ours (bounds :meth:`resubscribe`'s
+        ids over a run of failed restores)."""
+        if sub.health.receipt is not None:
+            self._internal.discard(sub.health.receipt)
+
+    def resubscribe(self, sub: Subscription) -> Frame:
+        """The SUBSCRIBE that makes ``sub`` again on a new leg (:meth:`upstream_subscribe`);
+        for one the broker had cancelled or refused, with a receipt of the sidecar's own
+        (:meth:`new_internal_receipt`) whose RECEIPT confirms it live
+        (:meth:`subscribe_confirmed`)."""
+        frame = self.upstream_subscribe(sub.frame)
+        if not sub.health.refused:
+            return frame
+        receipt = self.new_internal_receipt()
+        sub.health.resubscribing(receipt)
+        return frame.with_header("receipt", receipt)
+
+    def subscriptions_restored(self) -> None:
+        """A restore has sent every SUBSCRIBE on the new leg: those down only because their
+        leg was lost are live again; those the broker had refused wait for their RECEIPT."""
+        for sub in self.broker_subscriptions():
+            sub.health.restored()
+
+    def subscribe_confirmed(self, receipt: str) -> bool:
+        """The broker's RECEIPT ``receipt`` of a restore's SUBSCRIBE (:meth:`resubscribe`):
+        that subscription is live. Whether it was one."""
+        for sub in self.broker_subscriptions():
+            if sub.health.receipt == receipt:
+                sub.health.confirmed()
+                return True
+        return False
+
+    def subscription_statistics(self, now: float) -> tuple[SubscriptionStatistics, ...]:
+        """Every broker subscription's state at ``now`` (``/status``'s ``subscriptions``)."""
+        out = []
+        for sub in self.broker_subscriptions():
+            health = sub.health
+            down = health.down_for(now)
+            last = health.last_delivery_at
+            out.append(
+                SubscriptionStatistics(
+                    id=sub.app_id if sub.app_id is not None else sub.upstream_id,
+                    destination=sub.destination,
+                    kind=kind_of(sub.destination, stream=sub.stream).value,
+                    ack=sub.ack.value,
+                    state=health.state.value,
+                    down_for_seconds=None if down is None else round(down, 3),
+                    last_delivery_age_seconds=None if last is None else round(now - last, 3),
+                    stream_offset=sub.stream_offset if sub.stream else None,
+                )
+            )
+        return tuple(out)
 
     def iter_subscribe_frames(self) -> Iterator[Frame]:
         """The SUBSCRIBE frames that recreate every live broker subscription, in order."""

@@ -13,16 +13,25 @@ So re-sending the app's SUBSCRIBE unchanged after a reconnect shows the app the 
 MESSAGE delivered to the app (:attr:`proxy.tracking.records.Subscription.stream_offset`) and
 re-subscribes at :func:`resume_subscribe`: ``offset=<last + 1>``, or the app's own header when
 nothing was delivered yet (docs/behaviour.md, "Streams").
+
+When that offset is no longer in the stream (retention removed the segment that held it), the
+broker starts the new leg at the first offset it still has (RabbitMQ 3.10.8, measured: a
+SUBSCRIBE at ``offset=0`` of a stream truncated to offset 391 gets offset 391 first). The
+first MESSAGE of the new leg then names the offsets the app can never see: a
+:class:`StreamGap` (:func:`gap_before`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Final
 
 from protocol import Frame
 
 __all__ = [
     "STREAM_OFFSET",
+    "StreamGap",
+    "gap_before",
     "is_stream_subscribe",
     "parse_offset",
     "resume_subscribe",
@@ -72,3 +81,42 @@ def resume_subscribe(frame: Frame, last: int | None) -> Frame:
     if last is None:
         return frame
     return frame.with_header(STREAM_OFFSET, f"offset={last + 1}")
+
+
+@dataclass(frozen=True, slots=True)
+class StreamGap:
+    """Offsets of a stream subscription the app was never shown and never will be: the new
+    leg resumed at ``first`` and its first MESSAGE came at ``last + 1``.
+
+    Retention (``max-length-bytes``, ``max-age``) removes whole segments, and a SUBSCRIBE at
+    an offset no longer stored starts at the first one still stored (RabbitMQ 3.10.8,
+    measured). Offsets count log entries, not only messages: RabbitMQ also writes one entry
+    that is not a message at the start of each segment (measured: the offsets of consecutive
+    messages skip one at segment boundaries), so a range may hold fewer messages than
+    :attr:`count`, and a range of one or two offsets at a segment boundary may hold none.
+
+    Attributes:
+        subscription: the app's subscription id (None: the app gave none, STOMP 1.0).
+        destination: the subscription's destination.
+        first: the first offset not shown (where the new leg was asked to start).
+        last: the last offset not shown (the one before the first MESSAGE of the new leg).
+    """
+
+    subscription: str | None
+    destination: str
+    first: int
+    last: int
+
+    @property
+    def count(self) -> int:
+        """How many offsets the range holds (at least 1)."""
+        return self.last - self.first + 1
+
+
+def gap_before(resumed_at: int, offset: int) -> tuple[int, int] | None:
+    """The offsets skipped when a leg asked to resume at ``resumed_at`` delivers ``offset``
+    first: ``(resumed_at, offset - 1)``, or None when nothing was skipped (``offset`` is
+    ``resumed_at``; one below it is a redelivery, which the session hides)."""
+    if offset <= resumed_at:
+        return None
+    return resumed_at, offset - 1

@@ -201,6 +201,12 @@ def test_the_feed_shows_a_broker_go_down_and_come_back(chrome: WebDriver, broker
                 assert row.find_element(By.CSS_SELECTOR, "td:nth-child(2)").text.startswith(
                     "127.0.0.1:"
                 )
+            # The consumer's subscription (issue 32 part 4): a live queue, its last delivery.
+            (sub,) = find(chrome, '#subscriptions tr[data-subscription="c"]')
+            assert sub.get_attribute("data-state") == "live"
+            cells = [td.text for td in sub.find_elements(By.CSS_SELECTOR, "td")]
+            assert cells[2:6] == [traffic.dest, "queue", "auto", "live"]
+            assert cells[7].endswith(" ago")
             assert console_problems(chrome) == []
 
             killed = time.monotonic()
@@ -210,6 +216,10 @@ def test_the_feed_shows_a_broker_go_down_and_come_back(chrome: WebDriver, broker
             wait_for("both sessions on B", lambda: sessions_on(chrome, b) == 2)
             for session in sessions:
                 assert feed_entry(chrome, "FAILOVER", session=session, to=b)
+            wait_for(
+                "the subscription live on B",
+                lambda: find(chrome, '#subscriptions tr[data-subscription="c"][data-state="live"]'),
+            )
             wait_for(
                 "A down", lambda: find(chrome, f'#brokers tr[data-broker="{a}"][data-state="down"]')
             )
@@ -345,6 +355,7 @@ def assert_nothing_shown(driver: WebDriver) -> None:
     assert not driver.find_element(By.ID, "data").is_displayed()
     assert find(driver, "#brokers tbody tr") == []
     assert find(driver, "#sessions tbody tr") == []
+    assert find(driver, "#subscriptions tbody tr") == []
     assert find(driver, "#feed li") == []
     assert driver.find_element(By.ID, "version").text == ""
 

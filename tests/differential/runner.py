@@ -435,6 +435,10 @@ class Lockstep:
                 self._client_ids[action.conn] = cid
         if not isinstance(dest, str) or "{run}" not in dest:
             return
+        if action.header("x-queue-type") == "stream":
+            # A RabbitMQ stream is not drained: nothing leaves it, and a SUBSCRIBE to its
+            # /queue/ name without its declaration headers is refused.
+            return
         if dest.startswith("/queue/") and not any(c in dest for c in "*>#"):
             self._queues.add(dest)
         if action.command != "SUBSCRIBE":

@@ -552,3 +552,54 @@ def test_activemq_app_silent_past_its_heart_beats(amq_lab: Lab) -> None:
 def test_rabbitmq_heart_beat_of_100_ms(rmq_lab: Lab) -> None:
     """The issue's case: an app asking ``100,100`` gets ``1000,1000`` from RabbitMQ."""
     check(rmq_lab, [connect("c", heart_beat="100,100"), f("c", "DISCONNECT", ("receipt", "bye"))])
+
+
+@pytest.mark.rabbitmq
+def test_rabbitmq_stream_subscription_in_steady_state(rmq_lab: Lab) -> None:
+    """A RabbitMQ stream (issue 32): declared by a SUBSCRIBE, read from ``first`` with
+    credit ACKs while a producer appends; the same frames directly and through the sidecar
+    (each MESSAGE's ``x-stream-offset`` included; docs/behaviour.md, "Streams")."""
+    declare = (
+        ("x-queue-type", "stream"),
+        ("durable", "true"),
+        ("auto-delete", "false"),
+        ("ack", "client-individual"),
+        ("prefetch-count", "10"),
+    )
+    stream = "/amq/queue/{run}.st"
+    check(
+        rmq_lab,
+        [
+            connect("p"),
+            f(
+                "p",
+                "SUBSCRIBE",
+                ("id", "d"),
+                ("destination", "/queue/{run}.st"),
+                *declare,
+                ("receipt", "r0"),
+            ),
+            f("p", "UNSUBSCRIBE", ("id", "d"), ("receipt", "r1")),
+            *(
+                f("p", "SEND", ("destination", stream), ("receipt", f"p{n}"), body=b"%d" % n)
+                for n in range(3)
+            ),
+            connect("c"),
+            f(
+                "c",
+                "SUBSCRIBE",
+                ("id", "s1"),
+                ("destination", stream),
+                ("ack", "client-individual"),
+                ("prefetch-count", "2"),
+                ("x-stream-offset", "first"),
+                ("receipt", "r2"),
+            ),
+            f("c", "ACK", ("id", MsgRef("c", 0)), ("receipt", "r3")),
+            f("c", "ACK", ("id", MsgRef("c", 1)), ("receipt", "r4")),
+            f("p", "SEND", ("destination", stream), ("receipt", "p3"), body=b"3"),
+            f("c", "ACK", ("id", MsgRef("c", 2)), ("receipt", "r5")),
+            f("c", "UNSUBSCRIBE", ("id", "s1"), ("receipt", "r6")),
+            f("p", "DISCONNECT", ("receipt", "bye")),
+        ],
+    )

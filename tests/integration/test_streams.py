@@ -15,10 +15,12 @@ own ERROR through the sidecar, and the sidecar goes on serving.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -62,10 +64,10 @@ def until(client: RawClient, predicate: object, what: str) -> list[Frame]:
     raise AssertionError(f"no {what} within {MAX_FRAMES} frames")
 
 
-def declare_stream(broker: RabbitMQ) -> str:
-    """A new durable stream queue (RabbitMQ declares a queue on a SUBSCRIBE to ``/queue/``);
-    returns its ``/amq/queue/`` destination."""
-    name = unique("stream").replace("-", "_")
+def declare_stream(broker: RabbitMQ, name: str | None = None) -> str:
+    """A new durable stream queue (RabbitMQ declares a queue on a SUBSCRIBE to ``/queue/``),
+    named ``name`` (default: a new name); returns its ``/amq/queue/`` destination."""
+    name = name or unique("stream").replace("-", "_")
     client = RawClient((broker.host, broker.stomp_port))
     client.connect()
     client.send_frame(
@@ -96,16 +98,17 @@ class Producer:
         self.destination = destination
         self.sent = 0
 
-    def publish(self, n: int) -> None:
-        """Publish ``n`` more; return once the broker confirmed the last (a stream confirms
-        in order: one connection's messages are appended in order)."""
+    def publish(self, n: int, body: bytes | None = None) -> None:
+        """Publish ``n`` more (``body``, default ``n<seq>``); return once the broker confirmed
+        the last (a stream confirms in order: one connection's messages are appended in
+        order)."""
         for i in range(n):
             seq = self.sent
             self.sent += 1
             headers = {"destination": self.destination, "seq": str(seq)}
             if i == n - 1:
                 headers["receipt"] = f"p{seq}"
-            self.client.send_frame("SEND", headers, f"n{seq}".encode())
+            self.client.send_frame("SEND", headers, body or f"n{seq}".encode())
         until(self.client, lambda f: f.get("receipt-id") == f"p{self.sent - 1}", "confirm")
 
 
@@ -134,6 +137,8 @@ class App:
         self.errors: list[Frame] = []
         self.events: list[str] = []
         self.failover: dict[str, object] = {}
+        self.gaps: list[dict[str, object]] = []
+        self.outcomes: list[dict[str, object]] = []
 
     def read(self, predicate: object, what: str) -> None:
         """Read (and ACK each message) until ``predicate(frame)``."""
@@ -146,6 +151,10 @@ class App:
                 self.events.append(frame.get("event") or "")
                 if frame.get("event") == "FAILOVER":
                     self.failover = json.loads(frame.body)
+                elif frame.get("event") == "STREAM_GAP":
+                    self.gaps.extend(json.loads(frame.body)["offsets_missed"])
+                elif frame.get("event") == "OUTCOME":
+                    self.outcomes.extend(json.loads(frame.body)["frames"])
             elif frame.command is Command.MESSAGE:
                 self.shown.append(int(frame.get("seq") or "-1"))
                 self.offsets.append(int(frame.get("x-stream-offset") or "-1"))
@@ -153,6 +162,39 @@ class App:
             return bool(predicate(frame))
 
         until(self.client, take, what)
+
+
+class Reader:
+    """Reads a stream straight from the node, from ``first``, until it has been quiet for a
+    second: what the stream holds, as (offset, seq) pairs."""
+
+    def __init__(self, broker: RabbitMQ, destination: str) -> None:
+        self.client = RawClient((broker.host, broker.stomp_port))
+        self.client.connect()
+        self.client.send_frame(
+            "SUBSCRIBE",
+            {
+                "destination": destination,
+                "id": "r",
+                "ack": "client-individual",
+                "prefetch-count": "100",
+                "x-stream-offset": "first",
+            },
+        )
+
+    def read_all(self) -> list[tuple[int, int]]:
+        pairs: list[tuple[int, int]] = []
+        self.client.sock.settimeout(1.0)
+        with contextlib.suppress(TimeoutError):
+            for _ in range(MAX_FRAMES):
+                frame = self.client.frame()
+                assert frame.command is Command.MESSAGE, frame
+                pairs.append(
+                    (int(frame.get("x-stream-offset") or "-1"), int(frame.get("seq") or "-1"))
+                )
+                self.client.send_frame("ACK", {"id": frame.get("ack") or ""})
+        self.client.close()
+        return pairs
 
 
 def is_message(seq: int) -> object:
@@ -246,3 +288,101 @@ def test_a_subscribe_the_broker_refuses_gets_the_brokers_error(
         shown = until(again, lambda f: f.command is Command.MESSAGE, "MESSAGE")[-1]
         assert (shown.body, shown.get("x-stream-offset")) == (b"n0", "0")
         again.close()
+
+
+#: Retention for the truncation test (a policy: RabbitMQ 3.10's STOMP plugin passes
+#: ``x-max-length-bytes`` to a declaration but not the segment size or ``x-max-age``, measured):
+#: segments of about ten 500-byte messages, about forty kept.
+RETENTION = '{"stream-max-segment-size-bytes":5000,"max-length-bytes":20000}'
+
+
+def test_offsets_removed_by_retention_during_an_outage_are_named_as_a_gap(
+    rabbitmq: RabbitMQ, proxy: FaultProxy
+) -> None:
+    """Retention removes the offset the sidecar resumes at while its broker connection is
+    down: RabbitMQ starts the new leg at the first offset it still has (measured); the app gets
+    a STREAM_GAP event naming the offsets it can never see, then every message still stored,
+    once each, in order (issue 32 part 3)."""
+    name = unique("ret").replace("-", "_")
+    rabbitmq.rabbitmqctl("set_policy", "--apply-to", "queues", f"p_{name}", f"^{name}$", RETENTION)
+    try:
+        stream = declare_stream(rabbitmq, name)
+        producer = Producer(rabbitmq, stream)
+        producer.publish(30)
+        config = sidecar_config(sidecar_url(proxy), **FAST)
+        with SidecarThread(config) as sidecar:
+            app = App(sidecar.address, stream, "first")
+            app.read(is_message(29), "the reads before the cut")
+            proxy.refuse(True)
+            proxy.reset()
+            producer.publish(400, body=b"x" * 500)  # about ten times what is kept
+            proxy.refuse(False)
+            app.read(lambda f: f.get("event") == "FAILOVER", "FAILOVER")
+            # Retention may have left no message at all (measured: a stream whose first
+            # offset is its next one): the gap is known at the next message.
+            producer.publish(20)
+            app.read(lambda f: f.get("event") == "STREAM_GAP", "STREAM_GAP")
+            app.read(is_message(449), "the last message")
+            app.client.close()
+        stored = Reader(rabbitmq, stream).read_all()  # what the stream holds now, directly
+    finally:
+        rabbitmq.rabbitmqctl("clear_policy", f"p_{name}")
+
+    (gap,) = app.gaps
+    shown_after = app.shown[30:]
+    print(
+        f"\nretention: published 450, shown {len(app.shown)} (0..29, then {shown_after[0]}..), "
+        f"stored now {len(stored)} (from seq {stored[0][1]}, offset {stored[0][0]}), gap {gap}"
+    )
+    assert app.errors == []
+    assert app.shown[:30] == list(range(30))
+    assert gap["first"] == app.offsets[29] + 1
+    assert gap["last"] == app.offsets[30] - 1
+    assert gap["count"] == gap["last"] - gap["first"] + 1 > 300
+    # After the gap: exactly what the stream still holds, once each, in order.
+    assert [(o, s) for o, s in zip(app.offsets[30:], shown_after, strict=True)] == stored
+    assert len(set(app.shown)) == len(app.shown)
+
+
+@pytest.mark.long
+def test_a_single_nodes_stream_after_a_kill_waits_then_the_session_ends_at_reconnect_period(
+    tmp_path: Path,
+) -> None:
+    """Issue 32 part 5: one RabbitMQ 3.10 node killed with kill -9 and started again on its
+    data. Its stream answers every SUBSCRIBE with ``not_found`` "home node ... is down or
+    inaccessible" (and closes the connection) for as long as it was watched (docs/brokers.md,
+    "Streams"). The sidecar keeps the app's session and subscription, never shows the app the
+    ERROR, retries with back-off; at ``reconnect_period`` (20 s here) it gives up as any
+    reconnect does: DISCONNECT, then its ERROR. Printed: the attempts and how long."""
+    broker = RabbitMQ("rmqkill", tmp_path / "rmq")
+    with broker:
+        stream = declare_stream(broker)
+        Producer(broker, stream).publish(100)
+        config = sidecar_config(
+            f"stomp://{broker.host}:{broker.stomp_port}?host=/",
+            **FAST,
+            reconnect_period="20000",
+        )
+        with SidecarThread(config) as sidecar:
+            app = App(sidecar.address, stream, "first")
+            app.read(is_message(99), "the stream")
+            killed = time.monotonic()
+            broker.kill()
+            broker.start()
+            broker.wait_ready(120)
+            back = time.monotonic()
+            frames = until(app.client, lambda f: f.command is Command.ERROR, "the final ERROR")
+            ended = time.monotonic()
+            app.client.close()
+    events = [f.get("event") for f in frames if f.get("subscription") == "ev"]
+    reasons = {json.loads(f.body)["reason"][:40] for f in frames if f.get("event")}
+    print(
+        f"\nsingle node killed: back after {back - killed:.1f} s, session ended "
+        f"{ended - back:.1f} s later; events {Counter(events)}; reasons {reasons}"
+    )
+    assert app.shown == list(range(100))
+    assert [f.command for f in frames].count(Command.MESSAGE) == len(events)  # no message
+    assert events[-1] == "DISCONNECT"
+    assert "not_found" in frames[-1].body.decode() or "reconnect" in (
+        frames[-1].get("message") or ""
+    )

@@ -10,6 +10,8 @@ from __future__ import annotations
 import fnmatch
 import re
 import tomllib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -168,18 +170,31 @@ def test_metrics_totals_count_sends_messages_and_replays() -> None:
     assert metrics.totals() == {"sends": 2, "messages": 1, "replayed_frames": 3}
 
 
+@asynccontextmanager
+async def app_of_an_outbox_sidecar(
+    tmp_path: Path, **options: object
+) -> AsyncIterator[tuple[Sidecar, trio.SocketStream]]:
+    """A real sidecar in outbox mode with no broker (``options`` on top) and an app that sent
+    it CONNECT over TCP; both stopped on leaving."""
+    config = make_config(outbox=True, outbox_dir=str(tmp_path / "outbox"), **options)
+    async with trio.open_nursery() as nursery:
+        sidecar: Sidecar = await nursery.start(serve, config)
+        assert sidecar.admin is not None
+        assert sidecar.listen_address is not None
+        app = await trio.open_tcp_stream(*sidecar.listen_address)
+        await app.send_all(b"CONNECT\naccept-version:1.2\nhost:/\n\n\0")
+        yield sidecar, app
+        await app.aclose()
+        nursery.cancel_scope.cancel()
+
+
 async def test_status_names_the_app_address_and_the_outbox_backlog(tmp_path: Path) -> None:
     """A real app connection in outbox mode with no broker: its SEND is stored, not
     confirmed by a broker, so it is the session's outbox backlog; its address is the one
     the app connected from; the totals are there for the page's charts."""
     with trio.fail_after(GUARD):
-        config = make_config(outbox=True, outbox_dir=str(tmp_path / "outbox"))
-        async with trio.open_nursery() as nursery:
-            sidecar: Sidecar = await nursery.start(serve, config)
+        async with app_of_an_outbox_sidecar(tmp_path) as (sidecar, app):
             assert sidecar.admin is not None
-            assert sidecar.listen_address is not None
-            app = await trio.open_tcp_stream(*sidecar.listen_address)
-            await app.send_all(b"CONNECT\naccept-version:1.2\nhost:/\n\n\0")
             await app.send_all(b"SEND\ndestination:/queue/a\nreceipt:r1\n\nhello\0")
             data = b""
             while b"receipt-id:r1" not in data:
@@ -191,8 +206,6 @@ async def test_status_names_the_app_address_and_the_outbox_backlog(tmp_path: Pat
             assert session["app_address"] == f"{host}:{port}"
             assert session["outbox_backlog"] == 1
             assert status["totals"] == {"sends": 0, "messages": 0, "replayed_frames": 0}
-            await app.aclose()
-            nursery.cancel_scope.cancel()
 
 
 async def test_status_of_a_session_without_the_outbox_has_no_backlog() -> None:

@@ -21,6 +21,7 @@ PURE = [
     "tracking/budget.py",
     "tracking/replay.py",
     "tracking/streams.py",
+    "tracking/health.py",
     "reconnect/__init__.py",
     "reconnect/tally.py",
     "reconnect/policy.py",

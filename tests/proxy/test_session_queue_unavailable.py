@@ -11,6 +11,7 @@ import trio.testing
 
 from protocol import Command, Frame
 from proxy.legs.dialect import BrokerDialect
+from proxy.tracking.health import SubscriptionState, unavailable_queue
 from tests.proxy.scripted_broker import RABBITMQ, Network, ScriptedBroker, wait_until
 from tests.proxy.test_session_modes import connected
 
@@ -133,6 +134,17 @@ async def test_reconnect_period_bounds_a_queue_that_stays_unavailable(
     never.set()
 
 
+def no_replica(queue: str) -> Frame:
+    """RabbitMQ 3.10's ERROR to a SUBSCRIBE to a stream whose writer is moving (measured; the
+    body quotes the queue twice, as it does)."""
+    return Frame(
+        Command.ERROR,
+        (("message", "precondition_failed"),),
+        b"PRECONDITION_FAILED - queue 'queue '%s' in vhost '/'' does not have a replica on "
+        b"the local node" % queue.encode(),
+    )
+
+
 def cancelled(subscription: str) -> Frame:
     """RabbitMQ's ERROR when it cancels a live subscription (rabbit_stomp_processor)."""
     return Frame(
@@ -195,3 +207,18 @@ def test_an_outage_of_unstable_legs_counts_from_the_first() -> None:
     assert (leg.unstable, leg.unstable_since) == (1, 30.0)  # a new episode
     leg.note_loss(40.0, lived=1.0, retryable=False, replay_unconfirmed=False)
     assert (leg.unstable, leg.unstable_since) == (0, None)
+
+
+def test_a_stream_without_a_local_replica_for_now_is_retried_and_names_its_queue() -> None:
+    """RabbitMQ 3.10 during a rolling restart (measured, tests/integration/
+    test_streams_cluster.py): a SUBSCRIBE to a stream on a node whose replica is being
+    restarted gets ``precondition_failed`` ... "does not have a replica on the local node"."""
+    rabbit = BrokerDialect.from_server(RABBITMQ)
+    retry = rabbit.retryable_error(no_replica("s32_c"))
+    assert retry is not None
+    assert retry.subscriptions is SubscriptionState.WAITING_FOR_QUEUE
+    assert unavailable_queue(no_replica("s32_c")) == "s32_c"
+    assert unavailable_queue(not_found(None)) == "home-down"
+    other = Frame(Command.ERROR, (("message", "precondition_failed"),), b"unknown delivery tag 9")
+    assert rabbit.retryable_error(other) is None  # the app's (its ACK)
+    assert unavailable_queue(other) is None

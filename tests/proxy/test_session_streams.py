@@ -14,6 +14,7 @@ import pytest
 import trio
 
 from protocol import Command, Frame
+from proxy.tracking.health import SubscriptionState
 from tests.proxy.scripted_broker import (
     RABBITMQ,
     BrokerLink,
@@ -22,6 +23,7 @@ from tests.proxy.scripted_broker import (
     ScriptedBroker,
     make_config,
     start_session,
+    wait_until,
 )
 
 STREAM = "/amq/queue/events"
@@ -188,4 +190,93 @@ async def test_a_non_numeric_offset_is_passed_on_and_the_subscription_is_a_queue
     assert subscribe_on(link).get("x-stream-offset") == "first"
     notes = [r for r in caplog.records if "is not a number" in r.getMessage()]
     assert len(notes) == 1
+    assert running.app.errors() == []
+
+
+async def test_a_gap_at_the_resume_is_named_in_an_event_before_the_message(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, network: Network
+) -> None:
+    """The new link starts past the offset it was asked for (retention removed it): the app
+    gets a STREAM_GAP event with the range and the count, then the MESSAGE."""
+    broker, running = await subscribed(nursery, network, "first")
+    await deliver(broker.link, 0, 1, 2)
+    await running.app.signal.wait_until(lambda: len(shown(running)) == 3)
+    link = await reattached(broker, running)
+    assert subscribe_on(link).get("x-stream-offset") == "offset=3"
+    await deliver(link, 391, 392)
+    await running.app.signal.wait_until(lambda: len(shown(running)) == 5)
+    event = await running.app.wait_event("STREAM_GAP")
+    assert event["offsets_missed"] == [
+        {"subscription": "s", "destination": STREAM, "first": 3, "last": 390, "count": 388}
+    ]
+    assert event["offsets_missed_count"] == 388
+    kinds = [f.get("event") or f.get("x-stream-offset") for f in running.app.of(Command.MESSAGE)]
+    kinds = [k for k in kinds if k is not None]
+    assert kinds[kinds.index("STREAM_GAP") + 1] == "391"  # the event comes first
+    assert shown(running) == ["0", "1", "2", "391", "392"]
+    assert running.app.errors() == []
+
+
+STREAM_DOWN = (
+    b"NOT_FOUND - home node 'rabbit@localhost' of durable queue 'events' in vhost '/' is down "
+    b"or inaccessible"
+)
+
+
+async def test_a_stream_whose_node_restarts_waits_then_resumes_at_its_offset(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, network: Network
+) -> None:
+    """RabbitMQ 3.10 after a kill -9 and restart: every SUBSCRIBE to the stream gets
+    ``not_found`` ("home node ... is down or inaccessible") and the connection closes
+    (measured, docs/brokers.md, "Streams"). The sidecar keeps the subscription, shows it
+    waiting for its queue (docs/behaviour.md, "Subscription health"), reconnects with
+    back-off, and once the stream answers again resumes after the last offset shown, live
+    again at the RECEIPT of that SUBSCRIBE; the app sees no ERROR."""
+    broker, running = await subscribed(nursery, network, "first")
+    await deliver(broker.link, 0, 1, 2)
+    await running.app.signal.wait_until(lambda: len(shown(running)) == 3)
+    state = running.session.core.state
+    assert state is not None
+    back = trio.Event()
+    stopped = trio.Event()
+    refused: set[int] = set()  # the links answered not_found
+
+    async def refuse_subscribes() -> None:
+        answered = 1  # the first link's SUBSCRIBE
+        while not back.is_set():
+            subscribes = [f for f in broker.frames() if f.command is Command.SUBSCRIBE]
+            if len(subscribes) > answered and broker.live_links():
+                answered = len(subscribes)
+                link = broker.live_links()[-1]
+                refused.add(link.index)
+                await link.send(Frame.build(Command.ERROR, {"message": "not_found"}, STREAM_DOWN))
+                await link.drop("close")
+            await trio.sleep(0.01)
+        stopped.set()
+
+    nursery.start_soon(refuse_subscribes)
+    await broker.link.drop("reset")
+    await wait_until(lambda: broker.connects >= 5)
+    health = state.subscriptions["s"].health
+    # Between two legs (the back-off) it waits; a leg's SUBSCRIBE makes it restoring a moment.
+    await wait_until(lambda: health.state is SubscriptionState.WAITING_FOR_QUEUE)
+    assert (health.message, health.refused) == ("not_found", True)
+    assert running.app.errors() == []
+    back.set()
+    await stopped.wait()
+
+    def resumed() -> bool:
+        live = [link for link in broker.live_links() if link.index not in refused]
+        return bool(live) and bool(live[-1].received(Command.SUBSCRIBE))
+
+    await wait_until(resumed)
+    link = [link for link in broker.live_links() if link.index not in refused][-1]
+    assert subscribe_on(link).get("x-stream-offset") == "offset=3"
+    (again,) = link.received(Command.SUBSCRIBE)
+    assert again.get("receipt") is not None  # the sidecar's: its RECEIPT confirms it
+    await wait_until(lambda: health.state is SubscriptionState.LIVE)  # before any MESSAGE
+    assert (health.message, health.refused, health.down_since) == (None, False, None)
+    await deliver(link, 3, 4)
+    await running.app.signal.wait_until(lambda: len(shown(running)) == 5)
+    assert shown(running) == ["0", "1", "2", "3", "4"]
     assert running.app.errors() == []

@@ -8,10 +8,19 @@ from __future__ import annotations
 
 import pytest
 
+from config import FailoverMode
 from protocol import Command, Frame
-from proxy.tracking import SessionState
+from proxy.session.outcomes import after_restore
+from proxy.telemetry.vocabulary import FrameOutcome
+from proxy.tracking import STREAM_CREDIT, SessionState
 from proxy.tracking.replay import plan_replay
-from proxy.tracking.streams import is_stream_subscribe, parse_offset, resume_subscribe
+from proxy.tracking.streams import (
+    StreamGap,
+    gap_before,
+    is_stream_subscribe,
+    parse_offset,
+    resume_subscribe,
+)
 from proxy.tracking.window import ConfirmationWindow
 
 STREAM = "/amq/queue/events"
@@ -104,6 +113,21 @@ def test_resume_subscribe_replaces_or_appends_the_offset_and_keeps_the_rest() ->
     bare = Frame.build(Command.SUBSCRIBE, {"destination": STREAM, "id": "s"})
     assert resume_subscribe(bare, 0).get("x-stream-offset") == "offset=1"
     assert resume_subscribe(frame, None) is frame
+
+
+@pytest.mark.parametrize(
+    ("resumed_at", "offset", "gap"),
+    [(10, 10, None), (10, 9, None), (10, 11, (10, 10)), (10, 391, (10, 390))],
+)
+def test_gap_before_names_the_offsets_skipped(
+    resumed_at: int, offset: int, gap: tuple[int, int] | None
+) -> None:
+    assert gap_before(resumed_at, offset) == gap
+
+
+def test_a_gap_counts_its_offsets() -> None:
+    assert StreamGap("s", STREAM, 10, 390).count == 381
+    assert StreamGap(None, STREAM, 4, 4).count == 1
 
 
 # -- SessionState ----------------------------------------------------------------------------
@@ -247,3 +271,81 @@ def test_a_queue_subscription_is_resubscribed_unchanged() -> None:
         )
     )
     assert resubscribe(st) == sent
+
+
+def test_a_resumed_leg_that_starts_further_on_names_the_gap_once() -> None:
+    """Retention removed the offset the new leg was asked to start at: RabbitMQ starts at the
+    first offset it still has (measured, docs/brokers.md, "Streams"). The first MESSAGE names
+    the offsets between as a gap and is shown; later ones, and later jumps on the same leg
+    (RabbitMQ's entries that are not messages), name none."""
+    st = new_state()
+    subscribe(st, **{"x-stream-offset": "first"})
+    for n in range(3):
+        st.deliver(stream_message(str(n), n + 1), now=0.0)
+    assert st.stream_gaps == []
+    assert resubscribe(st).get("x-stream-offset") == "offset=3"
+    shown = st.deliver(stream_message("391", 1, gen=2), now=0.0).to_app
+    assert shown is not None
+    assert shown.get("x-stream-offset") == "391"
+    assert st.stream_gaps == [StreamGap("s", STREAM, 3, 390)]
+    assert st.stream_offsets_missed == 388
+    st.stream_gaps.clear()
+    st.deliver(stream_message("393", 2, gen=2), now=0.0)
+    assert st.stream_gaps == []
+    assert st.subscriptions["s"].stream_offset == 393
+
+
+def test_a_resumed_leg_that_starts_where_asked_names_no_gap() -> None:
+    """A redelivery first (hidden), then the offset asked for: no gap; nor on a first leg
+    whose broker starts further on than the app's own position (the broker's answer, as
+    directly)."""
+    st = new_state()
+    subscribe(st, **{"x-stream-offset": "offset=5"})
+    st.deliver(stream_message("200", 1), now=0.0)  # retention: 5 is gone; the app's position
+    assert st.stream_gaps == []
+    resubscribe(st)
+    assert st.deliver(stream_message("200", 1, gen=2), now=0.0).to_app is None
+    assert st.deliver(stream_message("201", 2, gen=2), now=0.0).to_app is not None
+    assert (st.stream_gaps, st.stream_offsets_missed) == ([], 0)
+
+
+@pytest.mark.parametrize("mode", [FailoverMode.TRANSPARENT, FailoverMode.STRICT])
+def test_a_stream_ack_in_flight_at_a_failover_is_credit_reported_to_no_one(
+    mode: FailoverMode,
+) -> None:
+    """An ACK of a stream delivery is credit (Settled.credit); one the old leg never
+    confirmed is moot at the restore and named in no OUTCOME, in both failover modes (its
+    message never comes again); a queue's is (``replayed`` / ``lost``)."""
+    reports = []
+    for headers in ({"x-stream-offset": "first"}, {}):
+        st = new_state(transparent=mode is FailoverMode.TRANSPARENT)
+        subscribe(st, **headers)
+        message = stream_message("0", 1) if headers else queue_message(1)
+        shown = st.deliver(message, now=0.0).to_app
+        assert shown is not None
+        settled = st.settle(
+            Frame.build(Command.ACK, {"id": shown.get("ack") or ""}),
+            upstream_version="1.2",
+            now=0.0,
+        )
+        assert settled.to_broker is not None
+        assert settled.credit is bool(headers)
+        window = ConfirmationWindow(1 << 20, receipt_prefix="S-r")
+        window.append(
+            settled.to_broker,
+            app_receipt=None,
+            want_receipt=False,
+            now=0.0,
+            context=STREAM_CREDIT if settled.credit else None,
+        )
+        window.mark_all_unsent()
+        st.new_link(stable_message_ids=False, acks_ignore_subscription=True)
+        plan = plan_replay(st, window, replay_transactions=True)
+        reports.append([r.outcome for r in after_restore(plan, mode)])
+    lost_or_replayed = FrameOutcome.LOST if mode is FailoverMode.STRICT else FrameOutcome.REPLAYED
+    assert reports == [[], [lost_or_replayed]]
+
+
+def queue_message(n: int) -> Frame:
+    """The n-th MESSAGE of a queue subscription ``s`` (no ``x-stream-offset``)."""
+    return stream_message("0", n).without("x-stream-offset")

@@ -10,6 +10,7 @@
   const CHART_SECONDS = 120; // the charts' time axis
   const FEED_MAX = 300; // entries kept in the feed
   const SESSIONS_MAX = 200; // rows drawn in the sessions table
+  const SUBSCRIPTIONS_MAX = 200; // rows drawn in the subscriptions table
   const EVENT_RETRY_MIN_MS = 250; // first reconnect delay of the event stream; doubles...
   let eventRetryMaxMs = 5000; // ...up to the stream's own `retry:` (5000 from the sidecar)
   const LINE_MAX = 1 << 20; // a line of the event stream longer than this ends the stream
@@ -121,7 +122,7 @@
     // Refused: nothing of what a token guards stays on the page.
     shown = false;
     $("data").hidden = true;
-    for (const id of ["brokers", "sessions"]) $(id).tBodies[0].replaceChildren();
+    for (const id of ["brokers", "sessions", "subscriptions"]) $(id).tBodies[0].replaceChildren();
     $("feed").replaceChildren();
     $("outbox").replaceChildren();
     delete $("outbox").dataset.frames;
@@ -220,6 +221,7 @@
     renderSummary(doc);
     renderBrokers(doc);
     renderSessions(doc);
+    renderSubscriptions(doc);
     sample(doc);
     renderOutbox(doc);
     renderCharts();
@@ -329,6 +331,32 @@
     $("sessions").tBodies[0].replaceChildren(...rows);
     const more = doc.sessions_open > rows.length && doc.sessions.length ? " (first " + Math.min(SESSIONS_MAX, doc.sessions.length) + " shown)" : "";
     $("sessions-count").textContent = doc.sessions_open + " open" + more;
+  }
+
+  function renderSubscriptions(doc) {
+    // Every subscription's state (live, restoring, cancelled_by_broker, waiting_for_queue).
+    const subs = doc.subscriptions || [];
+    const optional = (v, fmt) => (v === null || v === undefined ? "—" : fmt(v));
+    const rows = subs.slice(0, SUBSCRIPTIONS_MAX).map((s) =>
+      el(
+        "tr",
+        { "data-session": s.session_id, "data-subscription": s.id, "data-state": s.state },
+        el("td", {}, el("code", {}, s.session_id)),
+        el("td", {}, el("code", {}, s.id)),
+        el("td", {}, el("code", {}, s.destination)),
+        el("td", {}, s.kind),
+        el("td", {}, s.ack),
+        el("td", {}, badge(s.state.replaceAll("_", " "), { live: "up", restoring: "reconnecting" }[s.state] || "down")),
+        el("td", { class: "num" }, optional(s.down_for_seconds, fmtSeconds)),
+        el("td", { class: "num" }, optional(s.last_delivery_age_seconds, (v) => fmtSeconds(v) + " ago")),
+        el("td", { class: "num" }, optional(s.stream_offset, String)),
+      ),
+    );
+    if (!rows.length) rows.push(el("tr", { class: "empty" }, el("td", { colspan: 9 }, "no subscription")));
+    $("subscriptions").tBodies[0].replaceChildren(...rows);
+    const down = subs.filter((s) => s.state !== "live").length;
+    const more = subs.length > SUBSCRIPTIONS_MAX || doc.subscriptions_truncated ? " (first " + Math.min(SUBSCRIPTIONS_MAX, subs.length) + " shown)" : "";
+    $("subscriptions-count").textContent = subs.length + (down ? ", " + down + " not live" : ", all live") + more;
   }
 
   function renderOutbox(doc) {
