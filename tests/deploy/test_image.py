@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -290,16 +291,29 @@ def test_image_runs_the_daemon(
     command = ["buildah", "run", "--isolation", "chroot"]
     command += [f"--env={k}={v}" for k, v in env.items()]
     command += [f"--volume={config_dir}:{CONFIG_MOUNT}:ro", ctr, "--", "mq-sidecar", *args]
+    # The open-file limit Kubernetes' runtimes give a container (containerd, CRI-O: 1048576),
+    # or what this process may give, which the daemon needs for max_sessions (docs/deploy.md):
+    # buildah run gives 1024.
+    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    nofile = 1048576 if nofile == resource.RLIM_INFINITY else min(nofile, 1048576)
+    containers_conf = tmp_path / "containers.conf"
+    containers_conf.write_text(f'[containers]\ndefault_ulimits = ["nofile={nofile}:{nofile}"]\n')
     daemon = subprocess.Popen(
         command,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=clean_environ(),
+        env={**clean_environ(), "CONTAINERS_CONF": str(containers_conf)},
         start_new_session=True,
     )
     try:
-        wait_stomp("127.0.0.1", stomp, timeout=30)  # CONNECT -> sidecar -> ActiveMQ
+        try:
+            wait_stomp("127.0.0.1", stomp, timeout=30)  # CONNECT -> sidecar -> ActiveMQ
+        except TimeoutError:
+            if daemon.poll() is None:
+                raise
+            stdout, stderr = daemon.communicate()
+            pytest.fail(f"the daemon exited with {daemon.returncode}: {stderr}{stdout}")
         until = time.monotonic() + 30
         assert _http_get(f"http://127.0.0.1:{admin}/healthz", until=until)[0] == 200
         assert _http_get(f"http://127.0.0.1:{admin}/readyz", until=until)[0] == 200
@@ -324,7 +338,8 @@ def test_image_runs_the_daemon(
     finally:
         if daemon.poll() is None:
             os.killpg(daemon.pid, signal.SIGKILL)
-            daemon.communicate()
+        if daemon.stdout is not None and not daemon.stdout.closed:
+            daemon.communicate()  # reads and closes its pipes
     diff = run(["podman", "diff", ctr])
     assert diff.returncode == 0, diff.stderr
     assert diff.stdout.strip() == "", f"the daemon wrote to its root filesystem:\n{diff.stdout}"
