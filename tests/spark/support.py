@@ -10,8 +10,9 @@ cluster (tests/pipeline/test_spark_cluster.py). Every wait is bounded.
   :func:`check_stream_written` checks what the consumer got, and :func:`forget_commit` makes
   Spark replay a batch.
 * Read side: :func:`publish` puts messages with a ``row-id`` each on a queue,
-  :func:`sink_rows` reads what a Parquet sink committed, :func:`check_exactly_once` checks it,
-  and :func:`left_on_queue` counts what nobody ACKed.
+  :func:`sink_rows` reads what a Parquet sink committed (:func:`wait_rows`: until it holds a
+  count), :func:`check_exactly_once` checks it, and :func:`left_on_queue` counts what nobody
+  ACKed.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from mq_sidecar_spark.reader import READ_SCHEMA
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
+    from pyspark.sql.types import StructType
 
 __all__ = [
     "ROW_ID",
@@ -49,6 +51,7 @@ __all__ = [
     "sink_rows",
     "start_stream_write",
     "unique",
+    "wait_rows",
     "write_json_files",
 ]
 
@@ -304,11 +307,34 @@ def left_on_queue(address: tuple[str, int], destination: str, quiet: float = 1.5
     return len(got)
 
 
-def sink_rows(spark: SparkSession, out: Path) -> list[Any]:
-    """Every row the Parquet sink committed (its ``_spark_metadata`` log: committed files only)."""
+def sink_rows(spark: SparkSession, out: Path, schema: StructType = READ_SCHEMA) -> list[Any]:
+    """Every row the Parquet sink committed (its ``_spark_metadata`` log: committed files only),
+    read with ``schema`` (the queue reader's by default)."""
     if not (out / "_spark_metadata").exists():
         return []
-    return spark.read.schema(READ_SCHEMA).parquet(str(out)).collect()
+    return spark.read.schema(schema).parquet(str(out)).collect()
+
+
+def wait_rows(
+    spark: SparkSession,
+    out: Path,
+    count: int,
+    query: StreamingQuery | None,
+    timeout: float,
+    *,
+    schema: StructType = READ_SCHEMA,
+) -> list[Any]:
+    """Wait (bounded) until the sink holds ``count`` rows; fails on a query exception."""
+    deadline = time.monotonic() + timeout
+    rows: list[Any] = []
+    while time.monotonic() < deadline:
+        if query is not None and query.exception() is not None:
+            raise AssertionError(f"the query failed: {query.exception()}")
+        rows = sink_rows(spark, out, schema)
+        if len(rows) >= count:
+            return rows
+        time.sleep(0.5)
+    raise AssertionError(f"{len(rows)} of {count} rows in the sink after {timeout} s")
 
 
 def check_exactly_once(rows: list[Any], ids: range, prefix: str = "m") -> None:

@@ -1,0 +1,591 @@
+"""The stream read (``stream=true``): a RabbitMQ stream (``x-queue-type:stream``) as a parallel,
+replayable source, for ``spark.read`` (a range) and ``spark.readStream`` (issue 33;
+docs/spark.md, "Stream read").
+
+What RabbitMQ gives over STOMP (docs/brokers.md, "Streams", measured on 3.10): every MESSAGE of a
+stream carries ``x-stream-offset:<N>`` (from 0, one more per message), and a SUBSCRIBE names where
+to start (``x-stream-offset: first | last | offset=<N> | timestamp=<s>``) and must carry a
+``prefetch-count``; an ACK is credit, nothing is removed, and the broker keeps no consumer
+position. So:
+
+- **Offsets are the stream's**, ``{"stream": "/amq/queue/<name>", "offset": N}`` where N is the
+  next offset to read (a batch is ``[start, end)``). They live in Spark's checkpoint only: the
+  driver keeps no log, the broker no state, ``commit`` has nothing to do.
+- **The driver never reads the records.** It only probes positions, each on a short STOMP
+  connection of its own through the sidecar (closed after, so nothing stays unacknowledged):
+  the earliest offset is the first MESSAGE of a SUBSCRIBE at ``first`` (``prefetch-count:1``);
+  the tail is the last MESSAGE of a SUBSCRIBE at ``last``, which RabbitMQ starts at the first
+  message of the stream's last chunk (its unit of storage) and delivers to the end of the
+  chunk; the probe takes at most :data:`PROBE_PREFETCH` of them and ends once none came for
+  :data:`TAIL_QUIET` s. Cost: one chunk's messages through the driver per probe. The tail it
+  finds is never past the real one (it is an offset the broker delivered), at worst behind it
+  (a slow delivery), which the next trigger picks up. An empty stream sends nothing: the
+  probe waits ``tail_wait`` s for a first MESSAGE.
+- **Each task reads its range on its executor** (:func:`read_range`): a SUBSCRIBE at
+  ``offset=<start>`` through the executor's sidecar (``host``/``port``) with ``ack:client`` and
+  ``prefetch-count``, a cumulative ACK every half window (credit), until the message before
+  ``end``; then it disconnects. The same range gives the same records, so a retried task or a
+  batch re-run from the checkpoint reads what the first attempt read.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import math
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    ReadMinRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import (
+    BinaryType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from ._link import Delivery, Link
+from ._stream_options import Position, StreamOptions, parse_stream_options
+from .errors import (
+    OptionError,
+    StompConnectError,
+    StompErrorFrame,
+    StompReadError,
+    StompWriteError,
+    StreamDataLossError,
+    StreamOffsetError,
+)
+
+__all__ = [
+    "PROBE_PREFETCH",
+    "STREAM_SCHEMA",
+    "TAIL_QUIET",
+    "StompStreamBatchReader",
+    "StompStreamSource",
+    "StreamRange",
+    "read_range",
+]
+
+LOG = logging.getLogger("mq_sidecar_spark")
+
+#: The rows of a stream read: ``destination`` (the MESSAGE's, ``/queue/<name>`` on RabbitMQ),
+#: ``offset`` (its ``x-stream-offset``), ``headers`` (every header but ``ack``), ``body`` (the
+#: bytes as sent), ``timestamp`` (the producer's ``timestamp`` header in ms since the epoch, as
+#: a UTC timestamp; null when absent: RabbitMQ sets none).
+STREAM_SCHEMA = StructType(
+    [
+        StructField("destination", StringType(), False),
+        StructField("offset", LongType(), False),
+        StructField("headers", MapType(StringType(), StringType(), True), False),
+        StructField("body", BinaryType(), False),
+        StructField("timestamp", TimestampType(), True),
+    ]
+)
+
+#: MESSAGEs a tail probe takes at most (its ``prefetch-count``): one chunk is usually far less.
+PROBE_PREFETCH = 1000
+#: Seconds without a MESSAGE after which a tail probe takes the chunk as complete.
+TAIL_QUIET = 0.2
+#: Rows per Arrow record batch a task yields (bounds a task's memory, not its range).
+ROWS_PER_BATCH = 10_000
+#: A task's subscription id.
+TASK_SUBSCRIPTION = "mq-sidecar-spark-stream"
+
+
+def _offset_of(headers: Mapping[str, str], destination: str) -> int:
+    raw = headers.get("x-stream-offset")
+    try:
+        return int(raw) if raw is not None else -1
+    except ValueError:
+        return -1
+
+
+def _not_a_stream(destination: str) -> OptionError:
+    return OptionError(
+        f"option destination={destination!r} is not a RabbitMQ stream (its messages carry no "
+        "x-stream-offset; RabbitMQ refuses x-stream-offset on a classic or quorum queue): read "
+        "a queue without stream=true, with spark.readStream"
+    )
+
+
+def _open(options: StreamOptions, inbox: int) -> Link:
+    """A connected :class:`Link` to the sidecar; raises :class:`StompReadError`."""
+    link = Link(
+        options.host,
+        options.port,
+        options.login,
+        options.passcode,
+        options.timeout,
+        vhost=options.vhost,
+        inbox=inbox,
+    )
+    try:
+        link.start()
+        link.connect()
+    except StompConnectError as exc:
+        link.close(graceful=False)
+        raise StompReadError(f"stream read of {options.destination}: {exc}") from None
+    except StompWriteError as exc:
+        link.close(graceful=False)
+        raise StompReadError(f"stream read of {options.destination}: {exc}") from None
+    return link
+
+
+def _subscribe(link: Link, options: StreamOptions, ident: str, position: str, window: int) -> None:
+    """SUBSCRIBE ``ident`` at ``position`` (``ack:client``, ``prefetch-count:window``); the
+    broker's refusal becomes :class:`OptionError` (not a stream) or :class:`StompReadError`."""
+    headers = {"x-stream-offset": position, "prefetch-count": str(window)}
+    try:
+        link.subscribe(options.destination, ident, headers, ack="client")
+    except StompErrorFrame as exc:
+        raise _refusal(options, exc) from None
+    except StompWriteError as exc:
+        raise StompReadError(
+            f"SUBSCRIBE to {options.destination} at {position} failed: {exc}"
+        ) from None
+
+
+def _refusal(options: StreamOptions, exc: StompErrorFrame) -> Exception:
+    if exc.message == "precondition_failed" and "x-stream-offset" in exc.body:
+        return _not_a_stream(options.destination)
+    return StompReadError(
+        f"SUBSCRIBE to {options.destination} failed: the sidecar at "
+        f"{options.host}:{options.port} sent ERROR {exc.message}: {exc.body}"
+    )
+
+
+def _take(link: Link, options: StreamOptions, limit: int, wait: float) -> list[Delivery]:
+    try:
+        return link.take_wait(limit, wait)
+    except StompErrorFrame as exc:
+        raise _refusal(options, exc) from None
+    except StompWriteError as exc:
+        raise StompReadError(f"stream read of {options.destination}: {exc}") from None
+
+
+class _Probe:
+    """The driver's probes of positions: each on a STOMP connection of its own, closed after it
+    (so nothing it received stays unacknowledged in the sidecar or the broker; an UNSUBSCRIBE
+    instead was answered ``ERROR Subscription not found`` by RabbitMQ 3.10 now and then, which
+    closes the connection). Never reads a record for Spark. Use as a context manager."""
+
+    def __init__(self, options: StreamOptions) -> None:
+        self.options = options
+        self._count = 0
+
+    def __enter__(self) -> _Probe:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def _probe(self, position: str, window: int, whole_chunk: bool) -> tuple[int, int] | None:
+        """The first and last offsets a SUBSCRIBE at ``position`` delivered (with
+        ``whole_chunk``: until :data:`TAIL_QUIET` s without one, at most ``window``), or None
+        when nothing came within ``tail_wait`` s."""
+        self._count += 1
+        ident = f"mq-sidecar-spark-probe-{self._count}"
+        options = self.options
+        link = _open(options, window)
+        try:
+            _subscribe(link, options, ident, position, window)
+            first: int | None = None
+            last = -1
+            seen = 0
+            wait = options.tail_wait
+            for _ in range(window + 1):  # each round takes at least one message or ends
+                got = _take(link, options, window, wait)
+                if not got:
+                    break
+                for headers, _body in got:
+                    offset = _offset_of(headers, options.destination)
+                    if offset < 0:
+                        raise _not_a_stream(options.destination)
+                    first = offset if first is None else first
+                    last = max(last, offset)
+                    seen += 1
+                if (not whole_chunk and first is not None) or seen >= window:
+                    break
+                wait = TAIL_QUIET
+        finally:
+            link.close()
+        return None if first is None else (first, last)
+
+    def earliest(self) -> int | None:
+        """The stream's first offset (retention may have removed those before), or None when
+        the stream is empty."""
+        found = self._probe("first", 1, whole_chunk=False)
+        return None if found is None else found[0]
+
+    def tail(self) -> int:
+        """The offset after the stream's last message as found (never past it; 0 when empty)."""
+        found = self._probe("last", PROBE_PREFETCH, whole_chunk=True)
+        return 0 if found is None else found[1] + 1
+
+    def at_timestamp(self, ms: int) -> int | None:
+        """The first offset of the first chunk written at or after ``ms`` // 1000 s (RabbitMQ's
+        ``timestamp=`` takes seconds and starts at a chunk), or None when none is."""
+        found = self._probe(f"timestamp={ms // 1000}", 1, whole_chunk=False)
+        return None if found is None else found[0]
+
+
+def _resolve(probe: _Probe, position: Position, name: str, *, fail_on_data_loss: bool) -> int:
+    """The stream offset ``position`` (option ``name``) means now. Raises :class:`OptionError`
+    for an offset beyond the tail, :class:`StreamDataLossError` for one retention removed
+    (``failOnDataLoss=true``; else the earliest offset instead)."""
+    destination = probe.options.destination
+    if position.kind == "latest":
+        return probe.tail()
+    if position.kind == "earliest":
+        earliest = probe.earliest()
+        return 0 if earliest is None else earliest
+    if position.kind == "timestamp":
+        found = probe.at_timestamp(position.value)
+        return probe.tail() if found is None else found
+    tail = probe.tail()
+    if position.value > tail:
+        raise OptionError(
+            f"option {name}={position.value} is beyond the tail of {destination} (its next "
+            f"offset is {tail}): use latest, or an offset up to {tail}"
+        )
+    earliest = probe.earliest()
+    if earliest is not None and position.value < earliest:
+        if fail_on_data_loss:
+            raise StreamDataLossError(
+                f"option {name}={position.value}: offsets {position.value}-{earliest - 1} of "
+                f"{destination} are no longer in the stream (its retention removed them; it "
+                f"starts at {earliest}); use earliest, or failOnDataLoss=false to start there"
+            )
+        LOG.warning(
+            "stream read of %s: %s=%d is gone (retention); starting at %d",
+            destination,
+            name,
+            position.value,
+            earliest,
+        )
+        return earliest
+    return position.value
+
+
+class StreamRange(InputPartition):
+    """One task's range ``[start, end)`` of stream offsets (picklable: three numbers)."""
+
+    def __init__(self, index: int, start: int, end: int) -> None:
+        super().__init__(index)
+        self.start = start
+        self.end = end
+
+    def __repr__(self) -> str:
+        return f"StreamRange({self.value}, {self.start}, {self.end})"
+
+
+def split_range(start: int, end: int, min_partitions: int, per_partition: int) -> list[StreamRange]:
+    """``[start, end)`` in consecutive ranges of nearly equal size: at least ``min_partitions``
+    (fewer only when there are fewer offsets) and at most ``per_partition`` offsets each. An
+    empty range gives no partition (Spark's rule for ``partitions(start, end)``)."""
+    count = end - start
+    if count <= 0:
+        return []
+    parts = min(count, max(min_partitions, math.ceil(count / per_partition)))
+    size, extra = divmod(count, parts)
+    ranges: list[StreamRange] = []
+    at = start
+    for i in range(parts):
+        stop = at + size + (1 if i < extra else 0)
+        ranges.append(StreamRange(i, at, stop))
+        at = stop
+    return ranges
+
+
+def read_range(options: StreamOptions, start: int, end: int) -> Iterator[Any]:
+    """The records of offsets ``[start, end)`` as pyarrow ``RecordBatch``es of
+    :data:`STREAM_SCHEMA`, read on the executor through its sidecar (module docstring).
+
+    Raises :class:`StompReadError` (no sidecar, an ERROR, no MESSAGE within ``timeout`` s),
+    :class:`StreamDataLossError` when the stream no longer holds an offset of the range
+    (retention) and ``failOnDataLoss=true``; with ``false`` the gap is logged and skipped.
+    """
+    pa: Any = importlib.import_module("pyarrow")
+    from pyspark.sql.pandas.types import to_arrow_schema  # noqa: PLC0415
+
+    schema = to_arrow_schema(STREAM_SCHEMA, timezone="UTC")
+    if end <= start:
+        return
+    window = options.prefetch
+    link = _open(options, window)
+    try:
+        _subscribe(link, options, TASK_SUBSCRIPTION, f"offset={start}", window)
+        expected = start
+        rows: list[tuple[str, int, list[tuple[str, str]], bytes, int | None]] = []
+        unacked = 0
+        last_ack: str | None = None
+        # Every round takes at least one MESSAGE or raises; a range needs (end - start) of them,
+        # plus at most a window of MESSAGEs below ``start`` (never seen on RabbitMQ 3.10).
+        for _ in range(end - start + window + 1):
+            if expected >= end:
+                break
+            got = _take(link, options, window, options.timeout)
+            if not got:
+                raise StompReadError(
+                    f"stream read of {options.destination}: no MESSAGE at offset {expected} "
+                    f"within {options.timeout:g} s (option timeout; range {start}-{end - 1})"
+                )
+            for headers, body in got:
+                offset = _offset_of(headers, options.destination)
+                if offset < 0:
+                    raise _not_a_stream(options.destination)
+                ack = headers.get("ack")
+                if ack is not None:
+                    last_ack, unacked = ack, unacked + 1
+                if offset < expected:
+                    continue
+                if offset > expected:
+                    lost = min(offset, end) - expected
+                    if options.fail_on_data_loss:
+                        raise StreamDataLossError(
+                            f"stream read of {options.destination}: offsets {expected}-"
+                            f"{expected + lost - 1} are no longer in the stream (retention); "
+                            "option failOnDataLoss=false skips them"
+                        )
+                    LOG.warning(
+                        "stream read of %s: %d offsets from %d gone (retention), skipped",
+                        options.destination,
+                        lost,
+                        expected,
+                    )
+                    expected = offset
+                if offset >= end:
+                    expected = end
+                    break
+                timestamp = headers.get("timestamp")
+                rows.append(
+                    (
+                        headers.get("destination", options.destination),
+                        offset,
+                        [(k, v) for k, v in headers.items() if k != "ack"],
+                        body,
+                        int(timestamp) * 1000 if timestamp and timestamp.isdigit() else None,
+                    )
+                )
+                expected = offset + 1
+            if last_ack is not None and unacked * 2 >= window and expected < end:
+                link.ack(last_ack)  # ack:client: credit for every earlier MESSAGE too
+                unacked = 0
+            if len(rows) >= ROWS_PER_BATCH:
+                yield _record_batch(pa, schema, rows)
+                rows = []
+        if expected < end:
+            raise StompReadError(
+                f"stream read of {options.destination}: stopped at offset {expected} of range "
+                f"{start}-{end - 1} (more MESSAGEs below the range than the bound)"
+            )
+        if rows:
+            yield _record_batch(pa, schema, rows)
+    finally:
+        link.close()
+
+
+def _record_batch(pa: Any, schema: Any, rows: list[tuple[Any, ...]]) -> Any:
+    columns = list(zip(*rows, strict=True))
+    arrays = [
+        pa.array(list(values), type=field.type)
+        for values, field in zip(columns, schema, strict=True)
+    ]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _offset(options: StreamOptions, given: Mapping[str, Any], what: str) -> int:
+    """The offset of a checkpointed ``given`` (Spark's start or end); raises
+    :class:`StreamOffsetError` when it is not this stream's."""
+    if "seq" in given and "offset" not in given:
+        raise StreamOffsetError(
+            f"the query's checkpoint holds {what} offset {dict(given)} of the queue reader "
+            f"(stream=false), not of the stream {options.destination}: start a stream read "
+            "with a new checkpointLocation"
+        )
+    stream = given.get("stream")
+    if stream != options.destination:
+        raise StreamOffsetError(
+            f"the query's checkpoint holds {what} offset {dict(given)} of {stream!r}, not of "
+            f"the stream {options.destination}: a checkpoint belongs to one stream; use a new "
+            "checkpointLocation"
+        )
+    value = given.get("offset")
+    if not isinstance(value, int) or value < 0:
+        raise StreamOffsetError(f"the query's {what} offset {dict(given)} is not a stream offset")
+    return value
+
+
+class StompStreamBatchReader(DataSourceReader):
+    """``spark.read.format("stomp").option("stream", "true")``: the range ``startingOffsets``
+    (default earliest) to ``endingOffsets`` (default latest, exclusive) of a stream, resolved
+    on the driver when Spark plans the read (a bad option or position raises there:
+    :class:`OptionError`, :class:`StreamDataLossError`, :class:`StompReadError`), read by the
+    tasks (:func:`read_range`)."""
+
+    def __init__(self, schema: StructType, options: Mapping[str, str]) -> None:
+        self.schema = schema
+        self.options = parse_stream_options(options, batch=True)
+        opts = self.options
+        with _Probe(opts) as probe:
+            self.start = _resolve(
+                probe, opts.starting, "startingOffsets", fail_on_data_loss=opts.fail_on_data_loss
+            )
+            self.end = _resolve(probe, opts.ending, "endingOffsets", fail_on_data_loss=False)
+        if self.end < self.start:
+            raise OptionError(
+                f"option endingOffsets resolves to {self.end}, before startingOffsets at "
+                f"{self.start} of {opts.destination}"
+            )
+
+    def partitions(self) -> Sequence[InputPartition]:
+        """The range in tasks (``minPartitions``, ``maxRecordsPerPartition``)."""
+        opts = self.options
+        return split_range(
+            self.start, self.end, opts.min_partitions, opts.max_records_per_partition
+        )
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        """One task: :func:`read_range` of the partition's range."""
+        assert isinstance(partition, StreamRange)
+        return read_range(self.options, partition.start, partition.end)
+
+
+class StompStreamSource(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """``spark.readStream.format("stomp").option("stream", "true")`` (module docstring).
+
+    Spark's calls on the driver (``pyspark.sql.datasource.DataSourceStreamReader``, PySpark
+    4.2+): ``initialOffset`` resolves ``startingOffsets``; ``latestOffset(start, limit)`` probes
+    the tail and applies admission control (``limit``, which is ``ReadMaxRows`` of
+    ``maxRecordsPerTrigger`` from :meth:`getDefaultReadLimit`, or ``ReadAllAvailable``;
+    ``minRecordsPerTrigger`` holds a batch back until ``maxTriggerDelay`` passed since the
+    last one); ``partitions`` splits ``[start, end)``. ``commit`` keeps nothing: the offsets
+    are in Spark's checkpoint. Checkpointed offsets of another stream or of the queue reader
+    raise :class:`StreamOffsetError`; retention past ``start`` raises
+    :class:`StreamDataLossError` (``failOnDataLoss=true``) or is logged and skipped.
+    """
+
+    def __init__(self, schema: StructType, options: Mapping[str, str]) -> None:
+        self.schema = schema
+        self.options = parse_stream_options(options, batch=False)
+        self._target: int | None = None  # Trigger.AvailableNow: the tail seen at its start
+        self._tail: int | None = None
+        self._last_batch = time.monotonic()
+        self.gaps = 0  # offsets skipped as lost (failOnDataLoss=false)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"schema": self.schema, "options": self.options}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.schema = state["schema"]
+        self.options = state["options"]
+        self._target, self._tail = None, None
+        self._last_batch = time.monotonic()
+        self.gaps = 0
+
+    def _at(self, offset: int) -> dict[str, Any]:
+        return {"stream": self.options.destination, "offset": offset}
+
+    def initialOffset(self) -> dict[str, Any]:
+        """Where a new query starts (``startingOffsets``; a restarted query continues from its
+        checkpoint instead)."""
+        opts = self.options
+        with _Probe(opts) as probe:
+            start = _resolve(
+                probe, opts.starting, "startingOffsets", fail_on_data_loss=opts.fail_on_data_loss
+            )
+        return self._at(start)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        """``ReadMaxRows(maxRecordsPerTrigger)`` when set, else ``ReadAllAvailable``."""
+        limit = self.options.max_records_per_trigger
+        return ReadAllAvailable() if limit is None else ReadMaxRows(limit)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """``Trigger.AvailableNow``: the tail now is where the query ends (in as many batches
+        as the read limit makes)."""
+        with _Probe(self.options) as probe:
+            self._target = probe.tail()
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        """The end of the next batch (module and class docstrings)."""
+        opts = self.options
+        begin = _offset(opts, start, "start")
+        with _Probe(opts) as probe:
+            tail = probe.tail()
+            earliest = probe.earliest() if tail > begin else None
+        self._tail = tail
+        if tail < begin:
+            raise StreamOffsetError(
+                f"the query's checkpoint is at offset {begin} of {opts.destination}, beyond "
+                f"its tail {tail}: the stream was deleted and declared again, or the checkpoint "
+                "is of another stream of that name; use a new checkpointLocation"
+            )
+        if earliest is not None and earliest > begin:
+            if opts.fail_on_data_loss:
+                raise StreamDataLossError(
+                    f"stream read of {opts.destination}: offsets {begin}-{earliest - 1} that "
+                    f"the query's checkpoint expects are no longer in the stream (retention; it "
+                    f"starts at {earliest}); option failOnDataLoss=false skips them"
+                )
+            LOG.warning(
+                "stream read of %s: offsets %d-%d gone (retention), skipped",
+                opts.destination,
+                begin,
+                earliest - 1,
+            )
+            self.gaps += earliest - begin
+            first = earliest
+        else:
+            first = begin
+        target = tail if self._target is None else min(tail, self._target)
+        end = max(first, target)
+        if isinstance(limit, ReadMaxRows):
+            end = min(end, first + limit.max_rows)
+        if isinstance(limit, ReadMinRows) and end - first < limit.min_rows:
+            return self._at(begin)
+        wanted = opts.min_records_per_trigger
+        if (
+            wanted is not None
+            and self._target is None
+            and not isinstance(limit, ReadAllAvailable)
+            and end - first < wanted
+            and time.monotonic() - self._last_batch < opts.max_trigger_delay
+        ):
+            return self._at(begin)
+        if end == first and first == begin:
+            return self._at(begin)
+        self._last_batch = time.monotonic()
+        return self._at(end)
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        """The tail found by the last ``latestOffset`` (the query's progress shows it as the
+        source's ``latestOffset``), or None before one."""
+        return None if self._tail is None else self._at(self._tail)
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        """``[start, end)`` in tasks (``minPartitions``, ``maxRecordsPerPartition``)."""
+        opts = self.options
+        first = _offset(opts, start, "start")
+        last = _offset(opts, end, "end")
+        return split_range(first, last, opts.min_partitions, opts.max_records_per_partition)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to keep: Spark's checkpoint holds the offsets; the broker no position."""
+        _offset(self.options, end, "end")
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        """One task: :func:`read_range` of the partition's range."""
+        assert isinstance(partition, StreamRange)
+        return read_range(self.options, partition.start, partition.end)

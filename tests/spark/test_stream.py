@@ -1,0 +1,435 @@
+"""The stream read (``stream=true``, issue 33 parts 1 and 2; docs/spark.md, "Stream read"): a
+RabbitMQ stream read by Spark tasks through a real mq-sidecar process, in front of a real
+RabbitMQ node, on a local SparkSession (``local[2,2]``, shared by the module).
+
+Messages are published with stomp.py through the sidecar, each with a ``row-id`` header equal to
+its place in the publishing order, which is its stream offset (the stream is new and has one
+producer). A sink's rows are counted by it, so a record lost or read twice fails the test.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import stomp
+
+from testbed import RabbitMQ
+from testbed.sidecar import SidecarProcess
+from tests.spark.support import ROW_ID, WAIT, publish, sink_rows, wait_rows
+from tests.spark.test_bad_input import error_of
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+    from pyspark.sql.streaming.readwriter import DataStreamWriter
+
+#: The wait for a probe's first MESSAGE: long, so a loaded machine never makes the driver take
+#: a non-empty stream for an empty one (the probe returns at the first MESSAGE).
+TAIL_WAIT = "10s"
+
+
+def new_stream(broker: RabbitMQ, **arguments: str) -> str:
+    """Declare a new stream on ``broker`` (a SUBSCRIBE to ``/queue/<name>`` with
+    ``x-queue-type:stream``, straight to the node) and return ``/amq/queue/<name>``."""
+    name = f"spark_stream_{uuid.uuid4().hex[:10]}"
+    done = threading.Event()
+
+    class Listener(stomp.ConnectionListener):  # type: ignore[misc]
+        def on_receipt(self, frame: Any) -> None:
+            done.set()
+
+    conn = stomp.Connection12([(broker.host, broker.stomp_port)], heartbeats=(0, 0), vhost="/")
+    conn.set_listener("l", Listener())
+    conn.connect(wait=True)
+    try:
+        headers = {
+            "x-queue-type": "stream",
+            "durable": "true",
+            "auto-delete": "false",
+            "prefetch-count": "1",
+            "receipt": "declared",
+            **arguments,
+        }
+        conn.subscribe(f"/queue/{name}", id="declare", ack="client-individual", headers=headers)
+        assert done.wait(WAIT), "the stream's declaration was not confirmed"
+    finally:
+        conn.disconnect()
+    return f"/amq/queue/{name}"
+
+
+def configure(reader: Any, sidecar: SidecarProcess, stream: str, options: dict[str, str]) -> Any:
+    """``reader`` (a ``DataFrameReader`` or ``DataStreamReader`` of ``format("stomp")``) with
+    ``stream=true``, the sidecar's port, ``stream`` as destination, :data:`TAIL_WAIT` and
+    ``options``."""
+    reader = (
+        reader.option("stream", "true")
+        .option("port", str(sidecar.port))
+        .option("destination", stream)
+        .option("tail_wait", TAIL_WAIT)
+    )
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    return reader
+
+
+def read_stream(spark: SparkSession, sidecar: SidecarProcess, stream: str, **options: str) -> Any:
+    """``spark.read.format("stomp")`` of ``stream`` (``stream=true``) with ``options``."""
+    return configure(spark.read.format("stomp"), sidecar, stream, options).load()
+
+
+def check_range(rows: list[Any], first: int, end: int) -> None:
+    """``rows`` are offsets ``[first, end)`` of a stream :func:`publish` filled: each once, its
+    ``row-id`` and body those of its offset."""
+    offsets = Counter(int(row["offset"]) for row in rows)
+    missing = [n for n in range(first, end) if offsets[n] == 0]
+    twice = [n for n, count in offsets.items() if count > 1]
+    assert not missing, f"{len(missing)} offsets missing, e.g. {missing[:5]}"
+    assert not twice, f"{len(twice)} offsets read twice, e.g. {twice[:5]}"
+    assert len(rows) == end - first
+    for row in rows:
+        assert row["headers"][ROW_ID] == str(row["offset"])
+        assert row["body"] == f"m{row['offset']}".encode()
+
+
+@pytest.fixture(scope="module")
+def filled(rabbitmq: RabbitMQ, rmq_sidecar: SidecarProcess) -> str:
+    """A stream of 1,000 messages (offsets 0-999, ``row-id`` = offset), shared by the module's
+    batch reads (they only read it)."""
+    stream = new_stream(rabbitmq)
+    publish(("127.0.0.1", rmq_sidecar.port), stream, range(1000))
+    return stream
+
+
+def test_the_tasks_run_this_worktrees_package(spark: SparkSession) -> None:
+    """The Python workers import the ``mq_sidecar_spark`` the test process imports (the tests'
+    ``PYTHONPATH`` first), not another installed copy."""
+    import mq_sidecar_spark
+
+    def where(_: object) -> list[str]:
+        import mq_sidecar_spark as package
+
+        return [package.__file__ or ""]
+
+    seen = spark.sparkContext.parallelize([0], 1).mapPartitions(where).collect()
+    assert seen == [mq_sidecar_spark.__file__]
+
+
+def test_batch_read_of_a_stream_and_of_a_range(
+    spark: SparkSession, rmq_sidecar: SidecarProcess, filled: str
+) -> None:
+    """The whole stream by default (earliest to the tail), then offsets 200-699 in 3 tasks
+    (``minPartitions``) and 100-349 in ranges of at most 100 (``maxRecordsPerPartition``), read
+    twice: the same records each time, in offset order within a task."""
+    whole = read_stream(spark, rmq_sidecar, filled).collect()
+    check_range(whole, 0, 1000)
+    assert [int(r["offset"]) for r in whole] == list(range(1000))
+    assert all(r["destination"] == filled.replace("/amq/queue/", "/queue/") for r in whole)
+
+    part = read_stream(
+        spark,
+        rmq_sidecar,
+        filled,
+        startingOffsets="200",
+        endingOffsets="700",
+        minPartitions="3",
+    )
+    assert part.rdd.getNumPartitions() == 3
+    check_range(part.collect(), 200, 700)
+    small = read_stream(
+        spark,
+        rmq_sidecar,
+        filled,
+        startingOffsets="100",
+        endingOffsets="350",
+        maxRecordsPerPartition="100",
+    )
+    assert small.rdd.getNumPartitions() == 3
+    first = small.collect()
+    check_range(first, 100, 350)
+    assert [r["offset"] for r in small.collect()] == [r["offset"] for r in first]
+
+
+# -- streaming -----------------------------------------------------------------------------------
+
+
+def start_query(
+    spark: SparkSession,
+    sidecar: SidecarProcess,
+    stream: str,
+    *,
+    checkpoint: Path,
+    out: Path,
+    available_now: bool = False,
+    **options: str,
+) -> StreamingQuery:
+    reader = configure(spark.readStream.format("stomp"), sidecar, stream, options)
+    writer: DataStreamWriter = (
+        reader.load()
+        .writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(checkpoint))
+    )
+    if available_now:
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime="200 milliseconds")
+    return writer.start()
+
+
+def sink(spark: SparkSession, out: Path) -> list[Any]:
+    """What the Parquet sink committed (its ``_spark_metadata`` log)."""
+    from mq_sidecar_spark.stream import STREAM_SCHEMA
+
+    return sink_rows(spark, out, STREAM_SCHEMA)
+
+
+def wait_sink(spark: SparkSession, out: Path, count: int, query: StreamingQuery) -> list[Any]:
+    """Wait (at most 180 s) until the sink holds ``count`` rows; fails on a query exception."""
+    from mq_sidecar_spark.stream import STREAM_SCHEMA
+
+    return wait_rows(spark, out, count, query, 180, schema=STREAM_SCHEMA)
+
+
+def test_streaming_read_into_parquet_then_a_restart_from_the_checkpoint(
+    spark: SparkSession, rabbitmq: RabbitMQ, rmq_sidecar: SidecarProcess, tmp_path: Path
+) -> None:
+    """600 messages from ``earliest`` in batches of at most 250 (``maxRecordsPerTrigger``), 2
+    tasks each (``minPartitions``), into Parquet; the query stopped, 400 more published, the
+    query started again on its checkpoint: each of the 1,000 once in the sink, none missing.
+    The progress shows the source's offsets and the tail (``reportLatestOffset``)."""
+    stream = new_stream(rabbitmq)
+    address = ("127.0.0.1", rmq_sidecar.port)
+    publish(address, stream, range(600))
+    checkpoint, out = tmp_path / "checkpoint", tmp_path / "out"
+
+    def start() -> StreamingQuery:
+        return start_query(
+            spark,
+            rmq_sidecar,
+            stream,
+            checkpoint=checkpoint,
+            out=out,
+            startingOffsets="earliest",
+            maxRecordsPerTrigger="250",
+            minPartitions="2",
+        )
+
+    query = start()
+    try:
+        check_range(wait_sink(spark, out, 600, query), 0, 600)
+        batches = [p for p in query.recentProgress if p.numInputRows > 0]
+        assert all(p.numInputRows <= 250 for p in batches)
+        assert sum(p.numInputRows for p in batches) == 600
+        source = batches[1].sources[0]  # the first batch's startOffset is null (Spark's)
+        assert json.loads(source.startOffset) == {"stream": stream, "offset": 250}
+        assert json.loads(source.endOffset) == {"stream": stream, "offset": 500}
+        assert json.loads(source.latestOffset) == {"stream": stream, "offset": 600}
+        print("progress of one micro-batch:", batches[1].json)  # shown with pytest -s
+    finally:
+        query.stop()
+    publish(address, stream, range(600, 1000))
+    query = start()
+    try:
+        check_range(wait_sink(spark, out, 1000, query), 0, 1000)
+    finally:
+        query.stop()
+
+
+def test_available_now_reads_to_the_tail_seen_at_its_start_in_batches(
+    spark: SparkSession, rabbitmq: RabbitMQ, rmq_sidecar: SidecarProcess, tmp_path: Path
+) -> None:
+    """``Trigger.AvailableNow`` with ``maxRecordsPerTrigger=100`` over 300 messages: 3 batches,
+    then the query ends by itself; run again after 50 more, it reads just those."""
+    stream = new_stream(rabbitmq)
+    address = ("127.0.0.1", rmq_sidecar.port)
+    publish(address, stream, range(300))
+    checkpoint, out = tmp_path / "checkpoint", tmp_path / "out"
+    for end in (300, 350):
+        query = start_query(
+            spark,
+            rmq_sidecar,
+            stream,
+            checkpoint=checkpoint,
+            out=out,
+            available_now=True,
+            startingOffsets="earliest",
+            maxRecordsPerTrigger="100",
+        )
+        try:
+            assert query.awaitTermination(int(WAIT * 3)), "the query did not end by itself"
+            assert query.exception() is None
+            sizes = [p.numInputRows for p in query.recentProgress if p.numInputRows > 0]
+        finally:
+            query.stop()
+        assert sizes == ([100, 100, 100] if end == 300 else [50])
+        check_range(sink(spark, out), 0, end)
+        if end == 300:
+            publish(address, stream, range(300, 350))
+
+
+# -- bad input: one error naming the option, on the driver, before a task runs ---------------
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({"destination": "/queue/orders"}, "option destination='/queue/orders'"),
+        ({"startingOffsets": "soon"}, "option startingOffsets='soon'"),
+        ({"startingOffsets": "timestamp:99999999999999"}, "the timestamp is in the future"),
+        ({"maxBytesPerTrigger": "1000"}, "option maxBytesPerTrigger is not supported"),
+        ({"minPartitions": "0"}, "option minPartitions=0: must be at least 1"),
+        ({"startingOffsets": "latest"}, "option startingOffsets=latest"),
+        ({"maxRecordsPerTrigger": "10"}, "option maxRecordsPerTrigger applies to"),
+        ({"bogus": "1"}, "unknown option(s) for the stomp stream read: bogus"),
+    ],
+)
+def test_bad_options_of_a_batch_read(
+    spark: SparkSession,
+    rmq_sidecar: SidecarProcess,
+    filled: str,
+    options: dict[str, str],
+    expected: str,
+) -> None:
+    """Each bad option fails ``load()`` with one sentence naming it."""
+    settings = {"destination": filled, **options}
+    destination = settings.pop("destination")
+    text = error_of(lambda: read_stream(spark, rmq_sidecar, destination, **settings).collect())
+    assert expected in text, text
+
+
+def test_stream_options_without_stream_true(spark: SparkSession) -> None:
+    """A stream-only option on a queue read names ``stream=true``."""
+    text = error_of(
+        lambda: (
+            spark.readStream.format("stomp")
+            .option("destination", "/queue/q")
+            .option("startingOffsets", "earliest")
+            .load()
+        )
+    )
+    assert "startingoffsets apply to a RabbitMQ stream read only: set stream=true" in text
+
+
+def test_a_destination_that_is_not_a_stream(
+    spark: SparkSession, rmq_sidecar: SidecarProcess
+) -> None:
+    """A classic queue named as a stream: RabbitMQ refuses ``x-stream-offset`` on it, and the
+    read says the destination is not a stream."""
+    queue = f"/amq/queue/classic_{uuid.uuid4().hex[:8]}"
+    publish(("127.0.0.1", rmq_sidecar.port), queue.replace("/amq/queue/", "/queue/"), range(1))
+    text = error_of(lambda: read_stream(spark, rmq_sidecar, queue).collect())
+    assert f"option destination='{queue}' is not a RabbitMQ stream" in text
+
+
+def test_an_offset_beyond_the_tail(
+    spark: SparkSession, rmq_sidecar: SidecarProcess, filled: str
+) -> None:
+    """``startingOffsets`` past the stream's tail (1,000) is refused, naming the tail."""
+    text = error_of(lambda: read_stream(spark, rmq_sidecar, filled, startingOffsets="5000").count())
+    assert "option startingOffsets=5000 is beyond the tail" in text
+    assert "its next offset is 1000" in text
+
+
+def run_available_now(query: StreamingQuery) -> str | None:
+    """Wait (bounded) for a query that ends by itself (``availableNow``) or fails; the text of
+    its exception, or None."""
+    from pyspark.errors import StreamingQueryException
+
+    try:
+        assert query.awaitTermination(int(WAIT * 3)), "the query did not end"
+    except StreamingQueryException as exc:
+        return str(exc)
+    finally:
+        query.stop()
+    failure = query.exception()
+    return None if failure is None else str(failure)
+
+
+def test_contradicting_trigger_limits(
+    spark: SparkSession, rmq_sidecar: SidecarProcess, filled: str, tmp_path: Path
+) -> None:
+    """``minRecordsPerTrigger`` above ``maxRecordsPerTrigger`` fails the query at its start."""
+    query = start_query(
+        spark,
+        rmq_sidecar,
+        filled,
+        checkpoint=tmp_path / "c",
+        out=tmp_path / "o",
+        minRecordsPerTrigger="500",
+        maxRecordsPerTrigger="100",
+    )
+    text = run_available_now(query)
+    assert text is not None
+    assert "option minRecordsPerTrigger=500 is above maxRecordsPerTrigger=100" in text
+    assert not (tmp_path / "o" / "_spark_metadata").exists() or not sink(spark, tmp_path / "o")
+
+
+def test_a_checkpoint_of_another_stream_or_of_the_queue_reader(
+    spark: SparkSession, rabbitmq: RabbitMQ, rmq_sidecar: SidecarProcess, tmp_path: Path
+) -> None:
+    """A stream read started on a checkpoint written by a read of another stream, or by the
+    queue reader, fails with one error naming both, before a task reads anything."""
+    first, second = new_stream(rabbitmq), new_stream(rabbitmq)
+    address = ("127.0.0.1", rmq_sidecar.port)
+    publish(address, first, range(10))
+    publish(address, second, range(10))
+    checkpoint = tmp_path / "checkpoint"
+    ok = start_query(
+        spark,
+        rmq_sidecar,
+        first,
+        checkpoint=checkpoint,
+        out=tmp_path / "o1",
+        available_now=True,
+        startingOffsets="earliest",
+    )
+    assert run_available_now(ok) is None
+    other = start_query(
+        spark,
+        rmq_sidecar,
+        second,
+        checkpoint=checkpoint,
+        out=tmp_path / "o1",
+        available_now=True,
+        startingOffsets="earliest",
+    )
+    text = run_available_now(other)
+    assert text is not None
+    assert f"of '{first}', not of the stream {second}" in text
+
+    queue = f"/queue/spark_q_{uuid.uuid4().hex[:8]}"
+    publish(address, queue, range(3))
+    queue_checkpoint = tmp_path / "queue-checkpoint"
+    reader = (
+        spark.readStream.format("stomp")
+        .option("port", str(rmq_sidecar.port))
+        .option("destination", queue)
+        .option("checkpoint_location", str(queue_checkpoint))
+        .load()
+    )
+    queue_query = (
+        reader.writeStream.format("parquet")
+        .option("path", str(tmp_path / "o2"))
+        .option("checkpointLocation", str(queue_checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert run_available_now(queue_query) is None
+    text = run_available_now(
+        start_query(
+            spark,
+            rmq_sidecar,
+            first,
+            checkpoint=queue_checkpoint,
+            out=tmp_path / "o2",
+            available_now=True,
+        )
+    )
+    assert text is not None
+    assert "of the queue reader (stream=false)" in text
