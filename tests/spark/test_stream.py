@@ -34,10 +34,11 @@ if TYPE_CHECKING:
 TAIL_WAIT = "10s"
 
 
-def new_stream(broker: RabbitMQ, **arguments: str) -> str:
+def new_stream(broker: RabbitMQ, name: str | None = None) -> str:
     """Declare a new stream on ``broker`` (a SUBSCRIBE to ``/queue/<name>`` with
-    ``x-queue-type:stream``, straight to the node) and return ``/amq/queue/<name>``."""
-    name = f"spark_stream_{uuid.uuid4().hex[:10]}"
+    ``x-queue-type:stream``, straight to the node; ``name``: a new one by default) and return
+    ``/amq/queue/<name>``."""
+    name = name or f"spark_stream_{uuid.uuid4().hex[:10]}"
     done = threading.Event()
 
     class Listener(stomp.ConnectionListener):  # type: ignore[misc]
@@ -54,7 +55,6 @@ def new_stream(broker: RabbitMQ, **arguments: str) -> str:
             "auto-delete": "false",
             "prefetch-count": "1",
             "receipt": "declared",
-            **arguments,
         }
         conn.subscribe(f"/queue/{name}", id="declare", ack="client-individual", headers=headers)
         assert done.wait(WAIT), "the stream's declaration was not confirmed"
@@ -433,3 +433,65 @@ def test_a_checkpoint_of_another_stream_or_of_the_queue_reader(
     )
     assert text is not None
     assert "of the queue reader (stream=false)" in text
+
+
+# -- retention ---------------------------------------------------------------------------------
+
+
+def test_retention_past_the_checkpoint_with_fail_on_data_loss_both_ways(
+    spark: SparkSession, rabbitmq: RabbitMQ, rmq_sidecar: SidecarProcess, tmp_path: Path
+) -> None:
+    """A query reads 10 messages, then the stream's retention (a policy: segments of 5,000
+    bytes, 20,000 bytes kept) removes them and more while 1,000 others are published. Started
+    again on its checkpoint, the query fails naming the lost offsets and ``failOnDataLoss``
+    (the default); with ``failOnDataLoss=false`` it goes on from the stream's first offset, and
+    what it reads is each once. A batch read from offset 0 does the same both ways."""
+    name = f"spark_retention_{uuid.uuid4().hex[:8]}"
+    rabbitmq.rabbitmqctl(
+        "set_policy",
+        "--apply-to",
+        "queues",
+        name,
+        f"^{name}$",
+        '{"stream-max-segment-size-bytes": 5000, "max-length-bytes": 20000}',
+    )
+    stream = new_stream(rabbitmq, name=name)
+    address = ("127.0.0.1", rmq_sidecar.port)
+    publish(address, stream, range(10))
+    checkpoint, out = tmp_path / "checkpoint", tmp_path / "out"
+
+    def run(**options: str) -> str | None:
+        return run_available_now(
+            start_query(
+                spark,
+                rmq_sidecar,
+                stream,
+                checkpoint=checkpoint,
+                out=out,
+                available_now=True,
+                startingOffsets="earliest",
+                **options,
+            )
+        )
+
+    assert run() is None
+    check_range(sink(spark, out), 0, 10)
+    publish(address, stream, range(10, 1010), prefix="m" + "x" * 100)
+    text = run()
+    assert text is not None
+    assert "that the query's checkpoint expects are no longer in the stream" in text
+    assert "option failOnDataLoss=false skips them" in text
+    assert run(failOnDataLoss="false") is None
+    ids = Counter(int(row["headers"][ROW_ID]) for row in sink(spark, out))
+    assert set(ids.values()) == {1}
+    kept = sorted(ids)
+    first_kept = kept[10]
+    assert kept == [*range(10), *range(first_kept, 1010)]
+    assert first_kept > 10
+
+    text = error_of(lambda: read_stream(spark, rmq_sidecar, stream, startingOffsets="0").count())
+    assert "option startingOffsets=0: offsets 0-" in text
+    rows = read_stream(
+        spark, rmq_sidecar, stream, startingOffsets="0", failOnDataLoss="false"
+    ).collect()
+    assert sorted(int(r["headers"][ROW_ID]) for r in rows)[-1] == 1009
