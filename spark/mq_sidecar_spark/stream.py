@@ -458,10 +458,11 @@ class StompStreamSource(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     Spark's calls on the driver (``pyspark.sql.datasource.DataSourceStreamReader``, PySpark
     4.2+): ``initialOffset`` resolves ``startingOffsets``; ``latestOffset(start, limit)`` probes
-    the tail and applies admission control (``limit``, which is ``ReadMaxRows`` of
-    ``maxRecordsPerTrigger`` from :meth:`getDefaultReadLimit`, or ``ReadAllAvailable``;
-    ``minRecordsPerTrigger`` holds a batch back until ``maxTriggerDelay`` passed since the
-    last one); ``partitions`` splits ``[start, end)``. ``commit`` keeps nothing: the offsets
+    the tail and applies admission control (``limit``: the default of
+    :meth:`getDefaultReadLimit`, or ``ReadAllAvailable`` where the trigger wants everything;
+    ``maxRecordsPerTrigger`` caps a batch's offsets, ``minRecordsPerTrigger`` holds a batch
+    back until ``maxTriggerDelay`` passed since the last one); ``partitions`` splits
+    ``[start, end)``. ``commit`` keeps nothing: the offsets
     are in Spark's checkpoint. Checkpointed offsets of another stream or of the queue reader
     raise :class:`StreamOffsetError`; retention past ``start`` raises
     :class:`StreamDataLossError` (``failOnDataLoss=true``) or is logged and skipped.
@@ -499,9 +500,17 @@ class StompStreamSource(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._at(start)
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        """``ReadMaxRows(maxRecordsPerTrigger)`` when set, else ``ReadAllAvailable``."""
-        limit = self.options.max_records_per_trigger
-        return ReadAllAvailable() if limit is None else ReadMaxRows(limit)
+        """``ReadMaxRows(maxRecordsPerTrigger)`` when set, else ``ReadMinRows(
+        minRecordsPerTrigger)`` when that is set, else ``ReadAllAvailable``. Spark gives the
+        default back to :meth:`latestOffset`, or ``ReadAllAvailable`` where its trigger wants
+        everything (``pyspark.sql.datasource``): then ``minRecordsPerTrigger`` does not hold a
+        batch back."""
+        opts = self.options
+        if opts.max_records_per_trigger is not None:
+            return ReadMaxRows(opts.max_records_per_trigger)
+        if opts.min_records_per_trigger is not None:
+            return ReadMinRows(opts.min_records_per_trigger)
+        return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
         """``Trigger.AvailableNow``: the tail now is where the query ends (in as many batches
@@ -544,9 +553,9 @@ class StompStreamSource(DataSourceStreamReader, SupportsTriggerAvailableNow):
         end = max(first, target)
         if isinstance(limit, ReadMaxRows):
             end = min(end, first + limit.max_rows)
-        if isinstance(limit, ReadMinRows) and end - first < limit.min_rows:
-            return self._at(begin)
         wanted = opts.min_records_per_trigger
+        if isinstance(limit, ReadMinRows):
+            wanted = limit.min_rows
         if (
             wanted is not None
             and self._target is None

@@ -9,8 +9,10 @@ producer). A sink's rows are counted by it, so a record lost or read twice fails
 
 from __future__ import annotations
 
+import datetime
 import json
 import threading
+import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -495,3 +497,60 @@ def test_retention_past_the_checkpoint_with_fail_on_data_loss_both_ways(
         spark, rmq_sidecar, stream, startingOffsets="0", failOnDataLoss="false"
     ).collect()
     assert sorted(int(r["headers"][ROW_ID]) for r in rows)[-1] == 1009
+
+
+def test_min_records_per_trigger_holds_a_batch_until_max_trigger_delay(
+    spark: SparkSession, rabbitmq: RabbitMQ, rmq_sidecar: SidecarProcess, tmp_path: Path
+) -> None:
+    """``minRecordsPerTrigger=100``: 50 messages make no batch (a trigger that found them
+    made none: Spark reports it as a progress of 0 rows), 110 make one of 110. Started again
+    with ``maxTriggerDelay=2s``, 10 more make a batch of 10 once the delay passed."""
+    stream = new_stream(rabbitmq)
+    address = ("127.0.0.1", rmq_sidecar.port)
+    checkpoint, out = tmp_path / "checkpoint", tmp_path / "out"
+
+    def start(delay: str) -> StreamingQuery:
+        return start_query(
+            spark,
+            rmq_sidecar,
+            stream,
+            checkpoint=checkpoint,
+            out=out,
+            startingOffsets="earliest",
+            minRecordsPerTrigger="100",
+            maxTriggerDelay=delay,
+        )
+
+    spark.conf.set("spark.sql.streaming.noDataProgressEventInterval", "100ms")
+    query = start("1h")
+    try:
+        publish(address, stream, range(50))
+        published = time.time()
+        deadline = time.monotonic() + WAIT
+        while time.monotonic() < deadline and not any(
+            p.numInputRows == 0 and p.timestamp > _iso(published) for p in query.recentProgress
+        ):
+            time.sleep(0.2)
+        assert query.exception() is None
+        assert sink(spark, out) == []
+        publish(address, stream, range(50, 110))
+        check_range(wait_sink(spark, out, 110, query), 0, 110)
+        sizes = [p.numInputRows for p in query.recentProgress if p.numInputRows > 0]
+    finally:
+        query.stop()
+        spark.conf.unset("spark.sql.streaming.noDataProgressEventInterval")
+    assert sizes == [110]
+    query = start("2s")
+    try:
+        publish(address, stream, range(110, 120))
+        check_range(wait_sink(spark, out, 120, query), 0, 120)
+        sizes = [p.numInputRows for p in query.recentProgress if p.numInputRows > 0]
+    finally:
+        query.stop()
+    assert sizes == [10]
+
+
+def _iso(epoch: float) -> str:
+    """``epoch`` as Spark's progress timestamps are written (UTC, ms, ``Z``), comparable as text."""
+    moment = datetime.datetime.fromtimestamp(epoch, tz=datetime.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
