@@ -30,6 +30,7 @@ position. So:
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import logging
 import math
@@ -233,6 +234,13 @@ class _Probe:
         found = self._probe("last", PROBE_PREFETCH, whole_chunk=True)
         return 0 if found is None else found[1] + 1
 
+    def reaches(self, offset: int) -> bool:
+        """Whether the stream has a message at or past ``offset`` (a SUBSCRIBE at
+        ``offset=<offset>`` delivers one within ``tail_wait`` s; RabbitMQ treats an offset past
+        the end as ``next``). Asked where :meth:`tail` may be short: a tail probe's own
+        subscription hides copies of messages it delivered (module docstring)."""
+        return self._probe(f"offset={offset}", 1, whole_chunk=False) is not None
+
     def at_timestamp(self, ms: int) -> int | None:
         """The first offset of the first chunk written at or after ``ms`` // 1000 s (RabbitMQ's
         ``timestamp=`` takes seconds and starts at a chunk), or None when none is."""
@@ -254,7 +262,7 @@ def _resolve(probe: _Probe, position: Position, name: str, *, fail_on_data_loss:
         found = probe.at_timestamp(position.value)
         return probe.tail() if found is None else found
     tail = probe.tail()
-    if position.value > tail:
+    if position.value > tail and not probe.reaches(position.value - 1):
         raise OptionError(
             f"option {name}={position.value} is beyond the tail of {destination} (its next "
             f"offset is {tail}): use latest, or an offset up to {tail}"
@@ -276,6 +284,12 @@ def _resolve(probe: _Probe, position: Position, name: str, *, fail_on_data_loss:
         )
         return earliest
     return position.value
+
+
+def probe_reaches(options: StreamOptions, offset: int) -> bool:
+    """:meth:`_Probe.reaches` on a probe of its own."""
+    with _Probe(options) as probe:
+        return probe.reaches(offset)
 
 
 class StreamRange(InputPartition):
@@ -308,6 +322,57 @@ def split_range(start: int, end: int, min_partitions: int, per_partition: int) -
     return ranges
 
 
+#: Headers a RabbitMQ stream MESSAGE gets per delivery (or that the broker copies from the
+#: SEND's own frame), left out when two messages' contents are compared.
+_PER_DELIVERY = frozenset(
+    {"ack", "message-id", "subscription", "x-stream-offset", "redelivered", "receipt"}
+)
+
+
+def _content_key(headers: Mapping[str, str], body: bytes) -> bytes:
+    """A digest of a message's content: its body and the headers it was sent with."""
+    digest = hashlib.blake2b(body, digest_size=16)
+    for name, value in sorted(headers.items()):
+        if name not in _PER_DELIVERY:
+            digest.update(f"\n{name}:{value}".encode())
+    return digest.digest()
+
+
+def _skip_hidden(options: StreamOptions, expected: int, end: int, seen: set[bytes]) -> int:
+    """Where a task whose subscription went quiet at ``expected`` may go on: past the messages
+    of ``[expected, end)`` that its sidecar hid as copies of messages the task already read.
+
+    The sidecar hides, per subscription, a message whose ``mq-sidecar-id`` it delivered already
+    (docs/behaviour.md, "Duplicate detection": a retried writer task's copies), so a range may
+    end in messages the task never gets. A second subscription at ``offset=<expected>``, on a
+    connection of its own, has seen nothing and shows them; each one whose content (body and
+    sent headers) equals one the task read is such a copy, and is passed over. The first one
+    that is not stops it (the task's subscription is only slow). Returns the new ``expected``
+    (``end`` once every offset left is a copy or beyond the range)."""
+    link = _open(options, options.prefetch)
+    try:
+        _subscribe(link, options, "mq-sidecar-spark-check", f"offset={expected}", 1)
+        at = expected
+        wait = options.tail_wait
+        for _ in range(end - expected + 1):
+            got = _take(link, options, options.prefetch, wait)
+            if not got:
+                return at
+            for headers, body in got:
+                offset = _offset_of(headers, options.destination)
+                if offset < at:
+                    continue
+                if offset >= end:
+                    return end
+                if _content_key(headers, body) not in seen:
+                    return at
+                at = offset + 1
+            wait = TAIL_QUIET
+        return at
+    finally:
+        link.close()
+
+
 def read_range(options: StreamOptions, start: int, end: int) -> Iterator[Any]:
     """The records of offsets ``[start, end)`` as pyarrow ``RecordBatch``es of
     :data:`STREAM_SCHEMA`, read on the executor through its sidecar (module docstring).
@@ -317,9 +382,12 @@ def read_range(options: StreamOptions, start: int, end: int) -> Iterator[Any]:
     segments rolled over), so a task takes the messages whose offsets fall in its range, and
     ends at the first MESSAGE at or past ``end`` (the range's last offset may be no message).
     Offsets that retention removed are found on the driver, before the range is planned
-    (:meth:`StompStreamSource.latestOffset`): a jump inside a range is not a loss.
+    (:meth:`StompStreamSource.latestOffset`): a jump inside a range is not a loss. A range
+    whose last messages the sidecar hides (copies, :func:`_skip_hidden`) ends once a check
+    after :data:`TAIL_QUIET` s without a MESSAGE found only such copies left.
 
-    Raises :class:`StompReadError` (no sidecar, an ERROR, no MESSAGE within ``timeout`` s).
+    Raises :class:`StompReadError` (no sidecar, an ERROR, no MESSAGE within ``timeout`` s
+    while one is due).
     """
     pa: Any = importlib.import_module("pyarrow")
     from pyspark.sql.pandas.types import to_arrow_schema  # noqa: PLC0415
@@ -333,20 +401,31 @@ def read_range(options: StreamOptions, start: int, end: int) -> Iterator[Any]:
         _subscribe(link, options, TASK_SUBSCRIPTION, f"offset={start}", window)
         expected = start
         rows: list[tuple[str, int, list[tuple[str, str]], bytes, int | None]] = []
+        seen: set[bytes] = set()
         unacked = 0
         last_ack: str | None = None
-        # Every round takes at least one MESSAGE or raises; a range needs (end - start) of them,
-        # plus at most a window of MESSAGEs below ``start`` (never seen on RabbitMQ 3.10).
-        for _ in range(end - start + window + 1):
+        idle = 0.0  # seconds waited since the last MESSAGE
+        check_at = options.tail_wait  # when idle reaches it: look for hidden copies
+        # Every round takes at least one MESSAGE, or waits TAIL_QUIET s (then timeout bounds
+        # it); a range needs at most (end - start) MESSAGEs, plus a window below ``start``.
+        rounds = end - start + window + math.ceil(options.timeout / TAIL_QUIET) + 2
+        for _ in range(rounds):
             if expected >= end:
                 break
-            got = _take(link, options, window, options.timeout)
+            got = _take(link, options, window, TAIL_QUIET)
             if not got:
-                raise StompReadError(
-                    f"stream read of {options.destination}: no MESSAGE at or after offset "
-                    f"{expected} within {options.timeout:g} s (option timeout; range "
-                    f"{start}-{end - 1})"
-                )
+                idle += TAIL_QUIET
+                if seen and idle >= check_at:
+                    check_at += options.tail_wait
+                    expected = _skip_hidden(options, expected, end, seen)
+                if idle >= options.timeout and expected < end:
+                    raise StompReadError(
+                        f"stream read of {options.destination}: no MESSAGE at or after offset "
+                        f"{expected} within {options.timeout:g} s (option timeout; range "
+                        f"{start}-{end - 1})"
+                    )
+                continue
+            idle, check_at = 0.0, options.tail_wait
             for headers, body in got:
                 offset = _offset_of(headers, options.destination)
                 if offset < 0:
@@ -359,6 +438,7 @@ def read_range(options: StreamOptions, start: int, end: int) -> Iterator[Any]:
                 if offset >= end:
                     expected = end
                     break
+                seen.add(_content_key(headers, body))
                 timestamp = headers.get("timestamp")
                 rows.append(
                     (
@@ -526,12 +606,17 @@ class StompStreamSource(DataSourceStreamReader, SupportsTriggerAvailableNow):
             tail = probe.tail()
             earliest = probe.earliest() if tail > begin else None
         self._tail = tail
-        if tail < begin:
-            raise StreamOffsetError(
-                f"the query's checkpoint is at offset {begin} of {opts.destination}, beyond "
-                f"its tail {tail}: the stream was deleted and declared again, or the checkpoint "
-                "is of another stream of that name; use a new checkpointLocation"
-            )
+        if tail < begin and not probe_reaches(opts, begin - 1):
+            if opts.fail_on_data_loss:
+                raise StreamOffsetError(
+                    f"the query's checkpoint is at offset {begin} of {opts.destination}, but "
+                    f"the stream shows no message at or past offset {begin - 1} (its tail as "
+                    f"found: {tail}): it was deleted and declared again, the checkpoint is of "
+                    "another stream of that name, or retention removed every message (seen "
+                    "on RabbitMQ 3.10 with one segment left); use a new checkpointLocation, or "
+                    "failOnDataLoss=false to wait for new messages"
+                )
+            return self._at(begin)
         if earliest is not None and earliest > begin:
             if opts.fail_on_data_loss:
                 raise StreamDataLossError(
@@ -549,6 +634,8 @@ class StompStreamSource(DataSourceStreamReader, SupportsTriggerAvailableNow):
             first = earliest
         else:
             first = begin
+        if tail < begin:
+            return self._at(begin)  # the probe's tail was short (hidden copies): nothing new
         target = tail if self._target is None else min(tail, self._target)
         end = max(first, target)
         if isinstance(limit, ReadMaxRows):

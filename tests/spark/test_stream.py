@@ -332,8 +332,13 @@ def test_a_destination_that_is_not_a_stream(
 def test_an_offset_beyond_the_tail(
     spark: SparkSession, rmq_sidecar: SidecarProcess, filled: str
 ) -> None:
-    """``startingOffsets`` past the stream's tail (1,000) is refused, naming the tail."""
-    text = error_of(lambda: read_stream(spark, rmq_sidecar, filled, startingOffsets="5000").count())
+    """``startingOffsets`` past the stream's tail (1,000) is refused, naming the tail, once a
+    SUBSCRIBE at offset 4,999 got nothing for ``tail_wait`` (1 s)."""
+    text = error_of(
+        lambda: read_stream(
+            spark, rmq_sidecar, filled, startingOffsets="5000", tail_wait="1s"
+        ).count()
+    )
     assert "option startingOffsets=5000 is beyond the tail" in text
     assert "its next offset is 1000" in text
 
@@ -444,7 +449,7 @@ def test_retention_past_the_checkpoint_with_fail_on_data_loss_both_ways(
     spark: SparkSession, rabbitmq: RabbitMQ, rmq_sidecar: SidecarProcess, tmp_path: Path
 ) -> None:
     """A query reads 10 messages, then the stream's retention (a policy: segments of 5,000
-    bytes, 20,000 bytes kept) removes them and more while 1,000 others are published. Started
+    bytes, 50,000 bytes kept) removes them and more while 1,000 others are published. Started
     again on its checkpoint, the query fails naming the lost offsets and ``failOnDataLoss``
     (the default); with ``failOnDataLoss=false`` it goes on from the stream's first offset, and
     what it reads is each once. A batch read from offset 0 does the same both ways."""
@@ -455,7 +460,7 @@ def test_retention_past_the_checkpoint_with_fail_on_data_loss_both_ways(
         "queues",
         name,
         f"^{name}$",
-        '{"stream-max-segment-size-bytes": 5000, "max-length-bytes": 20000}',
+        '{"stream-max-segment-size-bytes": 5000, "max-length-bytes": 50000}',
     )
     stream = new_stream(rabbitmq, name=name)
     address = ("127.0.0.1", rmq_sidecar.port)
@@ -481,7 +486,7 @@ def test_retention_past_the_checkpoint_with_fail_on_data_loss_both_ways(
     publish(address, stream, range(10, 1010), prefix="m" + "x" * 100)
     text = run()
     assert text is not None
-    assert "that the query's checkpoint expects are no longer in the stream" in text
+    assert "that the query's checkpoint expects are no longer in the stream" in text, text[:3000]
     assert "option failOnDataLoss=false skips them" in text
     assert run(failOnDataLoss="false") is None
     ids = Counter(int(row["headers"][ROW_ID]) for row in sink(spark, out))
@@ -554,3 +559,28 @@ def _iso(epoch: float) -> str:
     """``epoch`` as Spark's progress timestamps are written (UTC, ms, ``Z``), comparable as text."""
     moment = datetime.datetime.fromtimestamp(epoch, tz=datetime.UTC)
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def test_a_retried_writers_copies_are_dropped_within_a_tasks_range_only(
+    spark: SparkSession, rabbitmq: RabbitMQ, rmq_sidecar: SidecarProcess
+) -> None:
+    """Five messages, then their copies with the same ``mq-sidecar-id`` (what a retried write
+    task sends), at the stream's tail. The reading task's sidecar hides a copy whose original
+    that task read: one task over the range gets 5 rows and still ends (its range ends in hidden
+    copies); two tasks, originals in one and copies in the other, get all 10."""
+    stream = new_stream(rabbitmq)
+    conn = stomp.Connection12([("127.0.0.1", rmq_sidecar.port)], heartbeats=(0, 0), vhost="/")
+    conn.connect(wait=True)
+    try:
+        for n in range(10):
+            headers = {"mq-sidecar-id": f"k{n % 5}", ROW_ID: str(n % 5), "persistent": "true"}
+            conn.send(stream, f"m{n % 5}".encode(), headers=headers)
+    finally:
+        conn.disconnect(receipt="bye")  # the sidecar answers once every SEND is confirmed
+    one = read_stream(spark, rmq_sidecar, stream, endingOffsets="10").collect()
+    assert sorted(int(r["offset"]) for r in one) == [0, 1, 2, 3, 4]
+    two = read_stream(
+        spark, rmq_sidecar, stream, endingOffsets="10", maxRecordsPerPartition="5"
+    ).collect()
+    assert sorted(int(r["offset"]) for r in two) == list(range(10))
+    assert Counter(r["headers"][ROW_ID] for r in two) == {str(n): 2 for n in range(5)}
