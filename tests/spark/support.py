@@ -12,7 +12,7 @@ cluster (tests/pipeline/test_spark_cluster.py). Every wait is bounded.
 * Read side: :func:`publish` puts messages with a ``row-id`` each on a queue,
   :func:`sink_rows` reads what a Parquet sink committed (:func:`wait_rows`: until it holds a
   count), :func:`check_exactly_once` checks it, and :func:`left_on_queue` counts what nobody
-  ACKed.
+  ACKed. :func:`new_stream` declares a RabbitMQ stream for the stream read.
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
     from pyspark.sql.types import StructType
 
+    from testbed import RabbitMQ
+
 __all__ = [
     "ROW_ID",
     "WAIT",
@@ -46,6 +48,7 @@ __all__ = [
     "finish",
     "forget_commit",
     "left_on_queue",
+    "new_stream",
     "publish",
     "run_stream_write",
     "sink_rows",
@@ -282,6 +285,35 @@ def publish(address: tuple[str, int], destination: str, ids: range, prefix: str 
         assert done.wait(60), "the last SEND was not confirmed within 60 s"
     finally:
         conn.disconnect()
+
+
+def new_stream(broker: RabbitMQ, name: str | None = None) -> str:
+    """Declare a new stream on ``broker`` (a SUBSCRIBE to ``/queue/<name>`` with
+    ``x-queue-type:stream``, straight to the node; ``name``: a new one by default) and return
+    ``/amq/queue/<name>``."""
+    name = name or f"spark_stream_{uuid.uuid4().hex[:10]}"
+    done = threading.Event()
+
+    class Listener(stomp.ConnectionListener):  # type: ignore[misc]
+        def on_receipt(self, frame: Any) -> None:
+            done.set()
+
+    conn = stomp.Connection12([(broker.host, broker.stomp_port)], heartbeats=(0, 0), vhost="/")
+    conn.set_listener("l", Listener())
+    conn.connect(wait=True)
+    try:
+        headers = {
+            "x-queue-type": "stream",
+            "durable": "true",
+            "auto-delete": "false",
+            "prefetch-count": "1",
+            "receipt": "declared",
+        }
+        conn.subscribe(f"/queue/{name}", id="declare", ack="client-individual", headers=headers)
+        assert done.wait(WAIT), "the stream's declaration was not confirmed"
+    finally:
+        conn.disconnect()
+    return f"/amq/queue/{name}"
 
 
 def left_on_queue(address: tuple[str, int], destination: str, quiet: float = 1.5) -> int:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime
 import json
 import re
-import threading
 import time
 import uuid
 from collections import Counter
@@ -24,7 +23,7 @@ import stomp
 
 from testbed import RabbitMQ
 from testbed.sidecar import SidecarProcess
-from tests.spark.support import ROW_ID, WAIT, publish, sink_rows, wait_rows
+from tests.spark.support import ROW_ID, WAIT, new_stream, publish, sink_rows, wait_rows
 from tests.spark.test_bad_input import error_of
 
 if TYPE_CHECKING:
@@ -35,35 +34,6 @@ if TYPE_CHECKING:
 #: The wait for a probe's first MESSAGE: long, so a loaded machine never makes the driver take
 #: a non-empty stream for an empty one (the probe returns at the first MESSAGE).
 TAIL_WAIT = "10s"
-
-
-def new_stream(broker: RabbitMQ, name: str | None = None) -> str:
-    """Declare a new stream on ``broker`` (a SUBSCRIBE to ``/queue/<name>`` with
-    ``x-queue-type:stream``, straight to the node; ``name``: a new one by default) and return
-    ``/amq/queue/<name>``."""
-    name = name or f"spark_stream_{uuid.uuid4().hex[:10]}"
-    done = threading.Event()
-
-    class Listener(stomp.ConnectionListener):  # type: ignore[misc]
-        def on_receipt(self, frame: Any) -> None:
-            done.set()
-
-    conn = stomp.Connection12([(broker.host, broker.stomp_port)], heartbeats=(0, 0), vhost="/")
-    conn.set_listener("l", Listener())
-    conn.connect(wait=True)
-    try:
-        headers = {
-            "x-queue-type": "stream",
-            "durable": "true",
-            "auto-delete": "false",
-            "prefetch-count": "1",
-            "receipt": "declared",
-        }
-        conn.subscribe(f"/queue/{name}", id="declare", ack="client-individual", headers=headers)
-        assert done.wait(WAIT), "the stream's declaration was not confirmed"
-    finally:
-        conn.disconnect()
-    return f"/amq/queue/{name}"
 
 
 def configure(reader: Any, sidecar: SidecarProcess, stream: str, options: dict[str, str]) -> Any:
