@@ -352,7 +352,8 @@ def test_a_checkpoint_of_another_stream_or_of_the_queue_reader(
     spark: SparkSession, rabbitmq: RabbitMQ, rmq_sidecar: SidecarProcess, tmp_path: Path
 ) -> None:
     """A stream read started on a checkpoint written by a read of another stream, or by the
-    queue reader, fails with one error naming both, before a task reads anything."""
+    queue reader, fails with one error naming both, before a task reads anything; so does the
+    queue reader started on a stream read's checkpoint."""
     first, second = new_stream(rabbitmq), new_stream(rabbitmq)
     address = ("127.0.0.1", rmq_sidecar.port)
     publish(address, first, range(10))
@@ -411,6 +412,22 @@ def test_a_checkpoint_of_another_stream_or_of_the_queue_reader(
     )
     assert text is not None
     assert "of the queue reader (stream=false)" in text
+
+    queue_on_stream = (
+        spark.readStream.format("stomp")
+        .option("port", str(rmq_sidecar.port))
+        .option("destination", queue)
+        .option("checkpoint_location", str(checkpoint))
+        .load()
+        .writeStream.format("parquet")
+        .option("path", str(tmp_path / "o1"))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    text = run_available_now(queue_on_stream)
+    assert text is not None
+    assert "it was written by a stream read (stream=true)" in text
 
 
 # -- retention ---------------------------------------------------------------------------------
