@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import pickle
 import re
 import time
 import uuid
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
     from pyspark.sql.streaming.readwriter import DataStreamWriter
+
+    from mq_sidecar_spark.stream import StompStreamSource
 
 #: The wait for a probe's first MESSAGE: long, so a loaded machine never makes the driver take
 #: a non-empty stream for an empty one (the probe returns at the first MESSAGE).
@@ -623,3 +626,94 @@ def test_the_guides_examples_run_as_written(
     assert spark.read.parquet(str(tmp_path / "orders-log")).count() == 3
     progress = namespace["query"].lastProgress
     assert json.loads(progress["sources"][0]["latestOffset"])["offset"] == 3
+
+
+# -- the driver's and the task's calls in this process (no Spark), on the real node ----------
+
+
+def source(sidecar: SidecarProcess, stream: str, **options: str) -> StompStreamSource:
+    """A :class:`StompStreamSource` as Spark's driver-side runner makes it."""
+    from mq_sidecar_spark.stream import STREAM_SCHEMA, StompStreamSource
+
+    settings = {"stream": "true", "destination": stream, "port": str(sidecar.port)}
+    return StompStreamSource(STREAM_SCHEMA, {**settings, "tail_wait": TAIL_WAIT, **options})
+
+
+def test_the_driver_calls_in_process(rmq_sidecar: SidecarProcess, filled: str) -> None:
+    """``initialOffset``, ``latestOffset`` under each ``ReadLimit``, ``partitions``,
+    ``reportLatestOffset``, ``commit`` and AvailableNow's target, called as Spark's runner
+    calls them, on the 1,000-message stream; and a task's ``read`` of a range."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, ReadMinRows
+
+    at = {"stream": filled}
+    reader = source(rmq_sidecar, filled, startingOffsets="earliest", maxRecordsPerTrigger="300")
+    assert reader.initialOffset() == {**at, "offset": 0}
+    assert reader.getDefaultReadLimit() == ReadMaxRows(300)
+    assert reader.reportLatestOffset() is None
+    start = {**at, "offset": 0}
+    assert reader.latestOffset(start, ReadMaxRows(300)) == {**at, "offset": 300}
+    assert reader.reportLatestOffset() == {**at, "offset": 1000}
+    assert reader.latestOffset(start, ReadAllAvailable()) == {**at, "offset": 1000}
+    assert reader.latestOffset(start, ReadMinRows(2000)) == start
+    assert reader.latestOffset({**at, "offset": 1000}, ReadAllAvailable()) == {**at, "offset": 1000}
+    parts = reader.partitions(start, {**at, "offset": 300})
+    assert [(p.start, p.end) for p in parts] == [(0, 300)]  # type: ignore[attr-defined]
+    reader.commit({**at, "offset": 300})
+    reader.prepareForTriggerAvailableNow()
+    assert reader.latestOffset({**at, "offset": 900}, ReadMaxRows(300)) == {**at, "offset": 1000}
+
+    assert source(rmq_sidecar, filled).initialOffset() == {**at, "offset": 1000}
+    assert source(rmq_sidecar, filled, startingOffsets="7").initialOffset() == {**at, "offset": 7}
+    early = source(rmq_sidecar, filled, startingOffsets="timestamp:0")
+    assert early.initialOffset() == {**at, "offset": 0}
+    held = source(rmq_sidecar, filled, minRecordsPerTrigger="2000")
+    assert held.getDefaultReadLimit() == ReadMinRows(2000)
+    assert held.latestOffset(start, ReadMinRows(2000)) == start
+
+    task = pickle.loads(pickle.dumps(reader))
+    batches = list(task.read(parts[0]))
+    offsets = [o for batch in batches for o in batch.column("offset").to_pylist()]
+    assert offsets == list(range(300))
+    headers = batches[0].column("headers")[5].as_py()
+    assert dict(headers)[ROW_ID] == "5"
+
+
+def test_checkpointed_offsets_that_are_not_this_streams(
+    rmq_sidecar: SidecarProcess, filled: str
+) -> None:
+    """The offsets Spark gives back from a checkpoint are checked before anything is read."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from mq_sidecar_spark.errors import StreamOffsetError
+
+    reader = source(rmq_sidecar, filled)
+    for given, expected in (
+        ({"seq": 4}, "of the queue reader (stream=false)"),
+        ({"stream": "/amq/queue/other", "offset": 4}, "of '/amq/queue/other', not of the stream"),
+        ({"stream": filled, "offset": -1}, "is not a stream offset"),
+    ):
+        with pytest.raises(StreamOffsetError, match=re.escape(expected)):
+            reader.latestOffset(given, ReadAllAvailable())
+        with pytest.raises(StreamOffsetError, match=re.escape(expected)):
+            reader.partitions(given, given)
+    beyond = source(rmq_sidecar, filled, tail_wait="1s")
+    with pytest.raises(StreamOffsetError, match="shows no message at or past offset 4999"):
+        beyond.latestOffset({"stream": filled, "offset": 5000}, ReadAllAvailable())
+    lenient = source(rmq_sidecar, filled, tail_wait="1s", failOnDataLoss="false")
+    past = {"stream": filled, "offset": 5000}
+    assert lenient.latestOffset(past, ReadAllAvailable()) == past
+
+
+def test_a_task_without_a_sidecar_names_host_and_port() -> None:
+    """A task whose executor has no sidecar at ``host:port`` fails with that address."""
+    from mq_sidecar_spark._stream_options import parse_stream_options
+    from mq_sidecar_spark.errors import StompReadError
+    from mq_sidecar_spark.stream import read_range
+    from testbed import free_port
+
+    port = free_port()
+    options = parse_stream_options(
+        {"stream": "true", "destination": "/amq/queue/x", "port": str(port)}, batch=True
+    )
+    with pytest.raises(StompReadError, match=f"cannot connect to the sidecar at 127.0.0.1:{port}"):
+        list(read_range(options, 0, 10))
