@@ -9,6 +9,9 @@ source's one connection wrapper, used by both halves.
   (:meth:`Link.subscribe`), its MESSAGEs handed over through a bounded queue (:meth:`Link.take`),
   ACKs on the same connection (:meth:`Link.ack`; STOMP 1.2, "ACK": the ``id`` is the ``ack``
   header of a MESSAGE of this connection).
+- **The stream read** (``stream=true``) opens one per probe of a position on the driver and one
+  per task on the executor (:mod:`mq_sidecar_spark._stream_io`): a SUBSCRIBE with ``ack:client``
+  (:meth:`Link.subscribe`), MESSAGEs waited for with a bound (:meth:`Link.take_wait`).
 
 stomp.py's own waits are not bounded: ``connect(wait=True)`` polls until CONNECTED with no
 deadline, and a blocking ``sendall`` to a peer that stopped reading (the sidecar applies

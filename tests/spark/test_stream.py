@@ -172,6 +172,17 @@ def wait_sink(spark: SparkSession, out: Path, count: int, query: StreamingQuery)
     return wait_rows(spark, out, count, query, 180, schema=STREAM_SCHEMA)
 
 
+def progress(query: StreamingQuery, rows: int) -> list[Any]:
+    """The query's progress reports of batches with rows, once they count ``rows`` in all (at
+    most :data:`WAIT` s: Spark posts a batch's progress after its sink committed it)."""
+    deadline = time.monotonic() + WAIT
+    while True:
+        batches = [p for p in query.recentProgress if p.numInputRows > 0]
+        if sum(p.numInputRows for p in batches) >= rows or time.monotonic() > deadline:
+            return batches
+        time.sleep(0.2)
+
+
 def test_streaming_read_into_parquet_then_a_restart_from_the_checkpoint(
     spark: SparkSession, rabbitmq: RabbitMQ, rmq_sidecar: SidecarProcess, tmp_path: Path
 ) -> None:
@@ -199,7 +210,7 @@ def test_streaming_read_into_parquet_then_a_restart_from_the_checkpoint(
     query = start()
     try:
         check_range(wait_sink(spark, out, 600, query), 0, 600)
-        batches = [p for p in query.recentProgress if p.numInputRows > 0]
+        batches = progress(query, 600)
         assert all(p.numInputRows <= 250 for p in batches)
         assert sum(p.numInputRows for p in batches) == 600
         source = batches[1].sources[0]  # the first batch's startOffset is null (Spark's)
@@ -531,7 +542,7 @@ def test_min_records_per_trigger_holds_a_batch_until_max_trigger_delay(
         assert sink(spark, out) == []
         publish(address, stream, range(50, 110))
         check_range(wait_sink(spark, out, 110, query), 0, 110)
-        sizes = [p.numInputRows for p in query.recentProgress if p.numInputRows > 0]
+        sizes = [p.numInputRows for p in progress(query, 110)]
     finally:
         query.stop()
         spark.conf.unset("spark.sql.streaming.noDataProgressEventInterval")
@@ -540,7 +551,7 @@ def test_min_records_per_trigger_holds_a_batch_until_max_trigger_delay(
     try:
         publish(address, stream, range(110, 120))
         check_range(wait_sink(spark, out, 120, query), 0, 120)
-        sizes = [p.numInputRows for p in query.recentProgress if p.numInputRows > 0]
+        sizes = [p.numInputRows for p in progress(query, 10)]
     finally:
         query.stop()
     assert sizes == [10]
