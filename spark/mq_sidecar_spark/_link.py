@@ -9,6 +9,9 @@ source's one connection wrapper, used by both halves.
   (:meth:`Link.subscribe`), its MESSAGEs handed over through a bounded queue (:meth:`Link.take`),
   ACKs on the same connection (:meth:`Link.ack`; STOMP 1.2, "ACK": the ``id`` is the ``ack``
   header of a MESSAGE of this connection).
+- **The stream read** (``stream=true``) opens one per probe of a position on the driver and one
+  per task on the executor (:mod:`mq_sidecar_spark._stream_io`): a SUBSCRIBE with ``ack:client``
+  (:meth:`Link.subscribe`), MESSAGEs waited for with a bound (:meth:`Link.take_wait`).
 
 stomp.py's own waits are not bounded: ``connect(wait=True)`` polls until CONNECTED with no
 deadline, and a blocking ``sendall`` to a peer that stopped reading (the sidecar applies
@@ -333,10 +336,17 @@ class Link:
                     )
                 self._cond.wait(remaining)
 
-    def subscribe(self, destination: str, ident: str, headers: dict[str, str]) -> None:
-        """SUBSCRIBE to ``destination`` (``id`` ``ident``, ``ack:client-individual``, plus
-        ``headers``) and wait for its RECEIPT (at most ``timeout`` s). Its MESSAGEs go into the
-        inbox (:meth:`take`).
+    def subscribe(
+        self,
+        destination: str,
+        ident: str,
+        headers: dict[str, str],
+        *,
+        ack: str = "client-individual",
+    ) -> None:
+        """SUBSCRIBE to ``destination`` (``id`` ``ident``, ``ack`` mode, plus ``headers``) and
+        wait for its RECEIPT (at most ``timeout`` s). Its MESSAGEs go into the inbox
+        (:meth:`take`, :meth:`take_wait`).
 
         Raises :class:`StompErrorFrame` (the broker refused it), :class:`StompConnectionLost`,
         :class:`StompTimeout` (no RECEIPT in time), or what :meth:`_write` raises.
@@ -349,7 +359,7 @@ class Link:
             lambda: conn.subscribe(
                 destination,
                 id=ident,
-                ack="client-individual",
+                ack=ack,
                 headers={**headers, "receipt": receipt},
             ),
             "the SUBSCRIBE",
@@ -377,6 +387,39 @@ class Link:
             except queue.Empty:
                 break
         return taken
+
+    def take_wait(self, limit: int, wait: float) -> list[Delivery]:
+        """Up to ``limit`` MESSAGEs, oldest first: waits at most ``wait`` seconds for the first
+        one (none arrived: ``[]``), then takes what else is there without waiting. Raises what
+        :meth:`check` raises (an ERROR arrived, the connection was lost) when none is there."""
+        inbox = self._inbox
+        if inbox is None or limit < 1:
+            return []
+        try:
+            first = inbox.get_nowait()
+        except queue.Empty:
+            self.check()
+            try:
+                first = inbox.get(timeout=max(wait, 0.0))
+            except queue.Empty:
+                self.check()
+                return []
+        return [first, *self.take(limit - 1)]
+
+    def unsubscribe(self, ident: str) -> None:
+        """UNSUBSCRIBE ``ident`` and wait for its RECEIPT (at most ``timeout`` s). MESSAGEs of
+        it may still be in the inbox (their ``subscription`` header tells). Raises what
+        :meth:`wait_below` and :meth:`_write` raise."""
+        receipt = f"{ident}-unsub"
+        with self._cond:
+            if self._error is not None:
+                raise self._error
+            self._pending.add(receipt)
+        conn = self._conn
+        self._write(
+            lambda: conn.unsubscribe(ident, headers={"receipt": receipt}), "the UNSUBSCRIBE"
+        )
+        self.wait_below(1, f"after the UNSUBSCRIBE of {ident}")
 
     def ack(self, ack_id: str) -> None:
         """ACK one MESSAGE of this connection (``client-individual``: only that one), its

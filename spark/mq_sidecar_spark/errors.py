@@ -7,6 +7,10 @@ times, the retry sending the same ids), then fails the job with the last attempt
 which holds the message: the driver sees ``StompErrorFrame: ...`` with the sidecar's or the
 broker's ERROR text.
 
+The stream read (``stream=true``) adds :class:`StreamOffsetError` (a checkpoint or an offset
+that does not fit the stream, on the driver) and :class:`StreamDataLossError` (offsets the
+stream's retention removed, with ``failOnDataLoss=true``).
+
 The streaming read fails with one class, :class:`StompReadError`, on the driver (the reader
 turns the connection's errors above into it, :mod:`mq_sidecar_spark.reader`).
 """
@@ -22,6 +26,8 @@ __all__ = [
     "StompReadError",
     "StompTimeout",
     "StompWriteError",
+    "StreamDataLossError",
+    "StreamOffsetError",
 ]
 
 
@@ -72,3 +78,17 @@ class StompReadError(RuntimeError):
     """The STOMP session of the streaming reader failed (the message says how: no sidecar at
     ``host:port``, an ERROR from the sidecar or the broker, no answer within ``timeout``
     seconds, the connection lost)."""
+
+
+class StreamOffsetError(ValueError):
+    """An offset of a stream read does not fit the stream (raised on the driver, before a task
+    runs): a checkpoint written by the queue reader or by a read of another stream, or a
+    checkpointed offset beyond the stream's tail (the stream was deleted and declared again).
+    The message names the offset, the stream, and the checkpoint's own."""
+
+
+class StreamDataLossError(RuntimeError):
+    """With ``failOnDataLoss=true`` (the default), offsets the query expects are no longer in
+    the stream: its retention (``x-max-length-bytes``, ``x-max-age``) removed them. Raised on
+    the driver when a batch is planned, or in a task when retention removed them meanwhile;
+    the message names the offsets lost and the option."""

@@ -339,7 +339,7 @@ class StompStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         session = self._session
         assert session is not None
         self._receive(log, session)
-        begin = int(start["seq"])
+        begin = self._seq(start, "start")
         if log.committed_seq < begin <= log.end_seq:
             # Spark plans a batch only after the previous one is in its commit log
             # (MicroBatchExecution runs one batch at a time: runBatch, commit log, then the next
@@ -403,11 +403,23 @@ class StompStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 self._pending_by_id.pop(item.identity, None)
         return {"seq": end}
 
+    def _seq(self, given: Mapping[str, Any], what: str) -> int:
+        """The read log position of a checkpointed offset (Spark's start or end). Raises
+        :class:`ReadLogError` for an offset of the stream read (``stream=true``): the query's
+        checkpoint is not a queue read's."""
+        if "seq" not in given:
+            raise ReadLogError(
+                f"the query's checkpoint holds {what} offset {dict(given)}, not a queue read's "
+                f"({{'seq': N}}): it was written by a stream read (stream=true) or another "
+                f"source; read {self.options.destination} with a new checkpointLocation"
+            )
+        return int(given["seq"])
+
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
         """The records ``(start, end]`` from the read log, in partitions of at most
         ``PARTITION_RECORDS`` records or ``PARTITION_BYTES`` of bodies."""
         log = self._start()
-        records = log.read(int(start["seq"]), int(end["seq"]))
+        records = log.read(self._seq(start, "start"), self._seq(end, "end"))
         parts: list[InputPartition] = []
         chunk: list[LogRecord] = []
         size = 0
@@ -430,7 +442,7 @@ class StompStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         session = self._session
         assert session is not None
         self._receive(log, session)
-        self._settle(log, session, int(end["seq"]))
+        self._settle(log, session, self._seq(end, "end"))
 
     def _settle(self, log: ReadLog, session: Link, end: int) -> None:
         """Everything up to ``end`` is committed by Spark: store the identities (fsync), then

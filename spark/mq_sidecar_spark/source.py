@@ -25,6 +25,7 @@ from pyspark.sql.datasource import (
 )
 
 from mq_sidecar_spark._rows import check_schema
+from mq_sidecar_spark._stream_options import is_stream_read
 from mq_sidecar_spark.errors import OptionError
 from mq_sidecar_spark.options import parse_write_options
 from mq_sidecar_spark.writer import StompStreamWriter, StompWriter
@@ -71,25 +72,43 @@ class StompDataSource(DataSource):
         return StompStreamWriter(schema, options)
 
     def schema(self) -> StructType | str:
-        """The schema of a streaming read (``mq_sidecar_spark.reader.READ_SCHEMA``)."""
+        """The schema of a read: ``mq_sidecar_spark.stream.STREAM_SCHEMA`` with
+        ``stream=true`` (a RabbitMQ stream), else ``mq_sidecar_spark.reader.READ_SCHEMA`` (a
+        queue). Raises :class:`OptionError` for a stream-only option without ``stream=true``."""
+        if is_stream_read(self.options):
+            from mq_sidecar_spark.stream import STREAM_SCHEMA  # noqa: PLC0415
+
+            return STREAM_SCHEMA
         from mq_sidecar_spark.reader import READ_SCHEMA  # noqa: PLC0415
 
         return READ_SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        """A batch read (``spark.read.format("stomp")``): refused with one sentence that says
-        what to use, instead of Spark's ``NOT_IMPLEMENTED`` traceback. A queue forgets what was
-        acknowledged, so a batch read of it could not be repeated: read a queue with
-        ``spark.readStream`` (exactly once into a sink, docs/spark.md). Raises
-        :class:`OptionError`, always."""
+        """A batch read (``spark.read.format("stomp")``). With ``stream=true``: a range of a
+        RabbitMQ stream (:class:`mq_sidecar_spark.stream.StompStreamBatchReader`). A queue is
+        refused with one sentence that says what to use, instead of Spark's
+        ``NOT_IMPLEMENTED`` traceback: a queue forgets what was acknowledged, so a batch read of
+        it could not be repeated (read it with ``spark.readStream``, exactly once into a sink,
+        docs/spark.md). Raises :class:`OptionError`."""
+        if is_stream_read(self.options):
+            from mq_sidecar_spark.stream import StompStreamBatchReader  # noqa: PLC0415
+
+            return StompStreamBatchReader(schema, self.options)
         raise OptionError(
-            "stomp data source: batch reads (spark.read) are not supported: a queue forgets "
-            "what was acknowledged, so a read could not be repeated; read it with "
-            "spark.readStream.format('stomp') into a sink (docs/spark.md, 'Streaming read')"
+            "stomp data source: batch reads (spark.read) of a queue are not supported: a queue "
+            "forgets what was acknowledged, so a read could not be repeated; read it with "
+            "spark.readStream.format('stomp') into a sink (docs/spark.md, 'Streaming read'), "
+            "or read a RabbitMQ stream with option stream=true"
         )
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        """The streaming reader (``spark.readStream.format("stomp")``)."""
+        """The streaming reader (``spark.readStream.format("stomp")``): of a RabbitMQ stream
+        with ``stream=true`` (:class:`mq_sidecar_spark.stream.StompStreamSource`), else of a
+        queue (:class:`mq_sidecar_spark.reader.StompStreamReader`)."""
+        if is_stream_read(self.options):
+            from mq_sidecar_spark.stream import StompStreamSource  # noqa: PLC0415
+
+            return StompStreamSource(schema, self.options)
         from mq_sidecar_spark.reader import StompStreamReader  # noqa: PLC0415
 
         return StompStreamReader(schema, self.options)

@@ -5,9 +5,10 @@ this process (the driver) run in those executors' Python workers.
 One cluster and one session per module (module fixtures; the JVMs cost about 5 s each on 2
 cores): the cluster starts in about 6 s, the session and its two executors in 15-20 s more.
 The tests share it in file order, and the last one stops the cluster itself (it checks
-that nothing is left running), so it must stay last. Three tests kill an executor with kill -9
-(a batch write, a streaming write, a streaming read through the data source); the master
-starts a replacement, and the next test that needs both executors waits for it.
+that nothing is left running), so it must stay last. Four tests kill an executor with kill -9
+(a batch write, a streaming write, a streaming read of a queue and one of a RabbitMQ stream
+through the data source); the master starts a replacement, and the next test that needs both
+executors waits for it.
 
 Only one SparkContext can live in a process: the module fails at once (rather than silently
 running on ``local[2]``) if another one is active, e.g. the ``spark`` fixture of
@@ -31,10 +32,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from mq_sidecar_spark.stream import STREAM_SCHEMA
 from pipeline.publish import PublishSettings, SparkProgress, register, stomp_write
 from pipeline.rows import load_flights
 from pipeline.verify import Reader, expected, reconcile
-from testbed import ActiveMQ
+from testbed import ActiveMQ, RabbitMQ
 from testbed.broker import proc_stat, process_alive
 from testbed.spark_cluster import SparkCluster, SparkClusterError
 from tests.integration.support import SidecarThread, sidecar_config, unique, wait_until
@@ -45,6 +47,7 @@ from tests.spark.support import (
     finish,
     forget_commit,
     left_on_queue,
+    new_stream,
     publish,
     sink_rows,
     start_stream_write,
@@ -640,6 +643,78 @@ def test_streaming_read_with_an_executor_killed_every_message_once(
     )
     check_exactly_once(rows, range(total))
     assert left == 0, "every message was ACKed after its batch's commit"
+    assert not process_alive(killed)
+    assert retried >= 1, "Spark ran the killed task again"
+
+
+@pytest.mark.long
+def test_stream_read_with_an_executor_killed_every_message_once(
+    cluster: SparkCluster, cluster_spark: SparkSession, rabbitmq: RabbitMQ, tmp_path: Path
+) -> None:
+    """2,000 messages of a RabbitMQ stream read with ``stream=true`` (issue 33 part 2) in
+    micro-batches of at most 500 offsets, 2 tasks each (``minPartitions``), each task reading
+    its range through the sidecar on 127.0.0.1 from an executor, into Parquet; kill -9 of the
+    executor JVM running a batch's task while it runs (:class:`HeldTask`). Spark runs the task
+    again on the other executor with the same range, which gives the same records: each
+    message is once in the sink, none missing."""
+    from pyspark.sql.types import StringType
+
+    register(cluster_spark)
+    total = 2000
+    checkpoint, out = tmp_path / "checkpoint", tmp_path / "out"
+    hold = HeldTask(tmp_path / "marks", StringType())
+    with SidecarThread(sidecar_config(rabbitmq.stomp_url)) as sidecar:
+        stream_name = new_stream(rabbitmq)
+        publish(sidecar.address, stream_name, range(total))
+        stream = (
+            cluster_spark.readStream.format("stomp")
+            .option("stream", "true")
+            .option("port", str(sidecar.address[1]))
+            .option("destination", stream_name)
+            .option("startingOffsets", "earliest")
+            .option("maxRecordsPerTrigger", "500")
+            .option("minPartitions", "2")
+            .option("tail_wait", "10s")
+            .load()
+        )
+        wait_until(lambda: len(cluster.executor_pids()) == 2, timeout=DRAIN_TIMEOUT)
+        started = time.monotonic()
+        query = (
+            stream.withColumn("destination", hold.udf("destination"))
+            .writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(processingTime="200 milliseconds")
+            .start()
+        )
+
+        def read_at_least(count: int) -> Callable[[], bool]:
+            def done() -> bool:
+                if query.exception() is not None:
+                    pytest.fail(f"the query failed: {query.exception()}")
+                return sum(int(p["numInputRows"]) for p in query.recentProgress) >= count
+
+            return done
+
+        try:
+            wait_until(read_at_least(500), timeout=DRAIN_TIMEOUT)
+            hold.open()
+            killed = hold.kill_executor(cluster, lambda: query.exception() is None)
+            wait_until(read_at_least(total), timeout=DRAIN_TIMEOUT)
+            retried = hold.retries()
+            batches = [p for p in query.recentProgress if int(p["numInputRows"]) > 0]
+        finally:
+            hold.release()
+            query.stop()
+    rows = sink_rows(cluster_spark, out, STREAM_SCHEMA)
+    print(
+        f"\n[cluster stream read] {total} messages in {len(batches)} batches, executor "
+        f"{killed} killed mid-task: {len(rows)} rows in the sink, {retried} task attempt(s) "
+        f"run again, {time.monotonic() - started:.1f} s"
+    )
+    check_exactly_once(rows, range(total))
+    assert sorted(int(r["offset"]) for r in rows) == list(range(total))
+    assert all(int(p["numInputRows"]) <= 500 for p in batches)
     assert not process_alive(killed)
     assert retried >= 1, "Spark ran the killed task again"
 

@@ -10,8 +10,9 @@ cluster (tests/pipeline/test_spark_cluster.py). Every wait is bounded.
   :func:`check_stream_written` checks what the consumer got, and :func:`forget_commit` makes
   Spark replay a batch.
 * Read side: :func:`publish` puts messages with a ``row-id`` each on a queue,
-  :func:`sink_rows` reads what a Parquet sink committed, :func:`check_exactly_once` checks it,
-  and :func:`left_on_queue` counts what nobody ACKed.
+  :func:`sink_rows` reads what a Parquet sink committed (:func:`wait_rows`: until it holds a
+  count), :func:`check_exactly_once` checks it, and :func:`left_on_queue` counts what nobody
+  ACKed. :func:`new_stream` declares a RabbitMQ stream for the stream read.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ from mq_sidecar_spark.reader import READ_SCHEMA
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
+    from pyspark.sql.types import StructType
+
+    from testbed import RabbitMQ
 
 __all__ = [
     "ROW_ID",
@@ -44,11 +48,13 @@ __all__ = [
     "finish",
     "forget_commit",
     "left_on_queue",
+    "new_stream",
     "publish",
     "run_stream_write",
     "sink_rows",
     "start_stream_write",
     "unique",
+    "wait_rows",
     "write_json_files",
 ]
 
@@ -281,6 +287,35 @@ def publish(address: tuple[str, int], destination: str, ids: range, prefix: str 
         conn.disconnect()
 
 
+def new_stream(broker: RabbitMQ, name: str | None = None) -> str:
+    """Declare a new stream on ``broker`` (a SUBSCRIBE to ``/queue/<name>`` with
+    ``x-queue-type:stream``, straight to the node; ``name``: a new one by default) and return
+    ``/amq/queue/<name>``."""
+    name = name or f"spark_stream_{uuid.uuid4().hex[:10]}"
+    done = threading.Event()
+
+    class Listener(stomp.ConnectionListener):  # type: ignore[misc]
+        def on_receipt(self, frame: Any) -> None:
+            done.set()
+
+    conn = stomp.Connection12([(broker.host, broker.stomp_port)], heartbeats=(0, 0), vhost="/")
+    conn.set_listener("l", Listener())
+    conn.connect(wait=True)
+    try:
+        headers = {
+            "x-queue-type": "stream",
+            "durable": "true",
+            "auto-delete": "false",
+            "prefetch-count": "1",
+            "receipt": "declared",
+        }
+        conn.subscribe(f"/queue/{name}", id="declare", ack="client-individual", headers=headers)
+        assert done.wait(WAIT), "the stream's declaration was not confirmed"
+    finally:
+        conn.disconnect()
+    return f"/amq/queue/{name}"
+
+
 def left_on_queue(address: tuple[str, int], destination: str, quiet: float = 1.5) -> int:
     """Consume (``ack:auto``) what is left on ``destination`` until nothing came for ``quiet``
     s (at most 30 s); return how many messages."""
@@ -304,11 +339,34 @@ def left_on_queue(address: tuple[str, int], destination: str, quiet: float = 1.5
     return len(got)
 
 
-def sink_rows(spark: SparkSession, out: Path) -> list[Any]:
-    """Every row the Parquet sink committed (its ``_spark_metadata`` log: committed files only)."""
+def sink_rows(spark: SparkSession, out: Path, schema: StructType = READ_SCHEMA) -> list[Any]:
+    """Every row the Parquet sink committed (its ``_spark_metadata`` log: committed files only),
+    read with ``schema`` (the queue reader's by default)."""
     if not (out / "_spark_metadata").exists():
         return []
-    return spark.read.schema(READ_SCHEMA).parquet(str(out)).collect()
+    return spark.read.schema(schema).parquet(str(out)).collect()
+
+
+def wait_rows(
+    spark: SparkSession,
+    out: Path,
+    count: int,
+    query: StreamingQuery | None,
+    timeout: float,
+    *,
+    schema: StructType = READ_SCHEMA,
+) -> list[Any]:
+    """Wait (bounded) until the sink holds ``count`` rows; fails on a query exception."""
+    deadline = time.monotonic() + timeout
+    rows: list[Any] = []
+    while time.monotonic() < deadline:
+        if query is not None and query.exception() is not None:
+            raise AssertionError(f"the query failed: {query.exception()}")
+        rows = sink_rows(spark, out, schema)
+        if len(rows) >= count:
+            return rows
+        time.sleep(0.5)
+    raise AssertionError(f"{len(rows)} of {count} rows in the sink after {timeout} s")
 
 
 def check_exactly_once(rows: list[Any], ids: range, prefix: str = "m") -> None:

