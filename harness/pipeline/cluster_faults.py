@@ -40,9 +40,12 @@ def node_label(cluster: RabbitMQCluster, i: int) -> str:
 
 class ClusterFaultInjector(FaultInjector):
     """Kills of the connected node at ``fractions`` of the ``rows``, then the rolling restart
-    at ``rolling_at`` (module docstring). ``connected()`` names the broker (``host:port``) the
-    producer's sessions use now (None: unknown; node 1 is then taken); ``queue`` is the
-    drill's quorum queue (its AMQP name). ``say`` prints a progress line."""
+    at ``rolling_at`` (module docstring; None: no rolling restart). ``connected()`` names the
+    broker (``host:port``) the sessions use now (None: unknown; node 1 is then taken): the
+    producer's, or with ``--consumer spark-stream`` a reading task's (``whose`` says which, for
+    the fault's detail: a text, or a function called after ``connected()``); ``queue`` is the
+    drill's quorum queue or stream (its AMQP name).
+    ``say`` prints a progress line."""
 
     def __init__(
         self,
@@ -53,16 +56,20 @@ class ClusterFaultInjector(FaultInjector):
         queue: str,
         connected: Callable[[], str | None],
         say: Callable[[str], None],
-        rolling_at: float,
+        rolling_at: float | None,
+        whose: str | Callable[[], str] = "the connected node",
     ) -> None:
-        super().__init__((*fractions, rolling_at), rows, pair=None, pids=(), say=say)
+        planned = fractions if rolling_at is None else (*fractions, rolling_at)
+        super().__init__(planned, rows, pair=None, pids=(), say=say)
         self.kind = "node"
+        self.rolling = rolling_at is not None
+        self.whose = whose
         self.cluster = cluster
         self.queue = queue
         self.connected = connected
 
     def _make(self, i: int, fraction: float) -> None:
-        if i == len(self.fractions) - 1:
+        if self.rolling and i == len(self.fractions) - 1:
             self._rolling_restart(i, fraction)
         else:
             self._kill_connected(i, fraction)
@@ -99,7 +106,7 @@ class ClusterFaultInjector(FaultInjector):
             fraction,
             kind="node",
             pids=(pid,) if pid is not None else (),
-            detail=f"the connected node, {leads}",
+            detail=f"{self.whose() if callable(self.whose) else self.whose}, {leads}",
             affects=tuple(node_label(self.cluster, i) for i in range(len(self.cluster.nodes))),
         )
         self.faults.append(fault)

@@ -128,6 +128,10 @@ class SparkConsumer:
         self.errors: list[str] = []
         self.started_wall: list[float] = []
         self._batches: dict[int, tuple[int, float]] = {}
+        #: The progress file's line of each micro-batch (its last run) and where the executors
+        #: imported the data source from (a ``started`` line's ``package``, when it says).
+        self.lines: dict[int, dict[str, Any]] = {}
+        self.packages: list[str] = []
         self._starts: list[tuple[int, float]] = []
         self._offset = 0
         self._lock = threading.Lock()
@@ -200,7 +204,11 @@ class SparkConsumer:
                     item = json.loads(line)
                     if "started" in item:
                         self._starts.append((int(item["pid"]), float(item["started"])))
-                    elif int(item["rows"]) > 0:
+                        if item.get("package"):
+                            self.packages.append(str(item["package"]))
+                        continue
+                    self.lines[int(item["batch"])] = item
+                    if int(item["rows"]) > 0:
                         at = now - (now_wall - float(item["wall"]))
                         self._batches[int(item["batch"])] = (int(item["rows"]), at)
                         self.last_at = max(self.last_at or at, at)
@@ -313,20 +321,25 @@ class SparkConsumer:
         received.arrivals.sort()
         return received
 
-    def last_batch_ids(self) -> set[str]:
-        """The row ids of the sink's last micro-batch (the rows with the latest
-        ``batch_time``)."""
+    def sink_pairs(self, first: str, second: str) -> list[tuple[Any, Any]]:
+        """The sink's columns ``first`` and ``second``, row by row (committed files only)."""
         pq: Any = importlib.import_module("pyarrow.parquet")
-        rows: list[tuple[Any, str]] = []
+        rows: list[tuple[Any, Any]] = []
         for path in self._committed_files():
-            table = pq.read_table(path, columns=["row_id", "batch_time"])
+            table = pq.read_table(path, columns=[first, second])
             rows.extend(
                 zip(
-                    table.column("batch_time").to_pylist(),
-                    table.column("row_id").to_pylist(),
+                    table.column(first).to_pylist(),
+                    table.column(second).to_pylist(),
                     strict=True,
                 )
             )
+        return rows
+
+    def last_batch_ids(self) -> set[str]:
+        """The row ids of the sink's last micro-batch (the rows with the latest
+        ``batch_time``)."""
+        rows = self.sink_pairs("batch_time", "row_id")
         if not rows:
             return set()
         last = max(at for at, _ in rows if at is not None)
@@ -379,8 +392,8 @@ class SparkConsumer:
             "kind": "spark",
             "query": "readStream.format('stomp') -> Parquet",
             "batches": batches,
-            "max_messages_per_batch": self.cfg["options"]["max_messages_per_batch"],
-            "prefetch": self.cfg["options"]["prefetch"],
+            "max_messages_per_batch": self.cfg["options"].get("max_messages_per_batch"),
+            "prefetch": self.cfg["options"].get("prefetch"),
             "master": self.cfg["master"],
             "driver_kills": [k.to_dict() for k in self.kills],
             "kill_at": self.kill_at,
