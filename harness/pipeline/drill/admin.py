@@ -61,7 +61,7 @@ class ReadingNode:
     the broker with the most sessions (:func:`connected_broker`; None when there is none).
     :meth:`describe` says which it was, for the fault's record."""
 
-    def __init__(self, sidecar: SidecarProcess, timeout: float = 15.0) -> None:
+    def __init__(self, sidecar: SidecarProcess, timeout: float = 5.0) -> None:
         self.sidecar = sidecar
         self.timeout = timeout
         #: The messages the chosen reading session had been shown (None: no reader found).
