@@ -43,8 +43,11 @@ class ClusterFaultInjector(FaultInjector):
     at ``rolling_at`` (module docstring; None: no rolling restart). ``connected()`` names the
     broker (``host:port``) the sessions use now (None: unknown; node 1 is then taken): the
     producer's, or with ``--consumer spark-stream`` a reading task's (``whose`` says which, for
-    the fault's detail: a text, or a function called after ``connected()``); ``queue`` is the
-    drill's quorum queue or stream (its AMQP name).
+    the fault's detail: a text, or a function called after ``connected()``, which then runs
+    in a thread of its own, so that a ``connected()`` that waits for a reader does not hold up
+    the sampler; the fault's ``fraction`` is then the share published when it was due, its
+    ``at`` the moment of the kill); ``queue`` is the drill's quorum queue or stream (its AMQP
+    name).
     ``say`` prints a progress line."""
 
     def __init__(
@@ -71,6 +74,8 @@ class ClusterFaultInjector(FaultInjector):
     def _make(self, i: int, fraction: float) -> None:
         if self.rolling and i == len(self.fractions) - 1:
             self._rolling_restart(i, fraction)
+        elif callable(self.whose):  # connected() may wait for a reader: not in the sampler
+            self._follow(self._kill_connected, i, fraction)
         else:
             self._kill_connected(i, fraction)
 

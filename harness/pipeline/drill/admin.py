@@ -57,11 +57,13 @@ class ReadingNode:
     """The broker (``host:port``) under a reader, for the kill of ``--consumer spark-stream``:
     calling it returns the node that the consumer sidecar's busiest subscribed session (a task
     reading its range; the driver's probes take few messages) is connected to. It looks every
-    0.1 s for up to ``timeout`` s (the query's tasks come and go with its batches), then takes
+    0.1 s for up to ``timeout`` s (the query's tasks come and go with its batches: on the
+    loaded 2-core machine a batch's tasks read for about 4 s of its 4-8 s, and the first batch
+    with rows spent 16 s before its tasks subscribed), then takes
     the broker with the most sessions (:func:`connected_broker`; None when there is none).
     :meth:`describe` says which it was, for the fault's record."""
 
-    def __init__(self, sidecar: SidecarProcess, timeout: float = 5.0) -> None:
+    def __init__(self, sidecar: SidecarProcess, timeout: float = 30.0) -> None:
         self.sidecar = sidecar
         self.timeout = timeout
         #: The messages the chosen reading session had been shown (None: no reader found).
