@@ -270,6 +270,18 @@ def test_the_stream_consumer_reads_the_stream_with_its_options(tmp_path: Path) -
     assert summary["tasks_per_batch"] == {"2": 1}
     assert [e["rows"] for e in summary["executors"]] == [2, 2]
     assert summary["read_to_tail"] is True
+    assert summary["batch_log"] == [
+        {
+            "batch": 0,
+            "pid": 5,
+            "rows": 4,
+            "start": None,
+            "end": 4,
+            "latest": 4,
+            "duration_ms": None,
+            "dropped": None,
+        }
+    ]
 
 
 #: Rows of the short run: enough for the node kill (at 40 %) and the driver kill (at half the

@@ -67,7 +67,9 @@ class StreamConsumer(SparkConsumer):
 
     def summary(self) -> dict[str, Any]:
         """The report's ``consumer`` section: that of the queue reader's query, with the
-        stream read's (:func:`read_summary`)."""
+        stream read's (:func:`read_summary`) and ``batch_log``: each micro-batch's progress
+        line (its last run: the driver's ``pid``, ``rows``, offsets ``start``/``end``, the tail
+        found, ``latest``, ``duration_ms``, copies ``dropped``)."""
         section = super().summary()
         section["kind"] = "spark-stream"
         section["query"] = (
@@ -88,6 +90,8 @@ class StreamConsumer(SparkConsumer):
             self.errors.append(f"the sink's task column: {exc}")
             tasks = []
         section.update(read_summary(list(lines.values()), tasks))
+        keys = ("batch", "pid", "rows", "start", "end", "latest", "duration_ms", "dropped")
+        section["batch_log"] = [{k: line.get(k) for k in keys} for _, line in sorted(lines.items())]
         section["package_on_executors"] = packages
         return section
 
