@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import time
 from pathlib import Path
 from typing import Any, cast
 
@@ -24,6 +25,7 @@ from pipeline.drill.options import (
     DrillUsageError,
 )
 from pipeline.drill.stream_read import StreamConsumer, read_summary
+from pipeline.drill.streaming import FIRST_BATCH_GRACE, DriverKill
 from pipeline.report.document import _stream_lines
 from pipeline.stream_driver import progress_line
 from tests.pipeline.test_cluster_drill import ScriptedCluster
@@ -326,3 +328,29 @@ def test_drill_stream_survives_the_node_and_driver_kills(tmp_path: Path) -> None
         consumer["package_on_executors"]
     )
     assert _leftovers(tmp_path / "work") == [], "processes left behind"
+
+
+def test_a_restarted_drivers_first_batch_gets_a_grace(tmp_path: Path) -> None:
+    """The drain's idle time counts from when the restarted driver's query ran, plus
+    :data:`FIRST_BATCH_GRACE` (the full run that counted it from the kill gave up 24 s after
+    the restarted query ran, its first batch still waiting for executors)."""
+    consumer = StreamConsumer(
+        "/amq/queue/s",
+        host="127.0.0.1",
+        port=1,
+        workdir=tmp_path / "consumer",
+        master="spark://127.0.0.1:1",
+        conf={},
+        rows=4,
+        kill_at=0.5,
+        batch_rows=1000,
+        partitions=2,
+    )
+    started = time.monotonic()
+    assert consumer.wait_for(4, idle=0.2, timeout=5.0) is False
+    assert time.monotonic() - started < 2.0, "no batch for the idle time: given up"
+    consumer.kills.append(DriverKill(1, time.time() - 100.0, 2, True, 2, running_after_s=50.0))
+    started = time.monotonic()
+    assert consumer.wait_for(4, idle=0.2, timeout=1.0) is False
+    assert time.monotonic() - started >= 1.0, "within the grace: waited until the timeout"
+    assert FIRST_BATCH_GRACE > 100.0 - 50.0 - 1.0
