@@ -218,10 +218,9 @@ def test_the_stream_reads_summary_and_its_report_lines() -> None:
     assert "JVM pid 111: 190 rows (48%) in 2 task(s), 48 rows/s" in lines
 
 
-def test_the_stream_consumer_reads_the_stream_with_its_options(tmp_path: Path) -> None:
-    pa: Any = pytest.importorskip("pyarrow")
-    pq: Any = pytest.importorskip("pyarrow.parquet")
-    consumer = StreamConsumer(
+def _consumer(tmp_path: Path) -> StreamConsumer:
+    """A stream consumer of 4 rows (not started), its files in ``tmp_path/consumer``."""
+    return StreamConsumer(
         "/amq/queue/s",
         host="127.0.0.1",
         port=61613,
@@ -233,6 +232,12 @@ def test_the_stream_consumer_reads_the_stream_with_its_options(tmp_path: Path) -
         batch_rows=1000,
         partitions=2,
     )
+
+
+def test_the_stream_consumer_reads_the_stream_with_its_options(tmp_path: Path) -> None:
+    pa: Any = pytest.importorskip("pyarrow")
+    pq: Any = pytest.importorskip("pyarrow.parquet")
+    consumer = _consumer(tmp_path)
     assert consumer.cfg["stream"] is True
     options = consumer.cfg["options"]
     assert (options["stream"], options["startingOffsets"], options["minPartitions"]) == (
@@ -334,18 +339,7 @@ def test_a_restarted_drivers_first_batch_gets_a_grace(tmp_path: Path) -> None:
     """The drain's idle time counts from when the restarted driver's query ran, plus
     :data:`FIRST_BATCH_GRACE` (the full run that counted it from the kill gave up 24 s after
     the restarted query ran, its first batch still waiting for executors)."""
-    consumer = StreamConsumer(
-        "/amq/queue/s",
-        host="127.0.0.1",
-        port=1,
-        workdir=tmp_path / "consumer",
-        master="spark://127.0.0.1:1",
-        conf={},
-        rows=4,
-        kill_at=0.5,
-        batch_rows=1000,
-        partitions=2,
-    )
+    consumer = _consumer(tmp_path)
     started = time.monotonic()
     assert consumer.wait_for(4, idle=0.2, timeout=5.0) is False
     assert time.monotonic() - started < 2.0, "no batch for the idle time: given up"
