@@ -299,7 +299,7 @@ ROWS = 6000
 @pytest.mark.long
 @pytest.mark.rabbitmq
 def test_drill_stream_survives_the_node_and_driver_kills(tmp_path: Path) -> None:
-    """The drill on 6,000 rows (2-4 minutes on 2 loaded cores): the RabbitMQ cluster, a stream
+    """The drill on 6,000 rows (2.5-4.5 minutes on 2 loaded cores): the RabbitMQ cluster, a stream
     with a replica on each node, the drill's standalone Spark cluster, kill -9 of the node
     under a reading task at 40 % of the publish, the query's driver killed at half the rows
     and restarted on its checkpoint: every row once in the sink; nothing outlives the drill."""

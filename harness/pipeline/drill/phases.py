@@ -453,8 +453,9 @@ def _stream_notes(consumer: dict[str, Any]) -> list[str]:
         f"the stream read {consumer.get('records_read', 0):,} record(s) in its batches (a "
         "batch run again after the driver's restart counted once); the query's "
         f"dropDuplicates(row_id) dropped {consumer.get('copies_dropped', 0):,} copies RabbitMQ "
-        "stored at offsets of their own (a writer's replay after the node kill, or a retried "
-        "task), whose original was in another task's range; the reading tasks' sidecar hid "
+        "stored at offsets of their own (a sidecar's replay after the node kill, a retried "
+        "writer task, or RabbitMQ's own), whose original was in another task's range; the "
+        "reading tasks' sidecar hid "
         f"{consumer.get('copies_hidden_by_sidecar', 0):,} within their ranges"
     ]
     if not consumer.get("read_to_tail"):
