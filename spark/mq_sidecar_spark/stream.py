@@ -95,6 +95,8 @@ STREAM_SCHEMA = StructType(
 
 #: MESSAGEs a tail probe takes at most (its ``prefetch-count``): one chunk is usually far less.
 PROBE_PREFETCH = 1000
+#: SUBSCRIBEs at ``last`` a tail probe makes at most on a stream that is not empty.
+TAIL_TRIES = 3
 #: Seconds without a MESSAGE after which a tail probe takes the chunk as complete.
 TAIL_QUIET = 0.2
 #: Rows per Arrow record batch a task yields (bounds a task's memory, not its range).
@@ -263,9 +265,23 @@ class _Probe:
         return None if found is None else found[0]
 
     def tail(self) -> int:
-        """The offset after the stream's last message as found (never past it; 0 when empty)."""
-        found = self._probe("last", PROBE_PREFETCH, whole_chunk=True)
-        return 0 if found is None else found[1] + 1
+        """The offset after the stream's last message as found (never past it; 0 when empty).
+
+        A SUBSCRIBE at ``last`` that got nothing within ``tail_wait`` is asked again (at most
+        :data:`TAIL_TRIES` times in all) when one at ``first`` shows the stream is not empty: a
+        slow delivery must not make ``latest`` mean offset 0. Raises :class:`StompReadError`
+        when it never answers."""
+        for _ in range(TAIL_TRIES):
+            found = self._probe("last", PROBE_PREFETCH, whole_chunk=True)
+            if found is not None:
+                return found[1] + 1
+            if self.earliest() is None:
+                return 0
+        raise StompReadError(
+            f"stream read of {self.options.destination}: a SUBSCRIBE at 'last' delivered "
+            f"nothing within {self.options.tail_wait:g} s (option tail_wait), {TAIL_TRIES} "
+            "times, while one at 'first' did: the tail cannot be found; raise tail_wait"
+        )
 
     def reaches(self, offset: int) -> bool:
         """Whether the stream has a message at or past ``offset`` (a SUBSCRIBE at
@@ -662,7 +678,9 @@ class StompStreamSource(DataSourceStreamReader, SupportsTriggerAvailableNow):
         opts = self.options
         begin = _offset(opts, start, "start")
         with _Probe(opts) as probe:
-            tail = probe.tail()
+            # Trigger.AvailableNow reads to the tail found at its start: no probe of it again
+            # (a short one must not end the query early).
+            tail = probe.tail() if self._target is None else self._target
             earliest = probe.earliest() if tail > begin else None
         self._tail = tail
         if tail < begin and not probe_reaches(opts, begin - 1):
