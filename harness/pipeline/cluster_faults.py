@@ -40,9 +40,15 @@ def node_label(cluster: RabbitMQCluster, i: int) -> str:
 
 class ClusterFaultInjector(FaultInjector):
     """Kills of the connected node at ``fractions`` of the ``rows``, then the rolling restart
-    at ``rolling_at`` (module docstring). ``connected()`` names the broker (``host:port``) the
-    producer's sessions use now (None: unknown; node 1 is then taken); ``queue`` is the
-    drill's quorum queue (its AMQP name). ``say`` prints a progress line."""
+    at ``rolling_at`` (module docstring; None: no rolling restart). ``connected()`` names the
+    broker (``host:port``) the sessions use now (None: unknown; node 1 is then taken): the
+    producer's, or with ``--consumer spark-stream`` a reading task's (``whose`` says which, for
+    the fault's detail: a text, or a function called after ``connected()``, which then runs
+    in a thread of its own, so that a ``connected()`` that waits for a reader does not hold up
+    the sampler; the fault's ``fraction`` is then the share published when it was due, its
+    ``at`` the moment of the kill); ``queue`` is the drill's quorum queue or stream (its AMQP
+    name).
+    ``say`` prints a progress line."""
 
     def __init__(
         self,
@@ -53,17 +59,23 @@ class ClusterFaultInjector(FaultInjector):
         queue: str,
         connected: Callable[[], str | None],
         say: Callable[[str], None],
-        rolling_at: float,
+        rolling_at: float | None,
+        whose: str | Callable[[], str] = "the connected node",
     ) -> None:
-        super().__init__((*fractions, rolling_at), rows, pair=None, pids=(), say=say)
+        planned = fractions if rolling_at is None else (*fractions, rolling_at)
+        super().__init__(planned, rows, pair=None, pids=(), say=say)
         self.kind = "node"
+        self.rolling = rolling_at is not None
+        self.whose = whose
         self.cluster = cluster
         self.queue = queue
         self.connected = connected
 
     def _make(self, i: int, fraction: float) -> None:
-        if i == len(self.fractions) - 1:
+        if self.rolling and i == len(self.fractions) - 1:
             self._rolling_restart(i, fraction)
+        elif callable(self.whose):  # connected() may wait for a reader: not in the sampler
+            self._follow(self._kill_connected, i, fraction)
         else:
             self._kill_connected(i, fraction)
 
@@ -99,7 +111,7 @@ class ClusterFaultInjector(FaultInjector):
             fraction,
             kind="node",
             pids=(pid,) if pid is not None else (),
-            detail=f"the connected node, {leads}",
+            detail=f"{self.whose() if callable(self.whose) else self.whose}, {leads}",
             affects=tuple(node_label(self.cluster, i) for i in range(len(self.cluster.nodes))),
         )
         self.faults.append(fault)

@@ -10,8 +10,20 @@ a Parquet sink at ``out`` with the same checkpoint. The sink's columns: ``row_id
 ``row-id`` header), ``message_id``, ``redelivered``, ``body`` (bytes) and ``batch_time`` (the
 micro-batch's ``current_timestamp()``: when Spark ran the batch that wrote the row).
 
+With ``"stream": true`` in the settings (``mq-sidecar drill --consumer spark-stream``) the
+source is the stream read instead (``options`` carry ``stream=true``; :func:`stream_rows`): the
+columns are ``row_id``, ``offset`` (the record's stream offset), ``body``, ``batch_time`` and
+``task`` (``<executor JVM pid>:<partition>:<attempt>`` of the task that read the record, from
+:func:`task_label`), deduplicated by ``row_id`` in the query (``dropDuplicates``, its state in
+the checkpoint): a copy RabbitMQ stored (a sidecar's replay, a retried writer task) is its own
+record at its own offset, and the stream read keeps those whose original is in another range
+(docs/spark.md, "Exactly once, and a retried writer's copies").
+
 It appends one JSON line per finished micro-batch to ``progress`` (``{"pid", "batch", "rows",
-"wall"}``, ``wall`` Unix seconds; a line ``{"pid", "started": wall}`` once the query runs) and
+"wall", "duration_ms", "start", "end", "latest", "dropped"}``, ``wall`` Unix seconds, the
+offsets the source's (None for the queue reader), ``dropped`` the copies the deduplication
+dropped; a line ``{"pid", "started": wall, "package": path}`` once the query runs, ``package``
+where the executors imported ``mq_sidecar_spark`` from) and
 runs until the file ``stop`` exists (then it stops the query and the session and exits 0),
 the query fails (exit 3, the failure on stderr) or it is killed. It is started in a session of
 its own, so that one SIGKILL of its process group takes the JVM and the Python workers down
@@ -27,12 +39,95 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "run_query"]
+__all__ = ["main", "progress_line", "run_query", "stream_rows", "task_label"]
 
 #: Seconds between two looks at the query's progress and the stop file.
 POLL = 0.1
 #: Seconds the driver runs at most (a bound: the drill stops it long before).
 LIFETIME = 7200.0
+
+
+#: The executor JVM's pid, found once per Python worker (:func:`task_label`).
+_JVM: list[str] = []
+
+
+def task_label(offset: int | None = None) -> str:
+    """The ``task`` column of the stream read (a Python UDF's body, run on the executor for each
+    record; ``offset`` only ties it to the row): ``<executor JVM pid>:<partition>:<attempt>``.
+    The Python worker is forked by PySpark's daemon, whose parent is the executor's JVM. (A
+    plain UDF, not a pandas UDF: PySpark 4.3 warns that it does not fully support the
+    pandas 3 some set-ups have.)"""
+    from pyspark import TaskContext  # noqa: PLC0415 (executor side)
+
+    if not _JVM:
+        try:
+            stat = Path(f"/proc/{os.getppid()}/stat").read_text()
+            _JVM.append(stat.rpartition(")")[2].split()[1])
+        except (OSError, IndexError):
+            _JVM.append("?")
+    ctx = TaskContext.get()
+    if ctx is None:
+        return f"{_JVM[0]}:?:?"
+    return f"{_JVM[0]}:{ctx.partitionId()}:{ctx.attemptNumber()}"
+
+
+def stream_rows(reader: Any) -> Any:
+    """The stream read's columns (module docstring) from ``reader`` (the loaded stream),
+    deduplicated by ``row_id``."""
+    from pyspark.sql import functions as F  # noqa: PLC0415
+
+    task = F.udf(task_label, "string")
+    return reader.select(
+        F.col("headers").getItem("row-id").alias("row_id"),
+        "offset",
+        "body",
+        F.current_timestamp().alias("batch_time"),
+        task(F.col("offset")).alias("task"),
+    ).dropDuplicates(["row_id"])
+
+
+def progress_line(pid: int, progress: dict[str, Any]) -> dict[str, Any]:
+    """The progress file's line for one micro-batch's ``progress`` (its JSON form)."""
+    source = (progress.get("sources") or [{}])[0]
+
+    def offset(key: str) -> int | None:
+        value = source.get(key)
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                return None
+        return int(value["offset"]) if isinstance(value, dict) and "offset" in value else None
+
+    dropped = sum(
+        int((op.get("customMetrics") or {}).get("numDroppedDuplicateRows") or 0)
+        for op in progress.get("stateOperators") or []
+    )
+    return {
+        "pid": pid,
+        "batch": int(progress["batchId"]),
+        "rows": int(progress["numInputRows"]),
+        "wall": time.time(),
+        "duration_ms": int((progress.get("durationMs") or {}).get("triggerExecution") or 0),
+        "start": offset("startOffset"),
+        "end": offset("endOffset"),
+        "latest": offset("latestOffset"),
+        "dropped": dropped,
+    }
+
+
+def _package_on_executors(spark: Any) -> str:
+    """Where one task imports ``mq_sidecar_spark`` from (the drill checks it runs its own)."""
+
+    def where(_: Any) -> str:
+        import mq_sidecar_spark  # noqa: PLC0415
+
+        return str(mq_sidecar_spark.__file__)
+
+    try:
+        return str(spark.sparkContext.parallelize([0], 1).map(where).collect()[0])
+    except Exception as exc:  # reported, not fatal: the query itself says more if it fails
+        return f"unknown ({type(exc).__name__})"
 
 
 def run_query(cfg: dict[str, Any]) -> int:
@@ -50,16 +145,20 @@ def run_query(cfg: dict[str, Any]) -> int:
         log_file=Path(cfg["log"]),
     )
     spark.dataSource.register(StompDataSource)
+    package = _package_on_executors(spark) if cfg.get("stream") else None
     reader = spark.readStream.format("stomp")
     for key, value in cfg["options"].items():
         reader = reader.option(key, str(value))
-    stream = reader.load().select(
-        F.col("headers").getItem("row-id").alias("row_id"),
-        "message_id",
-        "redelivered",
-        "body",
-        F.current_timestamp().alias("batch_time"),
-    )
+    if cfg.get("stream"):
+        stream = stream_rows(reader.load())
+    else:
+        stream = reader.load().select(
+            F.col("headers").getItem("row-id").alias("row_id"),
+            "message_id",
+            "redelivered",
+            "body",
+            F.current_timestamp().alias("batch_time"),
+        )
     query = (
         stream.writeStream.format("parquet")
         .option("path", cfg["out"])
@@ -72,7 +171,8 @@ def run_query(cfg: dict[str, Any]) -> int:
     pid = os.getpid()
     reported: set[int] = set()
     with progress.open("a") as out:
-        out.write(json.dumps({"pid": pid, "started": time.time()}) + "\n")
+        started = {"pid": pid, "started": time.time(), "package": package}
+        out.write(json.dumps(started) + "\n")
         out.flush()
         deadline = time.monotonic() + LIFETIME
         while not stop.exists() and time.monotonic() < deadline:
@@ -83,8 +183,9 @@ def run_query(cfg: dict[str, Any]) -> int:
                 if batch in reported:
                     continue
                 reported.add(batch)
-                line = {"pid": pid, "batch": batch, "rows": int(p["numInputRows"])}
-                out.write(json.dumps({**line, "wall": time.time()}) + "\n")
+                raw = p.json
+                line = progress_line(pid, json.loads(raw() if callable(raw) else raw))
+                out.write(json.dumps(line) + "\n")
                 out.flush()
             time.sleep(POLL)
     failure = query.exception()

@@ -348,6 +348,17 @@ class RabbitMQCluster:
                 return self._index_of(leader) if isinstance(leader, str) else None
         return None
 
+    def queue_members(self, queue: str) -> list[int]:
+        """Indexes of the nodes with a replica of quorum queue or stream ``queue`` (its AMQP
+        name), from ``rabbitmqctl list_queues name members``; empty if it does not exist."""
+        for row in self.list_queues("name", "members"):
+            if row.get("name") == queue:
+                members = row.get("members")
+                names = members if isinstance(members, list) else []
+                found = (self._index_of(str(m)) for m in names)
+                return sorted(i for i in found if i is not None)
+        return []
+
     def queue_home(self, queue: str) -> int | None:
         """Index of the node a classic queue ``queue`` lives on (its home node), found by
         ``rabbitmqctl list_queues --local name`` on each running node (``--local``: the queues
@@ -371,7 +382,8 @@ class RabbitMQCluster:
         self, i: int, queue: str, headers: dict[str, str], timeout: float = 30.0
     ) -> None:
         """Declare ``/queue/QUEUE`` the STOMP way through a stomp.py connection straight to
-        node ``i``: a SUBSCRIBE carrying ``headers`` (e.g. :data:`QUORUM`), then UNSUBSCRIBE;
+        node ``i``: a SUBSCRIBE carrying ``headers`` (e.g. :data:`QUORUM`; its ``ack`` mode
+        from ``headers["ack"]``, ``auto`` without), then UNSUBSCRIBE;
         the queue stays (declare it with ``auto-delete:false``). With RabbitMQ's default
         ``client-local`` locator, a quorum queue's leader (a classic queue's home) is then
         node ``i`` (RabbitMQ STOMP plugin guide, "Queue Arguments"). Raises ``BrokerError``
@@ -398,7 +410,13 @@ class RabbitMQCluster:
             for command, receipt in (("subscribe", "d"), ("unsubscribe", "u")):
                 if command == "subscribe":
                     conn.subscribe(
-                        f"/queue/{queue}", id="d", headers={**headers, "receipt": receipt}
+                        f"/queue/{queue}",
+                        id="d",
+                        ack=headers.get("ack", "auto"),
+                        headers={
+                            **{k: v for k, v in headers.items() if k != "ack"},
+                            "receipt": receipt,
+                        },
                     )
                 else:
                     conn.unsubscribe(id="d", headers={"receipt": receipt})

@@ -10,7 +10,9 @@ MESSAGE carries ``x-stream-offset``; a SUBSCRIBE names where to start and must c
 from __future__ import annotations
 
 import importlib
+import logging
 import math
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -41,6 +43,8 @@ __all__ = [
     "TAIL_TRIES",
     "read_range",
 ]
+
+LOG = logging.getLogger("mq_sidecar_spark")
 
 #: The rows of a stream read: ``destination`` (the MESSAGE's, ``/queue/<name>`` on RabbitMQ),
 #: ``offset`` (its ``x-stream-offset``), ``headers`` (every header but ``ack``), ``body`` (the
@@ -121,6 +125,41 @@ def _subscribe(link: Link, options: StreamOptions, ident: str, position: str, wi
         ) from None
 
 
+#: RabbitMQ's refusal of a stream SUBSCRIBE on a node whose replica of the stream is not running
+#: (measured on 3.10: a node killed with SIGKILL and started again refused it for some seconds
+#: after it had rejoined the cluster, ``PRECONDITION_FAILED - queue '...' does not have a
+#: replica on the local node``). It passes, so :func:`_open_subscribed` tries again.
+NO_LOCAL_REPLICA = "does not have a replica on the local node"
+#: Seconds between two tries of a SUBSCRIBE refused with :data:`NO_LOCAL_REPLICA`, at most.
+NO_REPLICA_RETRY = 1.0
+
+
+def _open_subscribed(
+    options: StreamOptions, inbox: int, ident: str, position: str, window: int
+) -> Link:
+    """:func:`_open`, then :func:`_subscribe`; a SUBSCRIBE refused because the node's replica
+    is not running yet (:data:`NO_LOCAL_REPLICA`: RabbitMQ then closes the connection) is
+    tried again on a new connection, for up to ``timeout`` s. Raises what they raise."""
+    deadline = time.monotonic() + options.timeout
+    pause = 0.1
+    while True:
+        link = _open(options, inbox)
+        try:
+            _subscribe(link, options, ident, position, window)
+        except StompReadError as exc:
+            link.close(graceful=False)
+            if NO_LOCAL_REPLICA not in str(exc) or time.monotonic() + pause > deadline:
+                raise
+            LOG.warning("%s; trying again in %.1f s", exc, pause)
+            time.sleep(pause)
+            pause = min(NO_REPLICA_RETRY, pause * 2)
+            continue
+        except BaseException:
+            link.close(graceful=False)
+            raise
+        return link
+
+
 def _refusal(options: StreamOptions, exc: StompErrorFrame) -> Exception:
     if exc.message == "precondition_failed" and "x-stream-offset" in exc.body:
         return _not_a_stream(options.destination)
@@ -162,9 +201,8 @@ class _Probe:
         self._count += 1
         ident = f"mq-sidecar-spark-probe-{self._count}"
         options = self.options
-        link = _open(options, window)
+        link = _open_subscribed(options, window, ident, position, window)
         try:
-            _subscribe(link, options, ident, position, window)
             first: int | None = None
             last = -1
             seen = 0
@@ -252,9 +290,10 @@ def _skip_hidden(options: StreamOptions, expected: int, end: int, seen: set[int]
     sent headers) equals one the task read is such a copy, and is passed over. The first one
     that is not stops it (the task's subscription is only slow). Returns the new ``expected``
     (``end`` once every offset left is a copy or beyond the range)."""
-    link = _open(options, options.prefetch)
+    link = _open_subscribed(
+        options, options.prefetch, "mq-sidecar-spark-check", f"offset={expected}", 1
+    )
     try:
-        _subscribe(link, options, "mq-sidecar-spark-check", f"offset={expected}", 1)
         at = expected
         wait = options.tail_wait
         for _ in range(end - expected + 1):
@@ -299,9 +338,8 @@ def read_range(options: StreamOptions, start: int, end: int) -> Iterator[Any]:
     if end <= start:
         return
     window = options.prefetch
-    link = _open(options, window)
+    link = _open_subscribed(options, window, TASK_SUBSCRIPTION, f"offset={start}", window)
     try:
-        _subscribe(link, options, TASK_SUBSCRIPTION, f"offset={start}", window)
         expected = start
         batch = _Columns()
         seen: set[int] = set()

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from testbed import activemq_installed
+from testbed import activemq_installed, rabbitmq_installed
 from testbed.broker import live_processes
 
 MQ_SIDECAR = Path(sys.executable).with_name("mq-sidecar")
@@ -56,15 +56,19 @@ def test_drill_options_are_checked_before_anything_starts(tmp_path: Path) -> Non
     assert not (tmp_path / "w" / "brokers").exists()
 
 
-def _run_drill(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess[str], str]:
-    """``mq-sidecar drill --rows ROWS`` with its files in ``tmp_path``; (process, output)."""
-    if not activemq_installed():
-        pytest.fail("ActiveMQ is not installed: run scripts/setup.sh", pytrace=False)
+def _run_drill(
+    tmp_path: Path, *extra: str, rows: int = ROWS, rabbitmq: bool = False
+) -> tuple[subprocess.CompletedProcess[str], str]:
+    """``mq-sidecar drill --rows ROWS`` with its files in ``tmp_path``; (process, output).
+    ``rabbitmq``: the drill's brokers are RabbitMQ's (``extra`` says which), not ActiveMQ."""
+    if not (rabbitmq_installed() if rabbitmq else activemq_installed()):
+        broker = "RabbitMQ" if rabbitmq else "ActiveMQ"
+        pytest.fail(f"{broker} is not installed: run scripts/setup.sh", pytrace=False)
     command = [
         str(MQ_SIDECAR),
         "drill",
         "--rows",
-        str(ROWS),
+        str(rows),
         "--report",
         str(tmp_path / "report.json"),
         "--png",

@@ -16,6 +16,7 @@ from pipeline.monitor import EventMonitor
 from testbed.sidecar import Metrics, SidecarProcess
 
 __all__ = [
+    "ReadingNode",
     "connected_broker",
     "metrics_of",
     "outbox_emptied",
@@ -44,6 +45,62 @@ def connected_broker(sidecar: SidecarProcess) -> str | None:
     if busiest is None or not busiest.get("sessions"):
         return None
     return str(busiest.get("broker"))
+
+
+#: Messages a session of the consumer's sidecar must have been shown to count as a reading
+#: task (:func:`reading_broker`) rather than one of the driver's probes (a probe takes at most
+#: one chunk: the tail's, or a single MESSAGE).
+READER_MIN_FRAMES = 50
+
+
+class ReadingNode:
+    """The broker (``host:port``) under a reader, for the kill of ``--consumer spark-stream``:
+    calling it returns the node that the consumer sidecar's busiest subscribed session (a task
+    reading its range; the driver's probes take few messages) is connected to. It looks every
+    0.1 s for up to ``timeout`` s (the query's tasks come and go with its batches: on the
+    loaded 2-core machine a batch's tasks read for about 4 s of its 4-8 s, and the first batch
+    with rows spent 16 s before its tasks subscribed), then takes
+    the broker with the most sessions (:func:`connected_broker`; None when there is none).
+    :meth:`describe` says which it was, for the fault's record."""
+
+    def __init__(self, sidecar: SidecarProcess, timeout: float = 30.0) -> None:
+        self.sidecar = sidecar
+        self.timeout = timeout
+        #: The messages the chosen reading session had been shown (None: no reader found).
+        self.frames: int | None = None
+
+    def __call__(self) -> str | None:
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                sessions = self.sidecar.status(timeout=5.0).get("sessions", [])
+            except (OSError, ValueError):
+                sessions = []
+            reading = [
+                s
+                for s in sessions
+                if s.get("state") == "running"
+                and s.get("broker")
+                and int(s.get("subscriptions") or 0) > 0
+                and int(s.get("frames_to_app") or 0) >= READER_MIN_FRAMES
+            ]
+            if reading:
+                busiest = max(reading, key=lambda s: int(s.get("frames_to_app") or 0))
+                self.frames = int(busiest.get("frames_to_app") or 0)
+                return str(busiest["broker"])
+            if time.monotonic() >= deadline:
+                self.frames = None
+                return connected_broker(self.sidecar)
+            time.sleep(0.1)
+
+    def describe(self) -> str:
+        """The node's role, after a call."""
+        if self.frames is None:
+            return (
+                f"no reading task seen within {self.timeout:.0f} s: the node with most of the "
+                "consumer sidecar's sessions"
+            )
+        return f"the node under a reading task ({self.frames:,} messages read on its session)"
 
 
 def session_totals(sidecar: SidecarProcess) -> dict[str, int]:

@@ -101,6 +101,8 @@ class DrillContext:
         self.started = time.monotonic()
         self.state = Started()
         self.phases: dict[str, float] = {}
+        #: With ``--consumer spark-stream``: the nodes (indexes) with a replica of the stream.
+        self.stream_members: list[int] = []
 
     @property
     def outbox_dir(self) -> Path:

@@ -28,7 +28,10 @@ __all__ = [
     "ROLLING_RESTART_AT",
     "ROWS_PER_PARTITION",
     "SIDECAR_OPTIONS",
+    "SPARK_STREAM",
     "SPARK_UNACKED_FACTOR",
+    "STREAM_BATCH",
+    "STREAM_PARTITIONS",
     "DrillOptions",
     "DrillUsageError",
 ]
@@ -86,9 +89,23 @@ MASTER, MASTER_WITH_RETRIES = "local[2]", "local[2,4]"
 #: (``testbed.spark_cluster.SparkCluster``, 2 workers of 1 core), its executors processes of
 #: their own.
 CLUSTER = "cluster"
-#: The consuming apps of ``--consumer``: stomp.py (``pipeline.verify.Reader``) or a Structured
-#: Streaming query (``pipeline.drill.streaming``).
-CONSUMERS = ("stomp", "spark")
+#: ``--consumer spark-stream`` (issue 33 part 3): the drill's destination is a RabbitMQ stream
+#: (``x-queue-type:stream``, replicas on the 3 nodes of ``--broker rabbitmq-cluster``), read by
+#: a Structured Streaming query with the stream source (``stream=true``): offset ranges read by
+#: tasks on the executors (:mod:`pipeline.drill.stream_read`).
+SPARK_STREAM = "spark-stream"
+#: The consuming apps of ``--consumer``: stomp.py (``pipeline.verify.Reader``), a Structured
+#: Streaming query of the queue (``pipeline.drill.streaming``) or of the stream
+#: (:data:`SPARK_STREAM`).
+CONSUMERS = ("stomp", "spark", SPARK_STREAM)
+#: ``--consumer spark-stream``: the query's ``maxRecordsPerTrigger`` (``--read-batch`` when
+#: given): offsets per micro-batch at most. The query keeps up with the publish, so most
+#: batches hold what arrived since the last one (a few thousand); after the driver's restart
+#: the batches catch up in steps of this size.
+STREAM_BATCH = 20_000
+#: ``--consumer spark-stream``: the query's ``minPartitions``: each batch's range is split in
+#: at least two tasks, one for each executor of ``--master cluster``.
+STREAM_PARTITIONS = 2
 #: ``--consumer spark``: the streaming reader's ``max_messages_per_batch`` (``--read-batch``).
 #: Every batch's ACKs go out at once when Spark commits it; with batches of 5,000 the consumer
 #: sidecar held 9,564-16,522 unconfirmed ACKs when the broker was killed, and twice in three
@@ -168,7 +185,7 @@ class DrillOptions:
     kill_sidecar: bool = False
     consumer: str = "stomp"
     kill_driver_at: float | None = None
-    read_batch: int = READ_BATCH
+    read_batch: int | None = None
     broker: str = "activemq"
 
     @property
@@ -178,15 +195,34 @@ class DrillOptions:
 
     @property
     def cluster(self) -> bool:
-        """``--master cluster``: the drill starts its own Spark standalone cluster
-        (:data:`CLUSTER`)."""
-        return self.master == CLUSTER
+        """``--master cluster`` (the default with ``--consumer spark-stream``): the drill
+        starts its own Spark standalone cluster (:data:`CLUSTER`)."""
+        return self.spark_master() == CLUSTER
+
+    @property
+    def streaming(self) -> bool:
+        """``--consumer spark`` or ``spark-stream``: a streaming query whose driver is killed."""
+        return self.consumer in ("spark", SPARK_STREAM)
+
+    @property
+    def stream(self) -> bool:
+        """``--consumer spark-stream``: the destination is a RabbitMQ stream
+        (:data:`SPARK_STREAM`)."""
+        return self.consumer == SPARK_STREAM
+
+    def batch_rows(self) -> int:
+        """Rows per micro-batch at most: ``read_batch``, else :data:`READ_BATCH` (the queue
+        reader's ``max_messages_per_batch``) or :data:`STREAM_BATCH` (the stream read's
+        ``maxRecordsPerTrigger``)."""
+        if self.read_batch is not None:
+            return self.read_batch
+        return STREAM_BATCH if self.stream else READ_BATCH
 
     def driver_kill_share(self) -> float | None:
-        """With ``--consumer spark``: the share of the rows in the sink at which the streaming
-        query's driver is killed (``kill_driver_at``, default :data:`KILL_DRIVER_AT`; 0 means
-        never: None)."""
-        if self.consumer != "spark":
+        """With ``--consumer spark`` or ``spark-stream``: the share of the rows in the sink at
+        which the streaming query's driver is killed (``kill_driver_at``, default
+        :data:`KILL_DRIVER_AT`; 0 means never: None)."""
+        if not self.streaming:
             return None
         share = KILL_DRIVER_AT if self.kill_driver_at is None else self.kill_driver_at
         return share or None
@@ -207,6 +243,8 @@ class DrillOptions:
         the writer's tasks (class docstring)."""
         if self.master is not None:
             return self.master
+        if self.stream:
+            return CLUSTER
         return MASTER if self.fault_kind == "broker" else MASTER_WITH_RETRIES
 
     def drain_idle_for_plan(self) -> float:
@@ -231,6 +269,12 @@ class DrillOptions:
         if self.kill_at:
             return len(self.kill_at)
         return 0 if self.brokers else 1
+
+    def rolling_restart_at(self) -> float | None:
+        """With ``--broker rabbitmq-cluster``: the share of the rows at which the rolling
+        restart begins (:data:`ROLLING_RESTART_AT`); None with ``--consumer spark-stream``,
+        whose faults are the kill of the node under a reader and the driver kill."""
+        return None if self.stream else ROLLING_RESTART_AT
 
     def fractions(self) -> tuple[float, ...]:
         """Share of the rows published at each kill, ascending."""
@@ -260,7 +304,7 @@ class DrillOptions:
     def read_prefetch(self) -> int:
         """With ``--consumer spark``: the streaming reader's ``prefetch`` (the broker's window
         of unacknowledged deliveries): :data:`READ_PREFETCH_BATCHES` times ``read_batch``."""
-        return READ_PREFETCH_BATCHES * self.read_batch
+        return READ_PREFETCH_BATCHES * self.batch_rows()
 
     def validate(self) -> None:
         """Raise :class:`DrillUsageError` naming every inconsistency."""
@@ -290,13 +334,20 @@ class DrillOptions:
         if self.consumer not in CONSUMERS:
             problems.append(f"--consumer must be one of {', '.join(CONSUMERS)}")
         if self.kill_driver_at is not None:
-            if self.consumer != "spark":
-                problems.append("--kill-driver-at only applies with --consumer spark")
+            if not self.streaming:
+                problems.append(
+                    f"--kill-driver-at only applies with --consumer spark or {SPARK_STREAM}"
+                )
             if not 0 <= self.kill_driver_at < 1:
                 problems.append("--kill-driver-at must be 0 (no kill) or a share below 1")
-        if self.read_batch < 1:
+        if self.read_batch is not None and self.read_batch < 1:
             problems.append("--read-batch must be at least 1")
         problems.extend(self._cluster_problems())
+        if self.stream and not self.rabbitmq_cluster:
+            problems.append(
+                f"--consumer {SPARK_STREAM} reads a RabbitMQ stream: it needs --broker "
+                f"{RABBITMQ_CLUSTER}"
+            )
         master = self.master
         if master is not None and not (
             master == CLUSTER or master.startswith(("local", "spark://"))
@@ -328,7 +379,7 @@ class DrillOptions:
             )
         if self.baseline:
             problems.append(f"--baseline is not available with --broker {RABBITMQ_CLUSTER}")
-        if any(f >= ROLLING_RESTART_AT for f in self.fractions()):
+        if not self.stream and any(f >= ROLLING_RESTART_AT for f in self.fractions()):
             problems.append(
                 f"--kill-at values must be below {ROLLING_RESTART_AT} with --broker "
                 f"{RABBITMQ_CLUSTER} (the rolling restart begins there)"

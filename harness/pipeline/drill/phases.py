@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.cluster_faults import ROLLING_TIMEOUT, ClusterFaultInjector
 from pipeline.drill.admin import (
+    ReadingNode,
     connected_broker,
     metrics_of,
     outbox_emptied,
@@ -20,7 +21,7 @@ from pipeline.drill.admin import (
 )
 from pipeline.drill.context import DrillContext
 from pipeline.drill.direct import run_baseline
-from pipeline.drill.options import ROLLING_RESTART_AT, SIDECAR_OPTIONS
+from pipeline.drill.options import SIDECAR_OPTIONS
 from pipeline.drill.results import delivery_fields, timeline_of, write_files
 from pipeline.drill.startup import (
     load_rows,
@@ -166,21 +167,25 @@ class Drill(DrillContext):
         :class:`Traffic`."""
         opts = self.options
         reader: ConsumingApp
-        if opts.consumer == "spark":
+        if opts.streaming:
             reader = open_spark_consumer(self, self.destination, consumer.port, rows)
         else:
             reader = open_reader(self, self.destination, "127.0.0.1", consumer.port)
         kind = opts.fault_kind
         faults: FaultInjector
         if self.state.rabbitmq is not None:
+            # With the stream read, the node under a reader: the one a task reading its range
+            # through the consumer's sidecar is connected to; else the producer's.
+            reading = ReadingNode(consumer)
             faults = ClusterFaultInjector(
                 opts.fractions() if opts.fault_count() else (),
                 rows,
                 cluster=self.state.rabbitmq,
                 queue=self.queue,
-                connected=lambda: connected_broker(producer),
+                connected=reading if opts.stream else (lambda: connected_broker(producer)),
                 say=self.say,
-                rolling_at=ROLLING_RESTART_AT,
+                rolling_at=opts.rolling_restart_at(),
+                whose=reading.describe if opts.stream else "the connected node",
             )
         else:
             faults = FaultInjector(
@@ -230,7 +235,8 @@ class Drill(DrillContext):
         at_end = AtDrainEnd(hidden={"duplicates_hidden": 0, "redeliveries_hidden": 0})
 
         def before_close() -> None:  # while the reader's session is still there
-            if self.state.rabbitmq is not None:  # the rolling restart goes on in the drain
+            if self.state.rabbitmq is not None and opts.rolling_restart_at() is not None:
+                # the rolling restart goes on in the drain
                 self.say("drain: waiting for the rolling restart to end (reader subscribed)")
                 done = traffic.faults.wait_done(ROLLING_TIMEOUT + RESTART_TIMEOUT, published=rows)
                 if not done:
@@ -239,7 +245,14 @@ class Drill(DrillContext):
             if opts.outbox:  # the residual check must not race the last forwards
                 at_end.outbox = outbox_emptied(traffic.producer, opts.drain_idle_for_plan())
 
-        drained = drain(self, traffic.reader, rows, traffic.sampler, before_close=before_close)
+        drained = drain(
+            self,
+            traffic.reader,
+            rows,
+            traffic.sampler,
+            before_close=before_close,
+            check_residual=not opts.stream,  # a stream keeps every message: nothing is left
+        )
         if isinstance(traffic.reader, SparkConsumer):
             drained.residual, at_end.unacked, at_end.unacked_earlier = split_residual(
                 drained.residual, traffic.reader.snapshot(), traffic.reader.last_batch_ids()
@@ -341,6 +354,12 @@ class Drill(DrillContext):
             # Issue 18: a third pass on the same partitions (both modes in one run) puts
             # its report's rates in here the same way, under its own mode.
         consumer = self._consumer_section(traffic.reader, at_end, notes, errors)
+        if opts.stream:
+            consumer["copies_hidden_by_sidecar"] = int(
+                metric_total(metrics[1], "mq_sidecar_duplicates_suppressed_total")
+            )
+            consumer["stream_replicas"] = [i + 1 for i in self.stream_members]
+            notes.extend(_stream_notes(consumer))
         self.phases["total"] = time.monotonic() - self.started
         return DrillReport(
             **delivery_fields(rows, published.sent, result, drained.residual),
@@ -427,6 +446,26 @@ class Drill(DrillContext):
         }
 
 
+def _stream_notes(consumer: dict[str, Any]) -> list[str]:
+    """With ``--consumer spark-stream``: what the stream read's summary says beyond the
+    counts (the copies the stream held, whether the query reached its tail)."""
+    notes = [
+        f"the stream read {consumer.get('records_read', 0):,} record(s) in its batches (a "
+        "batch run again after the driver's restart counted once); the query's "
+        f"dropDuplicates(row_id) dropped {consumer.get('copies_dropped', 0):,} copies RabbitMQ "
+        "stored at offsets of their own (a sidecar's replay after the node kill, a retried "
+        "writer task, or RabbitMQ's own), whose original was in another task's range; the "
+        "reading tasks' sidecar hid "
+        f"{consumer.get('copies_hidden_by_sidecar', 0):,} within their ranges"
+    ]
+    if not consumer.get("read_to_tail"):
+        notes.append(
+            f"the query's last batch ended at offset {consumer.get('end_offset')}, the tail "
+            f"its last probe found was {consumer.get('tail_offset')}"
+        )
+    return notes
+
+
 def _plan(downtime: float, faults: FaultInjector) -> str:
     """The fault plan for the progress line (``downtime``: seconds every broker stays down
     with ``--faults all-down``)."""
@@ -435,6 +474,8 @@ def _plan(downtime: float, faults: FaultInjector) -> str:
         return f"every broker killed for {downtime:.0f} s at {at}"
     if faults.kind == "sidecar":
         return f"kill -9 of the producer's sidecar at {at}"
+    if faults.kind == "node" and isinstance(faults, ClusterFaultInjector) and not faults.rolling:
+        return f"kill -9 of the node under a reading task at: {at}"
     if faults.kind == "node":
         *kills, rolling = faults.fractions
         at = ", ".join(f"{f:.0%}" for f in kills) or "none"

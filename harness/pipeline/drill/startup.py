@@ -89,8 +89,10 @@ def start_rabbitmq_cluster(ctx: DrillContext) -> str:
     (one private epmd; 15-60 s, up to 300 s) and declare the drill's queue on node 1 as a
     quorum queue, so that node 1 leads it; the drill's destination is ``/amq/queue/NAME``
     (RabbitMQ's name for an existing queue: neither the writer nor the reader declares it
-    again). Returns the failover URL over the nodes, node 1 first; sets
-    ``ctx.state.rabbitmq``."""
+    again). With ``--consumer spark-stream`` the destination is a stream instead, declared on
+    node 1 (:data:`pipeline.drill.stream_read.STREAM_HEADERS`), with a replica on each node.
+    Returns the failover URL over the nodes, node 1 first; sets ``ctx.state.rabbitmq``."""
+    from pipeline.drill.stream_read import STREAM_HEADERS  # noqa: PLC0415
     from testbed.rabbitmq_cluster import QUORUM, RabbitMQCluster  # noqa: PLC0415
 
     if not rabbitmq_installed():
@@ -101,17 +103,25 @@ def start_rabbitmq_cluster(ctx: DrillContext) -> str:
     except BrokerError as exc:
         raise DrillError(f"the RabbitMQ cluster did not start: {exc}") from exc
     ctx.state.rabbitmq = cluster
+    kind = "stream" if ctx.options.stream else "quorum queue"
     try:
-        cluster.declare_queue(0, ctx.queue, QUORUM)
+        cluster.declare_queue(0, ctx.queue, STREAM_HEADERS if ctx.options.stream else QUORUM)
         leader = cluster.queue_leader(ctx.queue)
+        members = cluster.queue_members(ctx.queue) if ctx.options.stream else []
     except (BrokerError, OSError, ValueError) as exc:
-        raise DrillError(f"the drill's quorum queue was not declared: {exc}") from exc
+        raise DrillError(f"the drill's {kind} was not declared: {exc}") from exc
+    if ctx.options.stream and len(members) != len(cluster.nodes):
+        raise DrillError(
+            f"the drill's stream {ctx.queue} has replicas on {members}, not on every node"
+        )
+    ctx.stream_members = members
     nodes = ", ".join(
         f"{n.name} pid {n.pid} (STOMP {n.host}:{n.stomp_port})" for n in cluster.nodes
     )
+    replicas = f", replicas on nodes {', '.join(str(m + 1) for m in members)}" if members else ""
     ctx.say(
-        f"RabbitMQ cluster of 3 nodes in {took:.1f} s: {nodes}; quorum queue {ctx.queue} "
-        f"led by node {None if leader is None else leader + 1}"
+        f"RabbitMQ cluster of 3 nodes in {took:.1f} s: {nodes}; {kind} {ctx.queue} "
+        f"led by node {None if leader is None else leader + 1}{replicas}"
     )
     return cluster.failover_url(first=0)
 
@@ -283,30 +293,37 @@ def open_spark_consumer(ctx: DrillContext, destination: str, port: int, rows: in
     ``destination`` through the consumer's sidecar on ``port``, expecting ``rows`` rows, its
     files in ``workdir/consumer``; started (its query runs). Raises :class:`DrillError` if
     its query does not run."""
+    from pipeline.drill.options import STREAM_PARTITIONS  # noqa: PLC0415
+    from pipeline.drill.stream_read import StreamConsumer  # noqa: PLC0415
     from pipeline.drill.streaming import SparkConsumer, StreamError  # noqa: PLC0415
 
     master, conf = spark_target(ctx)
-    consumer = SparkConsumer(
-        destination,
-        host="127.0.0.1",
-        port=port,
-        workdir=ctx.workdir / "consumer",
-        master=master,
-        conf=conf,
-        rows=rows,
-        kill_at=ctx.options.driver_kill_share(),
-        batch_rows=ctx.options.read_batch,
-        prefetch=ctx.options.read_prefetch(),
-        say=ctx.say,
-    )
+    settings: dict[str, Any] = {
+        "host": "127.0.0.1",
+        "port": port,
+        "workdir": ctx.workdir / "consumer",
+        "master": master,
+        "conf": conf,
+        "rows": rows,
+        "kill_at": ctx.options.driver_kill_share(),
+        "batch_rows": ctx.options.batch_rows(),
+        "say": ctx.say,
+    }
+    consumer: SparkConsumer
+    if ctx.options.stream:
+        consumer = StreamConsumer(destination, partitions=STREAM_PARTITIONS, **settings)
+    else:
+        consumer = SparkConsumer(destination, prefetch=ctx.options.read_prefetch(), **settings)
     ctx.state.readers.append(consumer)
     try:
         consumer.start()
     except (StreamError, OSError) as exc:
         raise DrillError(f"the streaming consumer did not start: {exc}") from exc
     assert consumer.proc is not None
+    what = "the stream (stream=true, tasks on the executors)" if ctx.options.stream else ""
     ctx.say(
         f"streaming consumer: driver pid {consumer.proc.pid} ({master}) reads {destination} "
-        f"into Parquet ({consumer.sink})"
+        f"{what}{' ' if what else ''}into Parquet ({consumer.sink}); executors import "
+        f"{', '.join(consumer.packages) or 'mq_sidecar_spark from the driver PYTHONPATH'}"
     )
     return consumer

@@ -167,13 +167,16 @@ class DrillReport(Delivery):
     def _consumer_lines(self) -> list[str]:
         """The streaming consumer's line and its driver kills (none for stomp.py)."""
         c = self.consumer
-        if not c or c.get("kind") != "spark":
+        if not c or c.get("kind") not in ("spark", "spark-stream"):
             return []
-        lines = [
-            f"  consumer      streaming query (readStream.format('stomp') -> Parquet, "
-            f"{c['master']}): {c['batches']:,} batches of at most "
-            f"{c['max_messages_per_batch']:,}"
-        ]
+        if c["kind"] == "spark-stream":
+            lines = _stream_lines(c)
+        else:
+            lines = [
+                f"  consumer      streaming query (readStream.format('stomp') -> Parquet, "
+                f"{c['master']}): {c['batches']:,} batches of at most "
+                f"{c['max_messages_per_batch']:,}"
+            ]
         for kill in c.get("driver_kills", []):
             batch = "mid-batch" if kill.get("mid_batch") else "between batches"
             after = kill.get("running_after_s")
@@ -220,3 +223,36 @@ class DrillReport(Delivery):
             else:
                 lines.append(f"    (overall: {limit}")
         return lines
+
+
+def _stream_lines(c: dict[str, Any]) -> list[str]:
+    """The stream read's lines (``--consumer spark-stream``): the query, its batches and
+    tasks, the records and copies, each executor's rows and rate."""
+    tasks = ", ".join(
+        f"{n} task(s) in {count:,}" for n, count in (c.get("tasks_per_batch") or {}).items()
+    )
+    replicas = ", ".join(str(r) for r in c.get("stream_replicas") or [])
+    lines = [
+        f"  consumer      stream read (format('stomp'), stream=true -> dropDuplicates(row_id) -> "
+        f"Parquet, {c['master']}): {c['batches']:,} batches of at most "
+        f"{c['max_records_per_trigger']:,} offsets, stream replicas on nodes {replicas or '?'}",
+        f"    tasks       per batch with rows: {tasks or 'none'} batch(es); "
+        f"{c.get('task_retries', 0)} task attempt(s) past the first",
+        f"    records     {c.get('records_read', 0):,} read, offsets up to "
+        f"{c.get('end_offset')} (tail {c.get('tail_offset')}); copies dropped by the query "
+        f"{c.get('copies_dropped', 0):,}, hidden by the sidecar "
+        f"{c.get('copies_hidden_by_sidecar', 0):,}",
+    ]
+    rate = c.get("rows_per_second")
+    lines.append(
+        f"    rate        {'-' if rate is None else f'{rate:,.0f}'} rows/s over "
+        f"{c.get('batch_seconds', 0):,.1f} s of batches"
+    )
+    for e in c.get("executors") or []:
+        e_rate = e.get("rows_per_second")
+        lines.append(
+            f"    executor    JVM pid {e['jvm_pid']}: {e['rows']:,} rows "
+            f"({(e.get('share') or 0):.0%}) in {e['tasks']:,} task(s), "
+            f"{'-' if e_rate is None else f'{e_rate:,.0f}'} rows/s"
+        )
+    return lines
