@@ -6,7 +6,10 @@ a fault proxy resets the sidecar's broker connection and refuses new ones while 
 goes on, then lets the sidecar back. For each starting position the app must be shown every
 message from its position on once, in offset order, none missing. Before the fix the sidecar
 re-sent the app's SUBSCRIBE unchanged: ``first``, ``offset=N`` and ``timestamp=T`` showed the
-stream again from there, ``next`` lost what was published during the outage.
+stream again from there, ``next`` lost what was published during the outage. For comparison
+the same cut is made to a stomp.py app connected straight to the node that tracks its own
+offset and re-subscribes at ``offset=<last + 1>`` (``DirectApp``); both print the figures
+(published / shown / shown twice / missing) of issue 32's closing note.
 
 Bad input (issue 32, "Bad input"): a SUBSCRIBE the broker refuses on a stream (an
 ``x-stream-offset`` it cannot read, no ``prefetch-count``, ``ack:auto``) gets the broker's
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -27,6 +31,7 @@ import pytest
 from protocol import Command, Frame
 from testbed import RabbitMQ
 from tests.faultproxy import FaultProxy
+from tests.integration.stream_support import DirectApp, figures
 from tests.integration.support import RawClient, SidecarThread, sidecar_config, unique
 
 FAST = {"retry_interval": "50", "max_retry_interval": "200", "connect_timeout": "2000"}
@@ -39,6 +44,8 @@ TOTAL = BEFORE + WHILE_UP + WHILE_DOWN + AFTER
 READ_BEFORE_CUT = 100
 #: A bound on the frames any one read loop takes (every message at most three times, events).
 MAX_FRAMES = 4 * TOTAL
+#: Seconds the direct app may take to read up to the cut, then to the end.
+READ_WAIT = 60.0
 
 
 @pytest.fixture
@@ -201,23 +208,35 @@ def is_message(seq: int) -> object:
     return lambda f: f.command is Command.MESSAGE and f.get("seq") == str(seq)
 
 
-@pytest.mark.parametrize("position", ["first", "next", "offset=150", "timestamp"])
-def test_a_stream_subscription_resumes_where_the_app_is_after_a_reset(
-    rabbitmq: RabbitMQ, proxy: FaultProxy, position: str
-) -> None:
+#: The starting positions of the connection-cut cases, through the sidecar and direct.
+POSITIONS = ["first", "next", "offset=150", "timestamp"]
+
+
+def new_stream(rabbitmq: RabbitMQ, position: str) -> tuple[str, Producer, str, list[int]]:
+    """A cut case's stream, its producer (BEFORE already published unless ``position`` is
+    ``next``), the SUBSCRIBE's position (``timestamp``: an hour back, the whole stream, as
+    timestamps are of chunks) and the ``seq`` list the app must be shown."""
     stream = declare_stream(rabbitmq)
     producer = Producer(rabbitmq, stream)
     if position != "next":
         producer.publish(BEFORE)
-    if position == "timestamp":  # an hour back: the whole stream (timestamps are of chunks)
+    if position == "timestamp":
         position = f"timestamp={int(time.time()) - 3600}"
+    start = 150 if position == "offset=150" else 0
+    return stream, producer, position, list(range(start, TOTAL))
+
+
+@pytest.mark.parametrize("position", POSITIONS)
+def test_a_stream_subscription_resumes_where_the_app_is_after_a_reset(
+    rabbitmq: RabbitMQ, proxy: FaultProxy, position: str
+) -> None:
+    stream, producer, position, expected = new_stream(rabbitmq, position)
     config = sidecar_config(sidecar_url(proxy), **FAST)
     with SidecarThread(config) as sidecar:
         app = App(sidecar.address, stream, position)
         if position == "next":
             producer.publish(BEFORE)  # after the SUBSCRIBE: all of it is "next"
         producer.publish(WHILE_UP)
-        start = 150 if position == "offset=150" else 0
         app.read(is_message(BEFORE + READ_BEFORE_CUT - 1), "the reads before the cut")
 
         proxy.refuse(True)
@@ -229,13 +248,10 @@ def test_a_stream_subscription_resumes_where_the_app_is_after_a_reset(
         app.read(is_message(TOTAL - 1), "the last message")
         app.client.close()
 
-    expected = list(range(start, TOTAL))
-    counts = Counter(app.shown)
-    twice = sum(1 for n in counts.values() if n > 1)
-    missing = len(set(expected) - set(counts))
+    shown, twice, missing = figures(app.shown, expected)
     print(
-        f"\nstream {position}: published {TOTAL}, expected {len(expected)}, shown "
-        f"{len(app.shown)}, shown twice {twice}, missing {missing}, events {app.events}, "
+        f"\nstream {position} sidecar: published {TOTAL}, expected {len(expected)}, shown "
+        f"{shown}, shown twice {twice}, missing {missing}, events {app.events}, "
         f"hidden on the new leg {app.failover.get('redeliveries_hidden')} (at the FAILOVER)"
     )
     assert app.errors == []
@@ -243,6 +259,51 @@ def test_a_stream_subscription_resumes_where_the_app_is_after_a_reset(
     assert (twice, missing) == (0, 0)
     assert app.shown == expected  # once each, in offset order
     assert app.offsets == expected  # the broker's x-stream-offset reaches the app
+
+
+@pytest.mark.parametrize("position", POSITIONS)
+def test_a_direct_app_that_tracks_its_offset_resumes_after_a_reset(
+    rabbitmq: RabbitMQ, proxy: FaultProxy, position: str
+) -> None:
+    """The comparison for the case above (issue 32's closing note): the same stream, publishing
+    and cut for a stomp.py app connected straight to the node through its own fault proxy,
+    held mid-read with MESSAGEs not yet acknowledged when its connection is reset while new
+    ones are refused; it reconnects by itself and re-subscribes at ``offset=<last + 1>``."""
+    stream, producer, position, expected = new_stream(rabbitmq, position)
+    last = BEFORE + READ_BEFORE_CUT - 1
+    direct = DirectApp([("127.0.0.1", proxy.port)], stream, position, hold_at=last)
+    try:
+        if position == "next":
+            producer.publish(BEFORE)
+        producer.publish(WHILE_UP)
+        assert direct.held.wait(READ_WAIT), "the reads before the cut"
+
+        done = threading.Thread(
+            target=direct.keep_up,
+            args=(lambda: bool(direct.shown) and direct.shown[-1] == TOTAL - 1, READ_WAIT),
+            daemon=True,
+        )
+        done.start()
+        proxy.refuse(True)
+        proxy.reset()
+        direct.release()
+        producer.publish(WHILE_DOWN)
+        proxy.refuse(False)
+        producer.publish(AFTER)
+        done.join(READ_WAIT + 5)
+    finally:
+        direct.close()
+
+    shown, twice, missing = figures(direct.shown, expected)
+    print(
+        f"\nstream {position} direct: published {TOTAL}, expected {len(expected)}, shown "
+        f"{shown}, shown twice {twice}, missing {missing}, re-subscribes "
+        f"{direct.resubscribes}, connects refused {direct.refused}, redeliveries it dropped "
+        f"{direct.dropped}"
+    )
+    assert direct.errors == []
+    assert direct.resubscribes >= 1
+    assert direct.shown == expected  # once each, in offset order, none missing
 
 
 @pytest.mark.parametrize(

@@ -15,19 +15,17 @@ missing, no ERROR, and no event but RECONNECTING/FAILOVER.
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
-from typing import Any
 
 import pytest
-import stomp
 
 from testbed.rabbitmq_cluster import RabbitMQCluster
+from tests.integration.stream_support import DirectApp, figures
 from tests.integration.support import wait_until
 from tests.integration.test_rabbitmq_cluster import all_up, cluster, sidecar_for
 from tests.integration.test_streams import App, Producer, declare_stream, is_message
@@ -41,81 +39,6 @@ BEFORE, AFTER = 300, 300
 TOTAL = BEFORE + AFTER
 #: Seconds a stream may take to have a leader again, a consumer to read everything.
 LEADER_WAIT, READ_WAIT = 60.0, 120.0
-
-
-class DirectApp(stomp.ConnectionListener):  # type: ignore[misc]
-    """A stomp.py app straight to the nodes that tracks its own offset: ``client-individual``,
-    ``prefetch-count`` 50, one ACK per MESSAGE; when its connection ends or an ERROR comes, it
-    connects to the next node of ``nodes`` and re-subscribes at ``offset=<last + 1>``."""
-
-    def __init__(self, nodes: list[tuple[str, int]], destination: str) -> None:
-        self.nodes = nodes
-        self.destination = destination
-        self.shown: list[int] = []
-        self.errors: list[str] = []
-        self.resubscribes = 0
-        self.last: int | None = None
-        self.lock = threading.Lock()
-        self.broken = threading.Event()
-        self.index = 0
-        self.conn: Any = None
-        self._open()
-
-    def _open(self) -> None:
-        self.broken.clear()
-        conn = stomp.Connection12([self.nodes[self.index]], heartbeats=(0, 0), vhost="/")
-        conn.set_listener("app", self)
-        conn.connect(wait=True)
-        position = "first" if self.last is None else f"offset={self.last + 1}"
-        conn.subscribe(
-            self.destination,
-            id="s",
-            ack="client-individual",
-            headers={"prefetch-count": "50", "x-stream-offset": position},
-        )
-        self.conn = conn
-
-    def on_message(self, frame: Any) -> None:
-        offset = int(frame.headers["x-stream-offset"])
-        with self.lock:
-            if self.last is None or offset > self.last:  # its own redelivery check
-                self.shown.append(int(frame.headers["seq"]))
-                self.last = offset
-        with suppress(Exception):
-            self.conn.ack(frame.headers["ack"])
-
-    def on_error(self, frame: Any) -> None:
-        self.errors.append(str(frame.headers.get("message")))
-        self.broken.set()
-
-    def on_disconnected(self) -> None:
-        self.broken.set()
-
-    def keep_up(self, until: Callable[[], bool], timeout: float) -> None:
-        """Until ``until()``: re-open on the next node whenever the connection broke (bounded
-        by ``timeout`` seconds; a node that refuses is skipped)."""
-        deadline = time.monotonic() + timeout
-        while not until() and time.monotonic() < deadline:
-            if self.broken.wait(0.05):
-                with suppress(Exception):
-                    self.conn.disconnect()
-                self.index = (self.index + 1) % len(self.nodes)
-                with suppress(Exception):
-                    self._open()
-                    self.resubscribes += 1
-
-    def close(self) -> None:
-        self.broken.set()
-        with suppress(Exception):
-            self.conn.set_listener("app", None)
-            self.conn.disconnect()
-
-
-def figures(shown: list[int]) -> tuple[int, int, int]:
-    """(shown, shown twice, missing) of ``shown`` against seq 0..TOTAL-1."""
-    counts = Counter(shown)
-    twice = sum(1 for n in counts.values() if n > 1)
-    return len(shown), twice, sum(1 for s in range(TOTAL) if s not in counts)
 
 
 def wait_leader(rmq: RabbitMQCluster, name: str, alive: set[int]) -> int:
@@ -168,8 +91,8 @@ def run_case(
         status = sidecar.status()
         app.client.close()
     direct.close()
-    side, twice, missing = figures(app.shown)
-    d_shown, d_twice, d_missing = figures(direct.shown)
+    side, twice, missing = figures(app.shown, range(TOTAL))
+    d_shown, d_twice, d_missing = figures(direct.shown, range(TOTAL))
     failovers = [s.get("failovers") for s in status["sessions"]]
     print(
         f"\n[stream {label}] published {TOTAL}; sidecar: shown {side}, shown twice {twice}, "
