@@ -72,8 +72,13 @@ class ReadOptions:
         return self.checkpoint_location / "sources" / "mq-sidecar-stomp" / name
 
 
-def _int(options: Mapping[str, str], name: str, default: int, low: int) -> int:
-    raw = options.get(name)
+def int_option(
+    options: Mapping[str, str], name: str, default: int, low: int, *, key: str | None = None
+) -> int:
+    """The integer option ``name`` (looked up as ``key``, default ``name``: Spark hands a
+    Python data source its option names lower-cased), ``default`` when absent. Raises
+    :class:`OptionError` naming it when it is not an integer or below ``low``."""
+    raw = options.get(name if key is None else key)
     if raw is None:
         return default
     try:
@@ -85,8 +90,9 @@ def _int(options: Mapping[str, str], name: str, default: int, low: int) -> int:
     return value
 
 
-def _port(options: Mapping[str, str]) -> int:
-    port = _int(options, "port", 61613, 1)
+def port_option(options: Mapping[str, str]) -> int:
+    """The option ``port`` (default 61613); raises :class:`OptionError` outside 1-65535."""
+    port = int_option(options, "port", 61613, 1)
     if port > 65535:
         raise OptionError(f"option port={port}: must be 1-65535")
     return port
@@ -133,8 +139,8 @@ def parse_read_options(options: Mapping[str, str]) -> ReadOptions:
             "writeStream checkpointLocation (the reader keeps its read log under it; Spark "
             "does not tell a Python data source where the checkpoint is)"
         )
-    max_messages = _int(given, "max_messages_per_batch", 5000, 1)
-    prefetch = _int(given, "prefetch", max(10000, 2 * max_messages), 2)
+    max_messages = int_option(given, "max_messages_per_batch", 5000, 1)
+    prefetch = int_option(given, "prefetch", max(10000, 2 * max_messages), 2)
     if prefetch <= max_messages:
         raise OptionError(
             f"option prefetch={prefetch} must be larger than max_messages_per_batch="
@@ -177,15 +183,15 @@ def parse_read_options(options: Mapping[str, str]) -> ReadOptions:
         destination=destination,
         checkpoint_location=_local_path(checkpoint),
         host=(given.get("host") or "127.0.0.1").strip(),
-        port=_port(given),
+        port=port_option(given),
         login=given.get("login"),
         passcode=given.get("passcode"),
         vhost=given.get("vhost") or None,
         max_messages_per_batch=max_messages,
-        max_bytes_per_batch=_int(given, "max_bytes_per_batch", 64 * 1024 * 1024, 1),
+        max_bytes_per_batch=int_option(given, "max_bytes_per_batch", 64 * 1024 * 1024, 1),
         prefetch=prefetch,
         id_header=id_header,
-        id_cache_size=_int(given, "id_cache_size", 20000, 1),
+        id_cache_size=int_option(given, "id_cache_size", 20000, 1),
         subscription_headers=headers,
         timeout=timeout,
     )

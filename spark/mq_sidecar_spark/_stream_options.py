@@ -15,6 +15,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from mq_sidecar_spark._read_options import int_option, port_option
 from mq_sidecar_spark.errors import OptionError
 
 __all__ = [
@@ -126,16 +127,7 @@ def _maybe(given: Mapping[str, str], name: str, low: int) -> int | None:
 
 
 def _int(given: Mapping[str, str], name: str, low: int, default: int) -> int:
-    raw = given.get(name.lower())
-    if raw is None:
-        return default
-    try:
-        value = int(str(raw).strip())
-    except ValueError:
-        raise OptionError(f"option {name}={raw!r}: not an integer") from None
-    if value < low:
-        raise OptionError(f"option {name}={value}: must be at least {low}")
-    return value
+    return int_option(given, name, default, low, key=name.lower())
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h)?\s*$")
@@ -257,9 +249,7 @@ def parse_stream_options(options: Mapping[str, str], *, batch: bool) -> StreamOp
     fail_raw = given.get("failondataloss", "true").strip().lower()
     if fail_raw not in ("true", "false"):
         raise OptionError(f"option failOnDataLoss={given['failondataloss']!r}: true or false")
-    port = _int(given, "port", 1, 61613)
-    if port > 65535:
-        raise OptionError(f"option port={port}: must be 1-65535")
+    port = port_option(given)
     min_partitions = _int(given, "minPartitions", 1, 1)
     per_partition = _int(given, "maxRecordsPerPartition", 1, 100_000)
     prefetch = _int(given, "prefetch", 1, 1000)

@@ -61,6 +61,18 @@ if TYPE_CHECKING:
 DRAIN_TIMEOUT = 120.0
 
 
+def read_at_least(query: Any, count: int) -> Callable[[], bool]:
+    """A condition for ``wait_until``: the streaming ``query`` read ``count`` rows (its
+    progress reports' ``numInputRows``); the test fails at once if the query failed."""
+
+    def done() -> bool:
+        if query.exception() is not None:
+            pytest.fail(f"the query failed: {query.exception()}")
+        return sum(int(p["numInputRows"]) for p in query.recentProgress) >= count
+
+    return done
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
     """A master and two workers (1 core, 1 GiB each) on 127.0.0.1."""
@@ -613,20 +625,11 @@ def test_streaming_read_with_an_executor_killed_every_message_once(
         .start()
     )
 
-    def read_at_least(count: int) -> Callable[[], bool]:
-        def done() -> bool:
-            if query.exception() is not None:
-                pytest.fail(f"the query failed: {query.exception()}")
-            read = sum(int(p["numInputRows"]) for p in query.recentProgress)
-            return read >= count
-
-        return done
-
     try:
-        wait_until(read_at_least(2 * per_batch), timeout=DRAIN_TIMEOUT)
+        wait_until(read_at_least(query, 2 * per_batch), timeout=DRAIN_TIMEOUT)
         hold.open()
         killed = hold.kill_executor(cluster, lambda: query.exception() is None)
-        wait_until(read_at_least(total), timeout=DRAIN_TIMEOUT)
+        wait_until(read_at_least(query, total), timeout=DRAIN_TIMEOUT)
         time.sleep(1.5)  # a few more triggers: nothing more may come, the last batch is ACKed
         retried = hold.retries()
     finally:
@@ -688,19 +691,11 @@ def test_stream_read_with_an_executor_killed_every_message_once(
             .start()
         )
 
-        def read_at_least(count: int) -> Callable[[], bool]:
-            def done() -> bool:
-                if query.exception() is not None:
-                    pytest.fail(f"the query failed: {query.exception()}")
-                return sum(int(p["numInputRows"]) for p in query.recentProgress) >= count
-
-            return done
-
         try:
-            wait_until(read_at_least(500), timeout=DRAIN_TIMEOUT)
+            wait_until(read_at_least(query, 500), timeout=DRAIN_TIMEOUT)
             hold.open()
             killed = hold.kill_executor(cluster, lambda: query.exception() is None)
-            wait_until(read_at_least(total), timeout=DRAIN_TIMEOUT)
+            wait_until(read_at_least(query, total), timeout=DRAIN_TIMEOUT)
             retried = hold.retries()
             batches = [p for p in query.recentProgress if int(p["numInputRows"]) > 0]
         finally:
