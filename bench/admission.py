@@ -31,10 +31,12 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import math
 import platform
 import tempfile
 import time
+import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +44,7 @@ from typing import Any
 
 import trio
 
+from bench.procstat import cpu_seconds
 from protocol import Command, Frame
 from testbed import start_activemq_pair
 from testbed.sidecar import SidecarProcess
@@ -65,6 +68,8 @@ class Figures:
     confirmed: set[str] = field(default_factory=set)
     #: Message ids the consumers received, with how many times.
     received: collections.Counter[str] = field(default_factory=collections.Counter)
+    #: Seconds from each SEND to its RECEIPT.
+    latencies: list[float] = field(default_factory=list)
     #: Seconds from the kill to each pre-kill session's first RECEIPT after it.
     after_kill: list[float] = field(default_factory=list)
     connected_before_kill: int = 0
@@ -93,16 +98,21 @@ async def _sends(
     unconfirmed; returns when every receipt came, the time of the first one (monotonic)."""
     waiting = 0
     first = 0.0
+    sent: dict[str, float] = {}
     for n in [*ids, None]:
         while waiting and (n is None or waiting >= outstanding):
             answer = await app.frame()
             if answer.command is not Command.RECEIPT:
                 raise EOFError(f"{answer.command}: {answer.get('message')}")
-            first = first or time.monotonic()
-            figures.confirmed.add(answer.get("receipt-id") or "")
+            now = time.monotonic()
+            first = first or now
+            receipt = answer.get("receipt-id") or ""
+            figures.confirmed.add(receipt)
+            figures.latencies.append(now - sent.pop(receipt, now))
             waiting -= 1
         if n is not None:
             headers = {"destination": destination, "receipt": n, "persistent": "true", "n": n}
+            sent[n] = time.monotonic()
             await app.send(Command.SEND, headers, n.encode())
             waiting += 1
     return first
@@ -239,6 +249,89 @@ async def run_load(
     return figures
 
 
+async def drain_left(
+    address: tuple[str, int], destination: str, consumers: int, quiet: float = 3.0
+) -> collections.Counter[str]:
+    """The messages (their ``n``) left on the consumers' queues, read straight from the
+    broker at ``address`` (no sidecar) until ``quiet`` s without one on each queue."""
+    left: collections.Counter[str] = collections.Counter()
+    for c in range(consumers):
+        app = App(await trio.open_tcp_stream(*address))
+        try:
+            await _connect(app)
+            await app.send(
+                Command.SUBSCRIBE,
+                {"destination": f"{destination}.{c}", "id": "drain", "ack": "auto"},
+            )
+            for _ in range(1_000_000):  # at most this many per queue
+                with trio.move_on_after(quiet):
+                    message = await app.frame()
+                    left[message.get("n") or ""] += 1
+                    continue
+                break
+        finally:
+            await trio.aclose_forcefully(app.stream)
+    return left
+
+
+def _connect_attempts(metrics: bytes) -> dict[str, float]:
+    """``mq_sidecar_upstream_connect_attempts_total`` of a ``/metrics`` page, by its labels."""
+    found: dict[str, float] = {}
+    for line in metrics.decode().splitlines():
+        if line.startswith("mq_sidecar_upstream_connect_attempts_total{"):
+            labels, _, value = line.rpartition(" ")
+            found[labels.removeprefix("mq_sidecar_upstream_connect_attempts_total")] = float(value)
+    return found
+
+
+def _direct(args: argparse.Namespace, primary: Any, backup: Any) -> None:
+    """``--direct``: the load straight to ``primary`` (no kill), and what it confirmed."""
+    address = (primary.host, primary.stomp_port)
+    start = time.monotonic()
+    figures = trio.run(
+        lambda: run_load(
+            address,
+            "/queue/bench-admission",
+            sessions=args.sessions,
+            messages=args.messages,
+            consumers=args.consumers,
+            kill=lambda: None,
+            connecting=args.connecting,
+        )
+    )
+    elapsed = time.monotonic() - start
+    cpu = cpu_seconds(primary.pid or 0)
+    left = trio.run(drain_left, address, "/queue/bench-admission", args.consumers)
+    missing = figures.lost - set(left)
+    sessions = args.sessions + args.consumers
+    print(f"# bench.admission --direct on {platform.node()}, {elapsed:.0f} s (no sidecar, no kill)")
+    _latencies(figures)
+    print(
+        "| sessions | not connected | confirmed | lost | duplicated | probe receipt p50 / max s |"
+    )
+    print("|---|---|---|---|---|---|")
+    print(
+        f"| {sessions:,} | {len(figures.refused)} | {len(figures.confirmed):,} | {len(missing)} "
+        f"| {figures.duplicated} | {_pct(figures.after_kill, 0.5):.2f} / "
+        f"{_pct(figures.after_kill, 1.0):.2f} |"
+    )
+    kinds = collections.Counter(e.split(": ", 1)[-1][:70] for e in figures.errors)
+    print(f"sessions ended by an error: {len(figures.errors)}")
+    for kind, n in kinds.most_common(5):
+        print(f"  {n} x {kind}")
+    print(f"CPU seconds: broker {cpu:.1f}, load (this process) {time.process_time():.1f}")
+
+
+def _latencies(figures: Figures) -> None:
+    """Print the SEND-to-RECEIPT times: p50, p99, max and how many took over 30 s."""
+    waits = figures.latencies
+    over = sum(1 for w in waits if w > 30.0)
+    print(
+        f"SEND to RECEIPT: p50 {_pct(waits, 0.5):.2f} s, p99 {_pct(waits, 0.99):.2f} s, max "
+        f"{_pct(waits, 1.0):.2f} s; {over:,} of {len(waits):,} over 30 s"
+    )
+
+
 def _bytes(text: str) -> int:
     units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}
     for suffix, factor in units.items():
@@ -272,15 +365,54 @@ def main(argv: list[str] | None = None) -> None:
         help="derive max_memory_bytes as the chart does from this memory limit (e.g. 1Gi) and "
         "set max_sessions to the producers and consumers; default: the program's defaults",
     )
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a sidecar option (TOML value, e.g. upstream_heartbeat=[0,0]); repeatable",
+    )
+    parser.add_argument(
+        "--no-kill",
+        action="store_true",
+        help="kill no broker (the sidecar's own cost at this scale, against --direct)",
+    )
+    parser.add_argument(
+        "--direct",
+        action="store_true",
+        help="the same load straight to the primary (no sidecar, no kill): how fast the broker "
+        "alone confirms it on this machine, for comparison",
+    )
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        help="keep the brokers' and the sidecar's files and logs here (default: a temporary "
+        "directory, removed at the end)",
+    )
     args = parser.parse_args(argv)
     options: dict[str, Any] = {"log_level": "warning"}
+    for given in args.option:
+        name, _, value = given.partition("=")
+        options[name] = tomllib.loads(f"v = {value}")["v"]
     if args.container_limit:
         options["max_memory_bytes"] = _bytes(args.container_limit) - CHART_PROCESS_BYTES
         options["max_sessions"] = args.sessions + args.consumers
-    with tempfile.TemporaryDirectory(prefix="bench-admission-") as tmp:
+    with contextlib.ExitStack() as stack:
+        if args.workdir is not None:
+            args.workdir.mkdir(parents=True, exist_ok=True)
+            tmp = str(args.workdir)
+        else:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-admission-"))
         primary, backup = start_activemq_pair(
             Path(tmp) / "pair", name="adm", heap_mb=1024, memory_mb=512
         )
+        if args.direct:
+            try:
+                _direct(args, primary, backup)
+            finally:
+                backup.stop()
+                primary.stop()
+            return
         sidecar = SidecarProcess(
             "admission",
             Path(tmp),
@@ -299,19 +431,38 @@ def main(argv: list[str] | None = None) -> None:
                         sessions=args.sessions,
                         messages=args.messages,
                         consumers=args.consumers,
-                        kill=primary.kill,
+                        kill=(lambda: None) if args.no_kill else primary.kill,
                         connecting=args.connecting,
                     )
                 )
                 elapsed = time.monotonic() - start
                 peak = sidecar.peak_rss_kib() * 1024
-                memory = sidecar.status()["memory"]
+                asked = time.monotonic()
+                memory = sidecar.status(timeout=WAIT)["memory"]
+                status_wait = time.monotonic() - asked
+                cpu = {
+                    "sidecar": cpu_seconds(sidecar.pid or 0),
+                    "backup broker": cpu_seconds(backup.pid or 0),
+                    "load (this process)": time.process_time(),
+                }
+                attempts = _connect_attempts(sidecar.get("/metrics", timeout=WAIT)[1])
+            survivor = primary if args.no_kill else backup
+            left = trio.run(
+                drain_left,
+                (survivor.host, survivor.stomp_port),
+                "/queue/bench-admission",
+                args.consumers,
+            )
         finally:
             backup.stop()
             primary.stop()
     _report(
         args,
         options=options,
+        status_wait=status_wait,
+        left=left,
+        cpu=cpu,
+        attempts=attempts,
         figures=figures,
         idle=idle,
         peak=peak,
@@ -329,11 +480,23 @@ def _report(
     peak: int,
     memory: dict[str, Any],
     elapsed: float,
+    status_wait: float,
+    left: collections.Counter[str],
+    cpu: dict[str, float],
+    attempts: dict[str, float],
 ) -> None:
     mib = 1 << 20
     sessions = args.sessions + args.consumers
     print(f"# bench.admission on {platform.node()} ({platform.machine()}), {elapsed:.0f} s")
     print(f"options: {options}")
+    missing = figures.lost - set(left)
+    print(
+        f"confirmed and not received by the consumers: {len(figures.lost)}; of them left on "
+        f"the queues (read straight from the broker at the end): {len(figures.lost & set(left))}"
+        f"; on no queue (lost): {len(missing)} {sorted(missing)[:20]}"
+    )
+    total = sum(left.values())
+    print(f"on the queues at the end: {total} ({total - len(left)} copies)")
     budget = [r for r in figures.refused if r.startswith(("out of memory", "too many sessions"))]
     print(
         "| sessions | refused by the sidecar | not connected by the broker | confirmed | lost "
@@ -343,16 +506,22 @@ def _report(
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     print(
         f"| {sessions:,} | {len(budget)} | {len(figures.refused) - len(budget)} "
-        f"| {len(figures.confirmed):,} | {len(figures.lost)} | {figures.duplicated} "
+        f"| {len(figures.confirmed):,} | {len(missing)} | {figures.duplicated} "
         f"| {idle / mib:.0f} | {peak / mib:.0f} | {(peak - idle) / sessions / 1024:.0f} "
         f"| {memory['peak'] / mib:.1f} "
         f"| {_pct(figures.after_kill, 0.5):.2f} / {_pct(figures.after_kill, 1.0):.2f} |"
     )
+    _latencies(figures)
     kinds = collections.Counter(e.split(": ", 1)[-1][:70] for e in figures.errors)
     print(f"sessions ended by an ERROR after CONNECTED: {len(figures.errors)}")
     for kind, n in kinds.most_common(5):
         print(f"  {n} x {kind}")
     print(f"memory at the end: {memory}")
+    print(f"/status answered {status_wait:.1f} s after it was asked, once the load had ended")
+    print("CPU seconds: " + ", ".join(f"{name} {value:.1f}" for name, value in cpu.items()))
+    print("broker connection attempts (mq_sidecar_upstream_connect_attempts_total by outcome): ")
+    for label, value in sorted(attempts.items()):
+        print(f"  {label} {value:,.0f}")
     if figures.refused:
         print(f"first refusal: {figures.refused[0]}")
 
