@@ -268,8 +268,18 @@ class Config:
             window").
         connect_timeout: ms for TCP connect plus STOMP ``CONNECT``/``CONNECTED`` to
             one broker, > 0.
-        upstream_heartbeat: ``(cx, cy)`` ms the sidecar offers the broker in its
-            ``heart-beat`` header (STOMP 1.2 "Heart-beating"), each >= 0, 0 = none.
+        max_connecting: Most connection attempts (TCP connect through ``CONNECTED``) the
+            sessions have in flight at once to one broker, > 0; the next waits for one of them
+            to end, in the order they came, before its ``connect_timeout`` starts (HAProxy's
+            per-server ``maxconn`` queue). Thousands of sessions failing over at once then
+            reach a backup at the pace it answers, rather than all timing out together and
+            trying again (measured: docs/behaviour.md, "Broker list and reconnect policy").
+        upstream_heartbeat: ``(cx, cy)`` ms, each >= 0, 0 = none (STOMP 1.2
+            "Heart-beating"): the sidecar writes to an idle broker leg every ``cx`` (and
+            promises the broker ``2 cx`` in its ``heart-beat`` header: ActiveMQ judges the
+            promise with no tolerance) and judges the broker's silence by ``cy``
+            (proxy.legs.connect_frame.upstream_heart_beat; docs/behaviour.md, "Failure
+            detection").
         client_heartbeat: ``(sx, sy)`` ms the sidecar offers apps in ``CONNECTED``,
             each >= 0, when the broker's answer to the app's ask is not known (ActiveMQ and
             RabbitMQ: the app gets theirs; docs/brokers.md, "Heart-beats").
@@ -364,6 +374,7 @@ class Config:
     subscription_down_timeout: int = 15_000
     confirmation_window_size: int = 1_048_576
     connect_timeout: int = 5_000
+    max_connecting: int = 64
     upstream_heartbeat: tuple[int, int] = (5_000, 5_000)
     client_heartbeat: tuple[int, int] = (10_000, 10_000)
     heartbeat_grace: float = 2.0

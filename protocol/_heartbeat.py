@@ -75,18 +75,30 @@ class HeartBeatTimer:
         now: current time in seconds (any monotonic origin); both "last" times start here.
         grace: tolerance factor; the peer is dead after ``receive_interval * grace`` of silence
             (STOMP 1.2 "Heart-beating": "to take into account network delays, ... tolerance").
+        send_share: fraction of the send interval after which something is written, 0 < x <= 1
+            (1: at the negotiated interval, as STOMP 1.2 describes; less leaves a margin for a
+            peer that judges silence with no tolerance, and for a writer that runs late:
+            sending more often than ``cx`` is allowed, ``cx`` is only "the smallest number of
+            milliseconds between heart-beats that it can guarantee").
 
     Any bytes count, not only heart-beats: call :meth:`data_sent` after every write and
     :meth:`data_received` after every read.
 
     Raises:
-        ValueError: a negative interval or a ``grace`` that is not greater than 0.
+        ValueError: a negative interval, a ``grace`` that is not greater than 0 or a
+            ``send_share`` outside (0, 1].
     """
 
     __slots__ = ("_grace", "_last_received", "_last_sent", "_receive_s", "_send_s")
 
     def __init__(
-        self, send_interval_ms: int, receive_interval_ms: int, now: float, *, grace: float = 2.0
+        self,
+        send_interval_ms: int,
+        receive_interval_ms: int,
+        now: float,
+        *,
+        grace: float = 2.0,
+        send_share: float = 1.0,
     ) -> None:
         if send_interval_ms < 0 or receive_interval_ms < 0:
             raise ValueError(
@@ -95,7 +107,9 @@ class HeartBeatTimer:
             )
         if not grace > 0:
             raise ValueError(f"grace must be > 0, not {grace}")
-        self._send_s = send_interval_ms / 1000
+        if not 0 < send_share <= 1:
+            raise ValueError(f"send_share must be > 0 and <= 1, not {send_share}")
+        self._send_s = send_interval_ms / 1000 * send_share
         self._receive_s = receive_interval_ms / 1000
         self._grace = grace
         self._last_sent = now
@@ -117,7 +131,7 @@ class HeartBeatTimer:
     def next_send_deadline(self) -> float | None:
         """When we must write something (a heart-beat if nothing else), in seconds.
 
-        ``last_sent + send_interval``; None when the send interval is 0.
+        ``last_sent + send_interval * send_share``; None when the send interval is 0.
         """
         if not self._send_s:
             return None

@@ -27,6 +27,7 @@ import trio
 import protocol
 from config import REDACTED, Broker
 from protocol import Command, ConnectionClosed, Frame, HeartBeat, RawFrame
+from proxy.legs.connect_frame import UPSTREAM_SEND_SHARE
 from proxy.legs.dialect import BrokerDialect
 from proxy.legs.opening import StreamOpener, silence_reason, tls_reason
 from proxy.legs.stream import FrameStream, TransportLost
@@ -259,9 +260,10 @@ async def connect_upstream(
             await trio.aclose_forcefully(wire.stream)
         raise
     # Silence is judged against the receive interval the caller offered, not the halved one
-    # it asked the broker for (see FrameStream.start_heartbeats).
+    # it asked the broker for (see FrameStream.start_heartbeats); beats go out at half the
+    # interval promised (UPSTREAM_SEND_SHARE, proxy.legs.connect_frame.upstream_heart_beat).
     offered = protocol.parse_heartbeat(connect.get("heart-beat"))[1]
-    wire.start_heartbeats(silence_ms=offered * 2)
+    wire.start_heartbeats(silence_ms=offered * 2, send_share=UPSTREAM_SEND_SHARE)
     return Upstream(broker, wire, connected)
 
 

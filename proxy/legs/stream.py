@@ -192,7 +192,7 @@ class FrameStream:
         self._memory = None
         self.read_charge = None
 
-    def start_heartbeats(self, *, silence_ms: int = 0) -> None:
+    def start_heartbeats(self, *, silence_ms: int = 0, send_share: float = 1.0) -> None:
         """Arm the heart-beat timer once the CONNECT/CONNECTED exchange has negotiated it.
 
         ``silence_ms``: when receiving beats was negotiated, judge silence against at least
@@ -200,13 +200,15 @@ class FrameStream:
         upstream leg asks the broker for beats twice as often as ``silence_ms`` and judges by
         ``silence_ms`` itself: a broker writes a beat only when it wrote nothing during its
         last check period, so its gaps reach twice the interval it was asked for (ActiveMQ's
-        InactivityMonitor; RabbitMQ beats at half the interval).
+        InactivityMonitor; RabbitMQ beats at half the interval). ``send_share``: write
+        something after this fraction of the negotiated send interval without a write
+        (:class:`protocol.HeartBeatTimer`).
         """
         send_ms, receive_ms = self.conn.heartbeat
         if receive_ms:
             receive_ms = max(receive_ms, silence_ms)
         self.timer = protocol.HeartBeatTimer(
-            send_ms, receive_ms, trio.current_time(), grace=self.grace
+            send_ms, receive_ms, trio.current_time(), grace=self.grace, send_share=send_share
         )
 
     async def send(self, frame: Frame, *, fatal: bool = True) -> None:

@@ -35,7 +35,7 @@ import protocol
 from config import Broker, Config
 from protocol import Command, ConnectionClosed, Frame
 from proxy.legs.broker import Upstream, connect_upstream
-from proxy.legs.connect_frame import connect_frame
+from proxy.legs.connect_frame import connect_frame, upstream_heart_beat
 from proxy.legs.opening import StreamOpener
 from proxy.legs.stream import TransportLost
 from proxy.outbox import OutboxError, StoredFrame
@@ -171,12 +171,11 @@ class OutboxForwarder:
     async def _connect(self) -> Upstream:
         """A leg to the first broker that answers, by the policy, without end."""
         config = self.config
-        cx, cy = config.upstream_heartbeat
 
         async def connect_one(broker: Broker) -> Upstream:
             return await connect_upstream(
                 broker,
-                connect_frame(broker, config, heart_beat=f"{cx},{(cy + 1) // 2}"),
+                connect_frame(broker, config, heart_beat=upstream_heart_beat(config)),
                 limits=_LIMITS,
                 grace=config.heartbeat_grace,
                 connect_timeout=config.durations.connect_timeout,

@@ -21,7 +21,7 @@ import protocol
 from config import Broker
 from protocol import Command, ConnectionClosed, Frame
 from proxy.legs.broker import Upstream, UpstreamRefused, UpstreamUnavailable, connect_upstream
-from proxy.legs.connect_frame import connect_frame
+from proxy.legs.connect_frame import connect_frame, upstream_heart_beat
 from proxy.legs.opening import StreamOpener
 from proxy.legs.stream import TransportLost
 from proxy.reconnect.board import ReconnectBoard
@@ -117,25 +117,30 @@ class Link:
                     await upstream.aclose()
 
     def connect_frame(self, broker: Broker) -> Frame:
-        """The CONNECT for ``broker`` (:func:`proxy.legs.broker.connect_frame`), asking for
-        heart-beats at half the interval silence is judged by (FrameStream.start_heartbeats)."""
+        """The CONNECT for ``broker`` (:func:`proxy.legs.connect_frame.connect_frame`), its
+        ``heart-beat`` by :func:`~proxy.legs.connect_frame.upstream_heart_beat`."""
         core = self.core
         assert core.asked.connect is not None
-        cx, cy = core.config.upstream_heartbeat
         return connect_frame(
-            broker, core.config, heart_beat=f"{cx},{(cy + 1) // 2}", app_connect=core.asked.connect
+            broker,
+            core.config,
+            heart_beat=upstream_heart_beat(core.config),
+            app_connect=core.asked.connect,
         )
 
     async def _connect_one(self, broker: Broker) -> Upstream:
+        """One connection attempt to ``broker``, in one of its ``max_connecting`` slots
+        (:meth:`ReconnectBoard.connect_slot`; ``connect_timeout`` runs once it holds one)."""
         core = self.core
-        upstream = await connect_upstream(
-            broker,
-            self.connect_frame(broker),
-            limits=core.upstream_limits,
-            grace=core.config.heartbeat_grace,
-            connect_timeout=core.durations.connect_timeout,
-            open_stream=self.open_stream,
-        )
+        async with self.reconnects.connect_slot(broker.label):
+            upstream = await connect_upstream(
+                broker,
+                self.connect_frame(broker),
+                limits=core.upstream_limits,
+                grace=core.config.heartbeat_grace,
+                connect_timeout=core.durations.connect_timeout,
+                open_stream=self.open_stream,
+            )
         charge = core.upstream_charge
         if charge is not None:  # the MESSAGE being read counts against max_memory_bytes
             memory = core.app.memory

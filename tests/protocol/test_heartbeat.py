@@ -79,6 +79,23 @@ def test_timer_arithmetic() -> None:
     assert timer.peer_dead(111.5)
 
 
+def test_timer_send_share_writes_early() -> None:
+    """A send share below 1 moves only the send deadline: the upstream leg beats at half the
+    ``cx`` it promised (ActiveMQ judges that with no tolerance), silence is judged as before."""
+    timer = HeartBeatTimer(5000, 4000, 100.0, grace=1.5, send_share=0.5)
+    assert timer.next_send_deadline() == 102.5
+    assert timer.receive_deadline() == 106.0
+    timer.data_sent(103.0)
+    assert timer.next_send_deadline() == 105.5
+    assert HeartBeatTimer(5000, 0, 0.0, send_share=1.0).next_send_deadline() == 5.0
+
+
+@pytest.mark.parametrize("share", [0.0, -0.5, 1.01])
+def test_timer_rejects_a_send_share_outside_zero_to_one(share: float) -> None:
+    with pytest.raises(ValueError, match="send_share must be"):
+        HeartBeatTimer(1000, 0, 0.0, send_share=share)
+
+
 def test_timer_default_grace() -> None:
     timer = HeartBeatTimer(0, 10_000, 0.0)
     assert timer.receive_deadline() == 20.0

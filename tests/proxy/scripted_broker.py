@@ -139,6 +139,8 @@ class BrokerLink:
         self.index = index
         self.conn = protocol.Connection(Role.SERVER)
         self.frames: list[Frame] = []
+        #: The trio time of every heart-beat the sidecar wrote on this link.
+        self.beats: list[float] = []
         self.subscriptions: dict[str, Frame] = {}
         self.held: list[str] = []
         self.closed = False
@@ -264,6 +266,7 @@ class BrokerLink:
             if isinstance(event, ConnectionClosed):
                 return
             if isinstance(event, HeartBeat):
+                self.beats.append(trio.current_time())
                 continue
             assert isinstance(event, Frame)
             self.frames.append(event)

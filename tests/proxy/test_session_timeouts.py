@@ -3,6 +3,8 @@ scripted brokers and the mock clock (durations in the config are milliseconds)."
 
 from __future__ import annotations
 
+import itertools
+
 import trio
 
 from protocol import Command
@@ -203,6 +205,24 @@ async def test_a_full_window_stops_reading_the_app_until_receipts_make_room(
 # -- heart-beats --------------------------------------------------------------------------------
 
 
+async def test_an_idle_leg_beats_every_cx_and_promises_the_broker_twice_that(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, network: Network
+) -> None:
+    """upstream_heartbeat 1000,1000: an idle leg writes a beat every 1000 ms (``cx``) and its
+    CONNECT promises the broker one every 2000 ms (proxy.legs.connect_frame.UPSTREAM_SEND_SHARE),
+    so a broker that judges the promise with no tolerance (ActiveMQ) does not find the leg
+    silent when a beat runs late."""
+    broker = network.add("broker", 61001, heart_beat="500,1000")
+    await connected(nursery, network, broker, upstream_heartbeat=(1000, 1000))
+    assert broker.link.frames[0].get("heart-beat") == "2000,500"
+    start = trio.current_time()
+    await trio.sleep(10)
+    beats = [t - start for t in broker.link.beats if t >= start]
+    gaps = [b - a for a, b in itertools.pairwise([0.0, *beats])]
+    assert 9 <= len(beats) <= 11
+    assert max(gaps) <= 1.0 + 1e-6
+
+
 async def test_a_silent_broker_is_found_by_heartbeat_and_the_session_reconnects(
     autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, network: Network
 ) -> None:
@@ -214,7 +234,7 @@ async def test_a_silent_broker_is_found_by_heartbeat_and_the_session_reconnects(
     running = await connected(nursery, network, broker, upstream_heartbeat=(1000, 1000))
     app = running.app
     connect = broker.link.frames[0]
-    assert connect.get("heart-beat") == "1000,500"
+    assert connect.get("heart-beat") == "2000,500"
 
     await trio.sleep(30)
     assert len(broker.links) == 1
