@@ -393,6 +393,7 @@ def _validate(cfg: Config, settings: Mapping[str, _Setting], skip: set[str]) -> 
         "id_cache_size",
         "max_transaction_size",
         "max_sessions",
+        "max_connecting",
         "max_memory_bytes",
         "outbox_max_bytes",
     ):

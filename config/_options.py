@@ -219,6 +219,11 @@ _ROWS = (
         "ms",
     ),
     Option(
+        "max_connecting",
+        "int",
+        "connection attempts in flight at once to one broker, > 0; the next waits its turn",
+    ),
+    Option(
         "upstream_heartbeat",
         "heartbeat",
         "heart-beat offered to brokers 'cx,cy', ms, >= 0 (STOMP 1.2 heart-beat header)",

@@ -165,7 +165,7 @@ class Sidecar:
         static = [b for b in config.brokers if not b.dns]  # DNS names: resolved at start
         self.metrics = Metrics(self.registry, brokers=[b.label for b in static])
         self.events = EventBus()
-        self.reconnects = ReconnectBoard(static)
+        self.reconnects = ReconnectBoard(static, max_connecting=config.max_connecting)
         self.rotation = BrokerRotation(
             config,
             self.reconnects,
@@ -206,6 +206,11 @@ class Sidecar:
     def draining(self) -> bool:
         """Whether the sessions were asked to drain (the listener is closed)."""
         return self._drain_deadline is not None
+
+    def live_leg_to(self, broker: str) -> bool:
+        """Whether a running session has a live leg to the broker labelled ``broker`` (what
+        :meth:`statistics` would show, without building every session's statistics)."""
+        return any(s.live_broker() == broker for s in self.sessions)
 
     def statistics(self) -> SidecarStatistics:
         """Listener address and per-session statistics."""

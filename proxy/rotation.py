@@ -90,6 +90,11 @@ class BrokerRotation:
         """The broker list in force, in its order."""
         return self.board.brokers.in_force()
 
+    def connecting(self, broker: str) -> tuple[int, int]:
+        """``(in flight, waiting)``: the sessions' connection attempts to the broker labelled
+        ``broker`` holding one of its ``max_connecting`` slots, and those waiting for one."""
+        return self.board.connecting(broker)
+
     def evacuations(self) -> tuple[Evacuation, ...]:
         """The brokers evacuated now, oldest first."""
         return self.board.evacuations.active(trio.current_time())

@@ -177,6 +177,7 @@ class AdminServer:
             metrics=sidecar.metrics,
             streams=sidecar.streams,
             brokers=sidecar.rotation.brokers(),
+            live_leg=sidecar.live_leg_to,
         )
         self.address: tuple[str, int] | None = None
         self.connections = 0

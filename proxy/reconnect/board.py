@@ -13,7 +13,7 @@ import contextlib
 import hashlib
 import hmac
 import secrets
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 
 import trio
 
@@ -47,15 +47,23 @@ class ReconnectBoard:
     BrokerTable`, built from ``brokers``; the sidecar's
     :class:`~proxy.reconnect.discovery.BrokerDiscovery` changes it at run time).
 
+    Connection attempts take a slot of their broker's (:meth:`connect_slot`): at most
+    ``max_connecting`` are in flight to one broker at once, the others wait in the order they
+    came (a trio Semaphore per broker, dropped when no attempt holds or waits for it).
+
     The evacuated brokers are an :class:`~proxy.reconnect.evacuations.Evacuations` (one entry
     per broker) read with :meth:`evacuated`, changed with :meth:`evacuate` and :meth:`readmit`;
     each session's link waits with :meth:`wait_evacuated` for its broker to be evacuated
     (proxy.session.link).
     """
 
-    def __init__(self, brokers: Sequence[Broker] = ()) -> None:
+    def __init__(self, brokers: Sequence[Broker] = (), *, max_connecting: int = 64) -> None:
+        if max_connecting < 1:
+            raise ValueError(f"max_connecting must be > 0, not {max_connecting}")
         #: The broker list in force, by stable index (the sidecar's BrokerDiscovery changes it).
         self.brokers = BrokerTable(brokers)
+        self.max_connecting = max_connecting
+        self._slots: dict[str, trio.Semaphore] = {}
         self.tally = ReconnectTally()
         self.refusals: Refusals[RefusalKey, UpstreamRefused] = Refusals()
         self.evacuations = Evacuations()
@@ -110,6 +118,34 @@ class ReconnectBoard:
             raise
         self.refusals.accepted(key)
         return upstream
+
+    @contextlib.asynccontextmanager
+    async def connect_slot(self, broker: str) -> AsyncIterator[None]:
+        """Hold one of the ``max_connecting`` slots of the broker labelled ``broker`` for the
+        block (one connection attempt: TCP connect through CONNECTED); waits, first come first
+        served, while they are all held. Cancellation propagates (a waiter leaves the queue).
+        """
+        slots = self._slots.get(broker)
+        if slots is None:
+            slots = self._slots[broker] = trio.Semaphore(self.max_connecting)
+        try:
+            async with slots:
+                yield
+        finally:
+            if (
+                slots.value == self.max_connecting
+                and not slots.statistics().tasks_waiting
+                and self._slots.get(broker) is slots
+            ):
+                del self._slots[broker]  # idle: the map holds only brokers being connected to
+
+    def connecting(self, broker: str) -> tuple[int, int]:
+        """``(in flight, waiting)``: the connection attempts to ``broker`` holding a slot and
+        those waiting for one."""
+        slots = self._slots.get(broker)
+        if slots is None:
+            return (0, 0)
+        return (self.max_connecting - slots.value, slots.statistics().tasks_waiting)
 
     @property
     def reconnecting(self) -> int:

@@ -160,7 +160,11 @@ class Session:
         tracing: Tracing | None = None,
         memory: MemoryBudgetGate | None = None,
     ) -> None:
-        board = reconnects if reconnects is not None else ReconnectBoard()
+        board = (
+            reconnects
+            if reconnects is not None
+            else ReconnectBoard(max_connecting=config.max_connecting)
+        )
         if not board.brokers:  # a board built without a list: this configuration's
             board.brokers.update(config.brokers, allow_empty=True)
         core = SessionCore(
@@ -303,6 +307,15 @@ class Session:
         ending = drained(reports)
         self._drained = (ending, reports)
         core.end(ending)
+
+    def live_broker(self) -> str | None:
+        """The label of the broker this session's live leg goes to while it is running, else
+        None (``broker`` of :meth:`statistics` when its ``state`` is ``running``, cheaply)."""
+        core = self.core
+        up = core.leg.upstream
+        if up is None or core.phase is not Phase.RUNNING:
+            return None
+        return up.broker.label
 
     def statistics(self) -> SessionStatistics:
         """Counters and state of this session."""

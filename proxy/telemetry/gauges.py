@@ -72,6 +72,12 @@ class _Families:
             "Live upstream legs (one per connected session) per broker.",
             labels=["broker"],
         )
+        self.upstream_connecting = GaugeMetricFamily(
+            f"{p}_upstream_connecting",
+            "Connection attempts to a broker now, by state: in_flight (holding one of its "
+            "max_connecting slots) or waiting (for a slot).",
+            labels=["broker", "state"],
+        )
         self.evacuated = GaugeMetricFamily(
             f"{p}_broker_evacuated",
             "1 while a broker is evacuated (out of the rotation, its sessions moving away), by "
@@ -217,6 +223,10 @@ class SidecarCollector:
         f.sessions_accepted.add_metric([], stats.sessions_total)
         for broker, n in per_broker.items():
             f.upstream_connected.add_metric([broker], n)
+        for label in per_broker:
+            in_flight, waiting = sidecar.rotation.connecting(label)
+            f.upstream_connecting.add_metric([label, "in_flight"], in_flight)
+            f.upstream_connecting.add_metric([label, "waiting"], waiting)
         evacuated = {e.broker for e in sidecar.rotation.evacuations()}
         for label in (b.label for b in sidecar.rotation.brokers()):
             f.evacuated.add_metric([label], 1 if label in evacuated else 0)

@@ -374,6 +374,30 @@ async def test_a_live_session_leg_is_proof_enough(autojump_clock: trio.testing.M
     assert len(calls) == 1  # a reconnecting session proves nothing: probe
 
 
+async def test_the_sidecars_live_leg_check_is_used_instead_of_statistics(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """With ``live_leg`` (the sidecar's cheap check), ``sessions()`` is not read for it."""
+    calls: list[tuple[float, str]] = []
+    live = {A.label}
+
+    def no_statistics() -> tuple[SessionStatistics, ...]:
+        raise AssertionError("the prober built every session's statistics")
+
+    prober = BrokerProber(
+        config(A),
+        no_statistics,
+        probe=scripted(lambda b: (ProbeOutcome.FAILED, "x"), calls),
+        live_leg=lambda label: label in live,
+    )
+    await run_prober(prober, 11.0)
+    assert calls == []
+    assert prober.statistics()[0].last_outcome is ProbeOutcome.LIVE_SESSION
+    live.clear()
+    await run_prober(prober, 1.0)
+    assert len(calls) == 1
+
+
 @pytest.mark.parametrize(
     ("own_credentials", "state"),
     [(False, "up"), (True, "down")],
