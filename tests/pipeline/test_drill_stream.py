@@ -11,6 +11,7 @@ import datetime
 import json
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -24,10 +25,14 @@ from pipeline.drill.options import (
     DrillOptions,
     DrillUsageError,
 )
+from pipeline.drill.results import timeline_of
 from pipeline.drill.stream_read import StreamConsumer, read_summary
 from pipeline.drill.streaming import FIRST_BATCH_GRACE, DriverKill
 from pipeline.report.document import _stream_lines
+from pipeline.report.png import DRIVER_COLOR, DRIVER_KILL, DRIVER_RESTART, draw
+from pipeline.report.timeline import Timeline
 from pipeline.stream_driver import progress_line
+from pipeline.verify import Received
 from tests.pipeline.test_cluster_drill import ScriptedCluster
 from tests.pipeline.test_drill import _leftovers, _run_drill
 
@@ -348,3 +353,66 @@ def test_a_restarted_drivers_first_batch_gets_a_grace(tmp_path: Path) -> None:
     assert consumer.wait_for(4, idle=0.2, timeout=1.0) is False
     assert time.monotonic() - started >= 1.0, "within the grace: waited until the timeout"
     assert FIRST_BATCH_GRACE > 100.0 - 50.0 - 1.0
+
+
+def test_the_timeline_png_marks_the_driver_kill_and_its_restart() -> None:
+    """A driver killed 8 s into the publish whose restarted query ran 5 s later: the timeline
+    holds (8, 13) (the kill's Unix time taken to the publish's t = 0), the JSON report says
+    so, and the PNG draws it as a broker kill is drawn: a line at the kill and the time until
+    the restart shaded, one legend entry each; a driver that never ran again is shaded to the
+    drain's end."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_rgb
+    from matplotlib.patches import Rectangle
+
+    t0 = time.monotonic() - 20.0  # the publish started 20 s ago
+    kill = DriverKill(7, time.time() - 12.0, 300, True, 8, running_after_s=5.0)
+    arrivals = [t0 + i / 100 for i in range(1500)]
+    timeline = timeline_of(
+        sampler=cast(
+            "Any", SimpleNamespace(samples=[(0.0, 0.0), (15.0, 1500.0)], outbox_samples=[])
+        ),
+        reader=cast("Any", SimpleNamespace(snapshot=lambda: Received(arrivals=arrivals))),
+        residual=Received(),
+        faults=cast("Any", SimpleNamespace(faults=[], kind="node")),
+        incidents=[],
+        t0=t0,
+        publish_end=15.0,
+        driver_kills=[kill],
+    )
+    [(at, back)] = timeline.driver_kills
+    assert at == pytest.approx(8.0, abs=0.5)
+    assert back == pytest.approx(at + 5.0)
+    assert timeline.to_dict()["driver_kills"] == [[round(at, 3), round(at + 5.0, 3)]]
+
+    def drawn(timeline: Timeline) -> tuple[list[str], list[float], list[tuple[float, float]]]:
+        """The legend's entries, the driver kill's line (x) and shaded spans (from, to)."""
+        fig = draw(timeline, "driver kill")
+        try:
+            ax = fig.axes[0]
+            box = ax.get_legend()
+            assert box is not None
+            legend = [text.get_text() for text in box.get_texts()]
+            xs = [
+                float(x)
+                for line in ax.get_lines()
+                if line.get_color() == DRIVER_COLOR
+                for x in cast("list[float]", line.get_xdata())
+            ]
+            spans = [
+                (p.get_x(), p.get_x() + p.get_width())
+                for p in ax.patches
+                if isinstance(p, Rectangle) and p.get_facecolor()[:3] == to_rgb(DRIVER_COLOR)
+            ]
+        finally:
+            plt.close(fig)
+        return legend, xs, spans
+
+    legend, xs, spans = drawn(timeline)
+    assert (legend.count(DRIVER_KILL), legend.count(DRIVER_RESTART)) == (1, 1)
+    assert xs == [at, at]
+    assert spans == [(at, back)]
+    timeline.driver_kills = [(at, None), (16.0, 17.0)]
+    legend, xs, spans = drawn(timeline)
+    assert (legend.count(DRIVER_KILL), legend.count(DRIVER_RESTART)) == (1, 1), "labelled once"
+    assert spans == [(at, timeline.drain_end), (16.0, 17.0)]

@@ -327,6 +327,7 @@ class Drill(DrillContext):
             incidents=incidents,
             t0=published.t0,
             publish_end=published.end,
+            driver_kills=traffic.reader.kills if isinstance(traffic.reader, SparkConsumer) else (),
         )
         publish_rate, consume_rate = (
             throughput(timeline, "publish"),

@@ -5,10 +5,13 @@ reconciliation (:func:`delivery_fields`), and the report's files, JSON and PNG
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
 from pipeline.drill.options import DrillOptions
+from pipeline.drill.streaming import DriverKill
 from pipeline.faults import FaultInjector, Sampler
 from pipeline.report.document import DrillReport
 from pipeline.report.png import write_png
@@ -28,13 +31,16 @@ def timeline_of(
     incidents: list[FailoverIncident],
     t0: float,
     publish_end: float,
+    driver_kills: Sequence[DriverKill] = (),
 ) -> Timeline:
     """The run's :class:`~pipeline.report.timeline.Timeline`: ``sampler``'s publish and
     outbox samples, the arrivals at ``reader`` and at the ``residual`` check relative to
     ``t0`` (monotonic seconds at the publish's start), the kills of ``faults`` and their
     outages: for a broker (or cluster node) kill the longest session outage of its
     ``incidents`` (else the broker's takeover), for the other kinds until the service was
-    back (or ``publish_end``)."""
+    back (or ``publish_end``); and the streaming consumer's ``driver_kills`` (their Unix
+    times taken to the same t = 0: the wall clock at ``t0``, read now)."""
+    wall0 = time.time() - (time.monotonic() - t0)
     consumed = sorted(t - t0 for t in reader.snapshot().arrivals + residual.arrivals)
     kills = [f.at for f in faults.faults]
     outages: list[tuple[float, float]] = []
@@ -57,6 +63,13 @@ def timeline_of(
         outbox=list(sampler.outbox_samples),
         fault_kind=faults.kind,
         kill_kinds=[f.kind for f in faults.faults],
+        driver_kills=[
+            (
+                k.at_wall - wall0,
+                None if k.running_after_s is None else k.at_wall - wall0 + k.running_after_s,
+            )
+            for k in driver_kills
+        ],
     )
 
 

@@ -1,23 +1,48 @@
 """The drill's timeline as a PNG (``--png``), drawn with matplotlib's Agg backend (no display
 needed): messages per second of publish and consume in 1-second bins, each kill as a vertical
-line, each outage shaded (a rolling restart in purple, from its start to its end); the
-baseline's publish and consume, when there is one, as dashed lines on the same axes; with
-the outbox, a lower panel shows its depth (frames) over the same seconds."""
+line, each outage shaded (a rolling restart in purple, from its start to its end); each kill
+of the streaming consumer's Spark driver (``--consumer spark``/``spark-stream``) the same way
+in orange, shaded until the restarted driver's query ran; the baseline's publish and consume,
+when there is one, as dashed lines on the same axes; with the outbox, a lower panel shows its
+depth (frames) over the same seconds."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.report.records import FAULT_KINDS
 from pipeline.report.timeline import Timeline, per_second
 
-__all__ = ["write_png"]
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+__all__ = ["DRIVER_KILL", "DRIVER_RESTART", "draw", "write_png"]
+
+#: The legend's labels of a kill of the streaming consumer's Spark driver and of the time until
+#: the restarted driver's query ran (:attr:`Timeline.driver_kills`).
+DRIVER_KILL = "kill -9 of the Spark driver"
+DRIVER_RESTART = "Spark driver restarting (until its query runs again)"
 
 
 def write_png(path: Path, timeline: Timeline, title: str, baseline: Timeline | None = None) -> None:
     """Draw the timeline (module docstring), and the ``baseline``'s if given, into ``path``
     (PNG, ~1200x500 px; ~1200x700 px with a lower panel of the outbox's depth in frames
     when ``timeline.outbox`` has samples)."""
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig = draw(timeline, title, baseline)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, format="png")
+    finally:
+        plt.close(fig)
+
+
+def draw(timeline: Timeline, title: str, baseline: Timeline | None = None) -> Figure:
+    """The figure :func:`write_png` saves (its first axes the rates, a second one the outbox's
+    depth); the caller closes it (``matplotlib.pyplot.close``)."""
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
@@ -59,6 +84,7 @@ def write_png(path: Path, timeline: Timeline, title: str, baseline: Timeline | N
                 label = _label(kind, 0) if first and "k" + kind not in labelled else None
                 labelled.add("k" + kind)
                 axes.axvline(t, color=_color(kind), linestyle="--", label=label)
+            _driver_kills(axes, timeline, labelled=first)
             axes.grid(True, alpha=0.3)
         ax.set_ylabel("messages per second")
         ax.set_title(title)
@@ -84,15 +110,33 @@ def write_png(path: Path, timeline: Timeline, title: str, baseline: Timeline | N
             ax.set_ylim(top=ax.get_ylim()[1] * 1.3)
             ax.legend(loc="upper center", ncol=3, fontsize="small")
         fig.tight_layout()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, format="png")
-    finally:
+    except BaseException:
         plt.close(fig)
+        raise
+    return fig
+
+
+def _driver_kills(axes: Axes, timeline: Timeline, *, labelled: bool) -> None:
+    """Each kill of the Spark driver as an orange dash-dot line, the time until its restarted
+    query ran shaded (to the drain's end when it never ran); in the legend once when
+    ``labelled``."""
+    for i, (t, back) in enumerate(timeline.driver_kills):
+        first = labelled and i == 0
+        end = timeline.drain_end if back is None else back
+        axes.axvspan(
+            t, max(t, end), color=DRIVER_COLOR, alpha=0.12, label=DRIVER_RESTART if first else None
+        )
+        axes.axvline(t, color=DRIVER_COLOR, linestyle="-.", label=DRIVER_KILL if first else None)
 
 
 def _label(kind: str, which: int) -> str:
     """The legend's label of a kill (``which`` 0) or an outage (1) of ``kind``."""
     return FAULT_KINDS.get(kind, FAULT_KINDS["broker"])[which]
+
+
+#: The Spark driver's kills and restarts: apart from the brokers' red and the rolling
+#: restart's purple.
+DRIVER_COLOR = "darkorange"
 
 
 def _color(kind: str) -> str:

@@ -42,7 +42,10 @@ class Timeline:
     bytes)`` samples of the producer sidecar's outbox depth (empty without the outbox);
     ``fault_kind``: what the kills were (a key of :data:`pipeline.report.records.FAULT_KINDS`);
     ``kill_kinds``: each kill's own kind where they differ (the RabbitMQ cluster's node kill
-    and rolling restart; empty: every kill is ``fault_kind``).
+    and rolling restart; empty: every kill is ``fault_kind``); ``driver_kills``: ``(t of the
+    SIGKILL, t when the restarted driver's query ran)`` of each kill of the streaming
+    consumer's Spark driver (``--consumer spark``/``spark-stream``; the second None when it
+    never ran again).
     """
 
     published: list[tuple[float, float]] = field(default_factory=list)
@@ -54,6 +57,7 @@ class Timeline:
     outbox: list[tuple[float, float, float]] = field(default_factory=list)
     fault_kind: str = "broker"
     kill_kinds: list[str] = field(default_factory=list)
+    driver_kills: list[tuple[float, float | None]] = field(default_factory=list)
 
     def kind_of(self, i: int) -> str:
         """The kind of kill ``i`` (and of its outage)."""
@@ -123,8 +127,8 @@ class Timeline:
 
     def to_dict(self) -> dict[str, object]:
         """Per-second rates (messages in second ``i``, the last one partial), kills and
-        outages, and the outbox's depth per second (None without the outbox), for the JSON
-        report."""
+        outages, the Spark driver's kills and restarts, and the outbox's depth per second
+        (None without the outbox), for the JSON report."""
         return {
             "publish_per_second": [
                 round(v) for v in per_second(self.published_at, self.publish_end)[1]
@@ -139,6 +143,10 @@ class Timeline:
             "peak_backlog": self.peak_backlog(),
             "fault_kind": self.fault_kind,
             "kill_kinds": [self.kind_of(i) for i in range(len(self.kills))],
+            "driver_kills": [
+                [round(t, 3), None if back is None else round(back, 3)]
+                for t, back in self.driver_kills
+            ],
             "outbox_frames_per_second": self.outbox_frames() if self.outbox else None,
         }
 
