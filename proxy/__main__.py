@@ -34,7 +34,7 @@ from proxy.app import (
     TracingUnavailable,
     serve,
 )
-from proxy.legs.memory import keep_mmap_threshold
+from proxy.legs.memory import keep_mmap_threshold, tune_garbage_collector
 from proxy.legs.tls import TlsFailed, client_context
 from proxy.telemetry.logs import configure_logging
 
@@ -147,6 +147,7 @@ def run_sidecar(config: Config, reload_config: Callable[[], Config] | None = Non
     if problems:
         sys.exit(1)
     keep_mmap_threshold()  # RSS follows what the memory budget counts
+    tune_garbage_collector()  # no full collections over thousands of sessions
     try:
         trio.run(lambda: serve(config, handle_signals=True, reload_config=reload_config))
     except* (ListenError, OutboxUnusable, TracingUnavailable, NoBrokers, FileLimitTooLow) as group:

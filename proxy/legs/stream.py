@@ -200,13 +200,11 @@ class FrameStream:
         upstream leg asks the broker for beats twice as often as ``silence_ms`` and judges by
         ``silence_ms`` itself: a broker writes a beat only when it wrote nothing during its
         last check period, so its gaps reach twice the interval it was asked for (ActiveMQ's
-        InactivityMonitor; RabbitMQ beats at half the interval). ``send_share``: write
-        something after this fraction of the negotiated send interval without a write
-        (:class:`protocol.HeartBeatTimer`).
+        InactivityMonitor; RabbitMQ beats at half the interval). ``send_share``: that of
+        :class:`protocol.HeartBeatTimer`.
         """
         send_ms, receive_ms = self.conn.heartbeat
-        if receive_ms:
-            receive_ms = max(receive_ms, silence_ms)
+        receive_ms = max(receive_ms, silence_ms) if receive_ms else 0
         self.timer = protocol.HeartBeatTimer(
             send_ms, receive_ms, trio.current_time(), grace=self.grace, send_share=send_share
         )
