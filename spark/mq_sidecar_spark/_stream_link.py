@@ -235,7 +235,7 @@ class StreamLink:
                 raise self._error
             if self._closed:
                 break
-            if not self._fill(deadline):
+            if time.monotonic() >= deadline or not self._fill(deadline):
                 raise StompTimeout(
                     f"no receipt from the sidecar at {self.address} within {self.timeout:g} s "
                     f"{what} (1 outstanding; option timeout)"
@@ -350,6 +350,9 @@ class StreamLink:
                 )
             if not self._fill(deadline):
                 return []
+            pending = self._error is not None or self._closed
+            if not messages and not pending and time.monotonic() >= deadline:
+                return []  # a frame under way, not complete by the deadline: the next take
         return []
 
     def ack(self, ack_id: str) -> None:
@@ -370,7 +373,9 @@ class StreamLink:
                 deadline = time.monotonic() + min(self.timeout, DISCONNECT_WAIT)
                 for _ in range(100_000):  # every round reads, or ends
                     self._messages.clear()
-                    if _BYE in self._receipts or self._closed or not self._fill(deadline):
+                    if _BYE in self._receipts or self._closed or time.monotonic() >= deadline:
+                        break
+                    if not self._fill(deadline):
                         break
         self._sock = None
         self._closed = True
