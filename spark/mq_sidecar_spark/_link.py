@@ -9,9 +9,11 @@ source's one connection wrapper, used by both halves.
   (:meth:`Link.subscribe`), its MESSAGEs handed over through a bounded queue (:meth:`Link.take`),
   ACKs on the same connection (:meth:`Link.ack`; STOMP 1.2, "ACK": the ``id`` is the ``ack``
   header of a MESSAGE of this connection).
-- **The stream read** (``stream=true``) opens one per probe of a position on the driver and one
-  per task on the executor (:mod:`mq_sidecar_spark._stream_io`): a SUBSCRIBE with ``ack:client``
-  (:meth:`Link.subscribe`), MESSAGEs waited for with a bound (:meth:`Link.take_wait`).
+- **The stream read** (``stream=true``) has a connection of its own, read on the task's thread
+  without stomp.py (:class:`mq_sidecar_spark._stream_link.StreamLink`: a task reads as fast as
+  the sidecar relays, and stomp.py's parse and thread handoff cost it most of its CPU); it
+  shares this module's error texts (:func:`error_frame`, :func:`refused`, :func:`write_blocked`,
+  :func:`write_failed`) and :data:`Delivery`.
 
 stomp.py's own waits are not bounded: ``connect(wait=True)`` polls until CONNECTED with no
 deadline, and a blocking ``sendall`` to a peer that stopped reading (the sidecar applies
@@ -52,7 +54,7 @@ from mq_sidecar_spark.errors import (
     StompTimeout,
 )
 
-__all__ = ["Delivery", "Link"]
+__all__ = ["Delivery", "Link", "error_frame", "refused", "write_blocked", "write_failed"]
 
 #: A MESSAGE as received: its headers (first entry of each name, STOMP 1.2 "Repeated Header
 #: Entries") and its body.
@@ -73,6 +75,42 @@ def _text(value: Any) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8", errors="replace")
     return "" if value is None else str(value)
+
+
+def error_frame(address: str, message: Any, body: Any) -> StompErrorFrame:
+    """The :class:`StompErrorFrame` of an ERROR from the sidecar at ``address`` with the
+    ``message`` header and the ``body`` given (str, bytes or None)."""
+    message, body = _text(message), _text(body).strip()
+    text = f"the sidecar at {address} sent ERROR: {message or '(no message header)'}"
+    if body:
+        text += f"\n{body}"
+    return StompErrorFrame(text, message, body)
+
+
+def refused(address: str, why: str) -> StompConnectError:
+    """The :class:`StompConnectError` of a TCP connect to ``address`` that failed with ``why``
+    (the socket error's text)."""
+    return StompConnectError(
+        f"cannot connect to the sidecar at {address}: {why} "
+        "(is mq-sidecar running there? options host and port)"
+    )
+
+
+def write_blocked(address: str, what: str, timeout: float) -> StompTimeout:
+    """The :class:`StompTimeout` of a write of ``what`` to ``address`` that did not end within
+    ``timeout`` s."""
+    return StompTimeout(
+        f"writing {what} to {address} blocked for more than {timeout:g} s (option timeout): "
+        "the sidecar stopped reading"
+    )
+
+
+def write_failed(address: str, what: str, exc: Exception) -> StompConnectionLost:
+    """The :class:`StompConnectionLost` of a write of ``what`` to ``address`` that failed with
+    ``exc`` (no ERROR came)."""
+    return StompConnectionLost(
+        f"the connection to the sidecar at {address} failed while writing {what}: {exc!r}"
+    )
 
 
 class Link:
@@ -152,14 +190,10 @@ class Link:
             self._cond.notify_all()
 
     def on_error(self, frame: Any) -> None:
-        message = _text(frame.headers.get("message", ""))
-        body = _text(frame.body).strip()
-        text = f"the sidecar at {self.address} sent ERROR: {message or '(no message header)'}"
-        if body:
-            text += f"\n{body}"
+        error = error_frame(self.address, frame.headers.get("message", ""), frame.body)
         with self._cond:
             if self._error is None:
-                self._error = StompErrorFrame(text, message, body)
+                self._error = error
             self._cond.notify_all()
 
     def on_disconnected(self) -> None:
@@ -204,10 +238,7 @@ class Link:
         try:
             conn.transport.start()
         except stomp.exception.ConnectFailedException:
-            raise StompConnectError(
-                f"cannot connect to the sidecar at {self.address}: {self._why_refused()} "
-                "(is mq-sidecar running there? options host and port)"
-            ) from None
+            raise refused(self.address, self._why_refused()) from None
         # The socket timeout stomp.py set for the TCP connect would also end its reader
         # after `timeout` seconds of silence; waits are bounded here instead.
         with contextlib.suppress(OSError, AttributeError):
@@ -278,18 +309,12 @@ class Link:
             write()
         except Exception as exc:
             if self._watchdog_fired:
-                raise StompTimeout(
-                    f"writing {what} to {self.address} blocked for more than "
-                    f"{self.timeout:g} s (option timeout): the sidecar stopped reading"
-                ) from exc
+                raise write_blocked(self.address, what, self.timeout) from exc
             with self._cond:
                 self._cond.wait_for(lambda: self._error is not None, _ERROR_GRACE)
                 if self._error is not None:
                     raise self._error from exc
-            raise StompConnectionLost(
-                f"the connection to the sidecar at {self.address} failed while writing "
-                f"{what}: {exc!r}"
-            ) from exc
+            raise write_failed(self.address, what, exc) from exc
         finally:
             self._writing_since = None
 

@@ -1,6 +1,7 @@
 """The stream read's STOMP side (``stream=true``; :mod:`mq_sidecar_spark.stream` is the Spark
 side and says how the two fit): the driver's probes of positions (:class:`_Probe`) and a task's
-read of its range (:func:`read_range`), each on connections of its own through the sidecar.
+read of its range (:func:`read_range`), each on connections of its own through the sidecar
+(:class:`~mq_sidecar_spark._stream_link.StreamLink`, read on the calling thread).
 
 RabbitMQ's behaviour they rely on is docs/brokers.md's "Streams" (measured on 3.10): a stream
 MESSAGE carries ``x-stream-offset``; a SUBSCRIBE names where to start and must carry a
@@ -26,7 +27,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from ._link import Delivery, Link
+from ._link import Delivery
+from ._stream_link import StreamLink
 from ._stream_options import StreamOptions
 from .errors import (
     OptionError,
@@ -88,17 +90,9 @@ def _not_a_stream(destination: str) -> OptionError:
     )
 
 
-def _open(options: StreamOptions, inbox: int) -> Link:
-    """A connected :class:`Link` to the sidecar; raises :class:`StompReadError`."""
-    link = Link(
-        options.host,
-        options.port,
-        options.login,
-        options.passcode,
-        options.timeout,
-        vhost=options.vhost,
-        inbox=inbox,
-    )
+def _open(options: StreamOptions) -> StreamLink:
+    """A connected :class:`StreamLink` to the sidecar; raises :class:`StompReadError`."""
+    link = StreamLink(options)
     try:
         link.start()
         link.connect()
@@ -111,7 +105,9 @@ def _open(options: StreamOptions, inbox: int) -> Link:
     return link
 
 
-def _subscribe(link: Link, options: StreamOptions, ident: str, position: str, window: int) -> None:
+def _subscribe(
+    link: StreamLink, options: StreamOptions, ident: str, position: str, window: int
+) -> None:
     """SUBSCRIBE ``ident`` at ``position`` (``ack:client``, ``prefetch-count:window``); the
     broker's refusal becomes :class:`OptionError` (not a stream) or :class:`StompReadError`."""
     headers = {"x-stream-offset": position, "prefetch-count": str(window)}
@@ -134,16 +130,14 @@ NO_LOCAL_REPLICA = "does not have a replica on the local node"
 NO_REPLICA_RETRY = 1.0
 
 
-def _open_subscribed(
-    options: StreamOptions, inbox: int, ident: str, position: str, window: int
-) -> Link:
+def _open_subscribed(options: StreamOptions, ident: str, position: str, window: int) -> StreamLink:
     """:func:`_open`, then :func:`_subscribe`; a SUBSCRIBE refused because the node's replica
     is not running yet (:data:`NO_LOCAL_REPLICA`: RabbitMQ then closes the connection) is
     tried again on a new connection, for up to ``timeout`` s. Raises what they raise."""
     deadline = time.monotonic() + options.timeout
     pause = 0.1
     while True:
-        link = _open(options, inbox)
+        link = _open(options)
         try:
             _subscribe(link, options, ident, position, window)
         except StompReadError as exc:
@@ -169,7 +163,7 @@ def _refusal(options: StreamOptions, exc: StompErrorFrame) -> Exception:
     )
 
 
-def _take(link: Link, options: StreamOptions, limit: int, wait: float) -> list[Delivery]:
+def _take(link: StreamLink, options: StreamOptions, limit: int, wait: float) -> list[Delivery]:
     try:
         return link.take_wait(limit, wait)
     except StompErrorFrame as exc:
@@ -201,7 +195,7 @@ class _Probe:
         self._count += 1
         ident = f"mq-sidecar-spark-probe-{self._count}"
         options = self.options
-        link = _open_subscribed(options, window, ident, position, window)
+        link = _open_subscribed(options, ident, position, window)
         try:
             first: int | None = None
             last = -1
@@ -290,9 +284,7 @@ def _skip_hidden(options: StreamOptions, expected: int, end: int, seen: set[int]
     sent headers) equals one the task read is such a copy, and is passed over. The first one
     that is not stops it (the task's subscription is only slow). Returns the new ``expected``
     (``end`` once every offset left is a copy or beyond the range)."""
-    link = _open_subscribed(
-        options, options.prefetch, "mq-sidecar-spark-check", f"offset={expected}", 1
-    )
+    link = _open_subscribed(options, "mq-sidecar-spark-check", f"offset={expected}", 1)
     try:
         at = expected
         wait = options.tail_wait
@@ -338,7 +330,7 @@ def read_range(options: StreamOptions, start: int, end: int) -> Iterator[Any]:
     if end <= start:
         return
     window = options.prefetch
-    link = _open_subscribed(options, window, TASK_SUBSCRIPTION, f"offset={start}", window)
+    link = _open_subscribed(options, TASK_SUBSCRIPTION, f"offset={start}", window)
     try:
         expected = start
         batch = _Columns()

@@ -34,7 +34,7 @@ class ScriptedLink:
 def _script(monkeypatch: pytest.MonkeyPatch, refusals: list[str]) -> list[ScriptedLink]:
     links: list[ScriptedLink] = []
 
-    def open_link(options: StreamOptions, inbox: int) -> ScriptedLink:
+    def open_link(options: StreamOptions) -> ScriptedLink:
         links.append(ScriptedLink())
         return links[-1]
 
@@ -55,7 +55,7 @@ def _options(timeout: str = "30s") -> StreamOptions:
 def test_a_missing_local_replica_is_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
     links = _script(monkeypatch, [REFUSED, REFUSED, REFUSED])
     started = time.monotonic()
-    link: Any = stream._open_subscribed(_options(), 10, "t", "offset=0", 10)
+    link: Any = stream._open_subscribed(_options(), "t", "offset=0", 10)
     assert link is links[-1]
     assert [lk.closed for lk in links] == [True, True, True, False]
     assert time.monotonic() - started >= 0.7, "waited 0.1, 0.2 and 0.4 s between the tries"
@@ -66,10 +66,10 @@ def test_other_refusals_and_a_replica_missing_for_too_long_fail(
 ) -> None:
     links = _script(monkeypatch, ["SUBSCRIBE to /amq/queue/s failed: ERROR not_found"])
     with pytest.raises(StompReadError, match="not_found"):
-        stream._open_subscribed(_options(), 10, "t", "offset=0", 10)
+        stream._open_subscribed(_options(), "t", "offset=0", 10)
     assert [lk.closed for lk in links] == [True]
     links = _script(monkeypatch, [REFUSED] * 100)
     with pytest.raises(StompReadError, match="does not have a replica"):
-        stream._open_subscribed(_options("1s"), 10, "t", "offset=0", 10)
+        stream._open_subscribed(_options("1s"), "t", "offset=0", 10)
     assert len(links) == 4, "tried at 0, 0.1, 0.3 and 0.7 s; the next would pass the 1 s"
     assert all(lk.closed for lk in links)
