@@ -21,10 +21,15 @@ the kill has its first receipt after it (p50, max). A benchmark, never a timed t
 ``tests/integration/test_admission.py`` runs the same load (:func:`run_load`) small, with the
 default configuration.
 
+At the end the consumers' queues are read straight from the surviving broker: "lost" counts
+the confirmed messages found on no queue. ``--no-kill`` kills nothing; ``--direct`` runs the
+same load straight to the primary (no sidecar, no kill) for comparison in the same conditions.
+
 Examples::
 
     .venv/bin/python -m bench.admission                   # 1,000 sessions, 100 SENDs each, defaults
     .venv/bin/python -m bench.admission --sessions 4980 --messages 20 --container-limit 1Gi
+    .venv/bin/python -m bench.admission --sessions 4980 --messages 20 --direct
 """
 
 from __future__ import annotations
