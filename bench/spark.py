@@ -57,6 +57,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -180,9 +181,10 @@ def read_streaming(
     """``(rows/s from start(), rows/s over the batches' durations, totals)`` of a streaming
     query from the stomp source into ``sink`` (``parquet`` or ``noop``), until it has read
     ``rows`` rows (``source``: the data source's registered name). ``totals``: the batches with
-    rows, and the seconds of each of ``PHASES`` summed over them."""
+    rows, the seconds from ``start()`` to the first one's trigger (``first_batch_s``), and the
+    seconds of each of ``PHASES`` summed over them."""
     checkpoint, out = work / f"cp-{uuid.uuid4().hex[:6]}", work / f"out-{uuid.uuid4().hex[:6]}"
-    started = time.monotonic()
+    started, started_at = time.monotonic(), time.time()
     writer = (
         spark.readStream.format(source)
         .option("port", str(port))
@@ -213,7 +215,11 @@ def read_streaming(
         ended = time.monotonic()
         batches = [p for p in seen.values() if p["numInputRows"]]
         busy = sum(p["durationMs"]["triggerExecution"] for p in batches)
-        totals = {"batches": float(len(batches))}
+        first = min(batches, key=lambda p: p["batchId"])["timestamp"]  # its trigger's start
+        totals = {
+            "batches": float(len(batches)),
+            "first_batch_s": datetime.fromisoformat(first).timestamp() - started_at,
+        }
         for phase in PHASES:
             totals[phase] = sum(p["durationMs"].get(phase, 0) for p in batches) / 1000
         return rows / (ended - started), rows / (busy / 1000), totals
@@ -221,11 +227,16 @@ def read_streaming(
         query.stop()
 
 
-def read_driver(port: int, destination: str, rows: int, work: Path) -> float:
-    """Rows/s of the queue reader's driver side alone, no Spark: ``latestOffset`` (at most
-    5,000), ``commit`` of the previous batch and ``partitions`` with their pickling, in the
-    order Spark's runner calls them, in a loop until ``rows`` rows (the last batch is not
-    committed); what the driver's one session can do at most."""
+def read_driver(
+    port: int, destination: str, rows: int, work: Path, reader_class: Any = None
+) -> tuple[float, float, float]:
+    """The queue reader's driver side alone, no Spark: ``latestOffset`` (at most 5,000),
+    ``commit`` of the previous batch and ``partitions`` with their pickling, in the order
+    Spark's runner calls them, in a loop until ``rows`` rows (the last batch is not committed);
+    what the driver's one session can do at most. Returns ``(rows/s, CPU µs per message of
+    this process, all its threads: stomp.py's receiver, the reader, its ACKs; µs per message
+    spent in those calls, what Spark's planning waits for)``. ``reader_class``: another
+    version's ``StompStreamReader`` (default this one's)."""
     import pickle  # noqa: PLC0415
 
     from pyspark.sql.streaming.datasource import ReadMaxRows  # noqa: PLC0415
@@ -239,8 +250,9 @@ def read_driver(port: int, destination: str, rows: int, work: Path) -> float:
         "checkpoint_location": str(checkpoint),
         "id_header": "row-id",
     }
-    started = time.monotonic()
-    reader = StompStreamReader(READ_SCHEMA, options)
+    started, cpu = time.monotonic(), time.process_time()
+    reader = (reader_class or StompStreamReader)(READ_SCHEMA, options)
+    calls = 0.0
     try:
         start = reader.initialOffset()
         limit = ReadMaxRows(reader.options.max_messages_per_batch)
@@ -248,15 +260,19 @@ def read_driver(port: int, destination: str, rows: int, work: Path) -> float:
         while start["seq"] < rows:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the reader read {start['seq']} of {rows} in 600 s")
+            called = time.perf_counter()
             end = reader.latestOffset(start, limit)
             if end == start:
+                calls += time.perf_counter() - called
                 time.sleep(0.01)  # Spark's no-data poll is 10 ms (pollingDelay)
                 continue
             reader.commit(start)  # as Spark: the previous batch's, once this one is planned
             for part in reader.partitions(start, end):
                 pickle.dumps(part, protocol=pickle.HIGHEST_PROTOCOL)
+            calls += time.perf_counter() - called
             start = end
-        return rows / (time.monotonic() - started)
+        seconds, cpu = time.monotonic() - started, time.process_time() - cpu
+        return rows / seconds, cpu / rows * 1e6, calls / rows * 1e6
     finally:
         reader.stop()
 
@@ -284,8 +300,12 @@ def measure_read(
                 rate = read_stomp(sidecar_port, destination, rows)
                 print(f"  round {r + 1} {kind:>17}: {rate:8,.0f} msg/s", flush=True)
             elif kind == "driver alone":
-                rate = read_driver(sidecar_port, destination, rows, work)
-                print(f"  round {r + 1} {kind:>17}: {rate:8,.0f} msg/s", flush=True)
+                rate, cpu, calls = read_driver(sidecar_port, destination, rows, work)
+                print(
+                    f"  round {r + 1} {kind:>17}: {rate:8,.0f} msg/s, {cpu:.0f} µs CPU and "
+                    f"{calls:.0f} µs in the reader's calls per message",
+                    flush=True,
+                )
             else:
                 sink = kind.split()[1]
                 rate, steady, totals = read_streaming(
@@ -295,8 +315,8 @@ def measure_read(
                 phases = ", ".join(f"{p} {totals[p]:.1f}" for p in PHASES)
                 print(
                     f"  round {r + 1} {kind:>17}: {rate:8,.0f} msg/s from start(), "
-                    f"{steady:,.0f} msg/s over its {totals['batches']:.0f} batches "
-                    f"(s: {phases})",
+                    f"{steady:,.0f} msg/s over its {totals['batches']:.0f} batches, the first "
+                    f"{totals['first_batch_s']:.1f} s after start() (s: {phases})",
                     flush=True,
                 )
             rates[kind].append(rate)
@@ -312,7 +332,7 @@ def profile_driver(df: DataFrame, rows: int, *, sidecar_port: int, work: Path) -
     destination = _fill(df, sidecar_port, "read-profile")
     profiler = cProfile.Profile()
     profiler.enable()
-    rate = read_driver(sidecar_port, destination, rows, work)
+    rate, _, _ = read_driver(sidecar_port, destination, rows, work)
     profiler.disable()
     print(f"driver alone under cProfile: {rate:,.0f} msg/s", flush=True)
     pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
