@@ -20,33 +20,44 @@ own:
      removed after this measurement; docs/results.md has its numbers).
 
    All with a receipt every 100 SENDs and at most 10 outstanding.
-2. **Streaming read** through the same sidecar, of ``--read-rows`` messages already on a
-   queue (published by the data source): a plain stomp.py consumer
-   (:class:`pipeline.verify.Reader`, ``client-individual``, one ACK per message) against
-   ``spark.readStream.format("stomp")`` into a Parquet sink (the drill's ``--consumer
-   spark``, ``id_header=row-id``, default batch sizes, trigger as fast as it can). The stomp.py
-   rate is from the SUBSCRIBE to the last message; the query's from ``start()`` to the end of
-   the batch that completed the count (query start included), and its steady rate over the
-   batches alone (their ``durationMs``).
+2. **Streaming read** (the queue reader) through the same sidecar, of ``--read-rows`` messages
+   already on a queue (published by the data source), after one unmeasured query (the first
+   of a session starts Spark's Python workers); in each round, in rotating order:
+
+   * ``stomp.py``: a plain stomp.py consumer (:class:`pipeline.verify.Reader`,
+     ``client-individual``, one ACK per message), from the SUBSCRIBE to the last message;
+   * ``streaming parquet`` and ``streaming noop``: ``spark.readStream.format("stomp")`` into
+     a Parquet sink (the drill's ``--consumer spark``) and into Spark's ``noop`` sink (the
+     source's own cost), ``id_header=row-id``, default batch sizes, trigger as fast as it
+     can; from ``start()`` to the end of the batch that completed the count (query start
+     included), and over the batches alone (their ``triggerExecution``), with the seconds of
+     each phase of Spark's progress (``durationMs``) summed over the batches;
+   * ``driver alone``: the reader's driver side without Spark (``latestOffset``,
+     ``partitions`` pickled as Spark's runner does, ``commit``, in a loop): the ceiling of the
+     driver's one session. ``--profile`` runs it once more under cProfile.
+
 3. **The durable read log** (:class:`mq_sidecar_spark._read_log.ReadLog`, no broker): per
    message, the time of ``append`` (one fsync per batch), ``read`` and ``commit`` (fsync) for
    batches of 5,000 drill messages (a flights row's JSON and the headers ActiveMQ gives it
    through a sidecar), and the bytes on disk per message (batch file, and per committed id).
 
-Prints each measurement and the ratios: ``data source / direct`` (goal >= 0.95),
-``data source / harness writer``, ``streaming read / stomp.py`` (goal >= 0.9). A benchmark,
-never a timed test. About 4 minutes with the defaults on 2 cores.
+Prints each measurement, the ratios ``data source / direct`` (goal >= 0.95), ``data source /
+harness writer``, each streaming read and the driver alone ``/ stomp.py`` (goal >= 0.9, issue
+33 part 4), and the load average. A benchmark, never a timed test. About 10 minutes with the
+defaults on 2 cores.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import statistics
 import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -153,25 +164,40 @@ def read_stomp(port: int, destination: str, rows: int) -> float:
         reader.close()
 
 
+#: The phases of a micro-batch in Spark's progress (``durationMs``) that the bench sums.
+PHASES = ("latestOffset", "walCommit", "queryPlanning", "getBatch", "addBatch", "commitOffsets")
+
+
 def read_streaming(
-    spark: SparkSession, port: int, destination: str, rows: int, work: Path
-) -> tuple[float, float]:
-    """``(rows/s from start(), rows/s over the batches' durations)`` of a streaming query
-    from the stomp source into Parquet, until it has read ``rows`` rows."""
+    spark: SparkSession,
+    port: int,
+    destination: str,
+    rows: int,
+    work: Path,
+    *,
+    sink: str = "parquet",
+    source: str = "stomp",
+) -> tuple[float, float, dict[str, float]]:
+    """``(rows/s from start(), rows/s over the batches' durations, totals)`` of a streaming
+    query from the stomp source into ``sink`` (``parquet`` or ``noop``), until it has read
+    ``rows`` rows (``source``: the data source's registered name). ``totals``: the batches with
+    rows, the seconds from ``start()`` to the first one's trigger (``first_batch_s``), and the
+    seconds of each of ``PHASES`` summed over them."""
     checkpoint, out = work / f"cp-{uuid.uuid4().hex[:6]}", work / f"out-{uuid.uuid4().hex[:6]}"
-    started = time.monotonic()
-    query = (
-        spark.readStream.format("stomp")
+    started, started_at = time.monotonic(), time.time()
+    writer = (
+        spark.readStream.format(source)
         .option("port", str(port))
         .option("destination", destination)
         .option("checkpoint_location", str(checkpoint))
         .option("id_header", "row-id")
         .load()
-        .writeStream.format("parquet")
-        .option("path", str(out))
+        .writeStream.format(sink)
         .option("checkpointLocation", str(checkpoint))
-        .start()
     )
+    if sink == "parquet":
+        writer = writer.option("path", str(out))
+    query = writer.start()
     try:
         deadline = started + 600
         seen: dict[int, dict[str, Any]] = {}
@@ -187,35 +213,129 @@ def read_streaming(
                 raise RuntimeError(f"the query read {total} of {rows} in 600 s")
             time.sleep(0.05)
         ended = time.monotonic()
-        busy = sum(p["durationMs"]["triggerExecution"] for p in seen.values() if p["numInputRows"])
-        return rows / (ended - started), rows / (busy / 1000)
+        batches = [p for p in seen.values() if p["numInputRows"]]
+        busy = sum(p["durationMs"]["triggerExecution"] for p in batches)
+        first = min(batches, key=lambda p: p["batchId"])["timestamp"]  # its trigger's start
+        totals = {
+            "batches": float(len(batches)),
+            "first_batch_s": datetime.fromisoformat(first).timestamp() - started_at,
+        }
+        for phase in PHASES:
+            totals[phase] = sum(p["durationMs"].get(phase, 0) for p in batches) / 1000
+        return rows / (ended - started), rows / (busy / 1000), totals
     finally:
         query.stop()
+
+
+def read_driver(
+    port: int, destination: str, rows: int, work: Path, reader_class: Any = None
+) -> tuple[float, float, float]:
+    """The queue reader's driver side alone, no Spark: ``latestOffset`` (at most 5,000),
+    ``commit`` of the previous batch and ``partitions`` with their pickling, in the order
+    Spark's runner calls them, in a loop until ``rows`` rows (the last batch is not committed);
+    what the driver's one session can do at most. Returns ``(rows/s, CPU µs per message of
+    this process, all its threads: stomp.py's receiver, the reader, its ACKs; µs per message
+    spent in those calls, what Spark's planning waits for)``. ``reader_class``: another
+    version's ``StompStreamReader`` (default this one's)."""
+    import pickle  # noqa: PLC0415
+
+    from pyspark.sql.streaming.datasource import ReadMaxRows  # noqa: PLC0415
+
+    from mq_sidecar_spark.reader import READ_SCHEMA, StompStreamReader  # noqa: PLC0415
+
+    checkpoint = work / f"cp-{uuid.uuid4().hex[:6]}"
+    options = {
+        "port": str(port),
+        "destination": destination,
+        "checkpoint_location": str(checkpoint),
+        "id_header": "row-id",
+    }
+    started, cpu = time.monotonic(), time.process_time()
+    reader = (reader_class or StompStreamReader)(READ_SCHEMA, options)
+    calls = 0.0
+    try:
+        start = reader.initialOffset()
+        limit = ReadMaxRows(reader.options.max_messages_per_batch)
+        deadline = started + 600
+        while start["seq"] < rows:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the reader read {start['seq']} of {rows} in 600 s")
+            called = time.perf_counter()
+            end = reader.latestOffset(start, limit)
+            if end == start:
+                calls += time.perf_counter() - called
+                time.sleep(0.01)  # Spark's no-data poll is 10 ms (pollingDelay)
+                continue
+            reader.commit(start)  # as Spark: the previous batch's, once this one is planned
+            for part in reader.partitions(start, end):
+                pickle.dumps(part, protocol=pickle.HIGHEST_PROTOCOL)
+            calls += time.perf_counter() - called
+            start = end
+        seconds, cpu = time.monotonic() - started, time.process_time() - cpu
+        return rows / seconds, cpu / rows * 1e6, calls / rows * 1e6
+    finally:
+        reader.stop()
+
+
+#: The read variants, rotated from round to round.
+READ_VARIANTS = ("stomp.py", "streaming parquet", "streaming noop", "driver alone")
 
 
 def measure_read(
     spark: SparkSession, df: DataFrame, rows: int, *, sidecar_port: int, rounds: int, work: Path
 ) -> dict[str, list[float]]:
-    """Rows/s of the stomp.py consumer and of the streaming read (module docstring)."""
-    rates: dict[str, list[float]] = {"stomp.py": [], "streaming": [], "streaming batches": []}
+    """Rows/s of the stomp.py consumer, the streaming read into Parquet and into the noop
+    sink, and the reader's driver side alone (module docstring)."""
+    rates: dict[str, list[float]] = {label: [] for label in READ_VARIANTS}
+    for label in ("streaming parquet", "streaming noop"):
+        rates[f"{label} batches"] = []
+    names = list(READ_VARIANTS)
+    # One unmeasured query: the first one in the session starts Spark's Python workers.
+    read_streaming(spark, sidecar_port, _fill(df, sidecar_port, "read-warm-up"), rows, work)
+    print("  warm-up query done", flush=True)
     for r in range(rounds):
-        first_stomp = r % 2 == 0
-        for kind in ("stomp", "spark") if first_stomp else ("spark", "stomp"):
+        for kind in names[r % len(names) :] + names[: r % len(names)]:
             destination = _fill(df, sidecar_port, f"read-{kind}")
-            if kind == "stomp":
+            if kind == "stomp.py":
                 rate = read_stomp(sidecar_port, destination, rows)
-                rates["stomp.py"].append(rate)
-                print(f"  round {r + 1}        stomp.py: {rate:8,.0f} msg/s", flush=True)
-            else:
-                overall, steady = read_streaming(spark, sidecar_port, destination, rows, work)
-                rates["streaming"].append(overall)
-                rates["streaming batches"].append(steady)
+                print(f"  round {r + 1} {kind:>17}: {rate:8,.0f} msg/s", flush=True)
+            elif kind == "driver alone":
+                rate, cpu, calls = read_driver(sidecar_port, destination, rows, work)
                 print(
-                    f"  round {r + 1}       streaming: {overall:8,.0f} msg/s from start(), "
-                    f"{steady:,.0f} msg/s over its batches",
+                    f"  round {r + 1} {kind:>17}: {rate:8,.0f} msg/s, {cpu:.0f} µs CPU and "
+                    f"{calls:.0f} µs in the reader's calls per message",
                     flush=True,
                 )
+            else:
+                sink = kind.split()[1]
+                rate, steady, totals = read_streaming(
+                    spark, sidecar_port, destination, rows, work, sink=sink
+                )
+                rates[f"{kind} batches"].append(steady)
+                phases = ", ".join(f"{p} {totals[p]:.1f}" for p in PHASES)
+                print(
+                    f"  round {r + 1} {kind:>17}: {rate:8,.0f} msg/s from start(), "
+                    f"{steady:,.0f} msg/s over its {totals['batches']:.0f} batches, the first "
+                    f"{totals['first_batch_s']:.1f} s after start() (s: {phases})",
+                    flush=True,
+                )
+            rates[kind].append(rate)
     return rates
+
+
+def profile_driver(df: DataFrame, rows: int, *, sidecar_port: int, work: Path) -> None:
+    """:func:`read_driver` once under cProfile; prints the 25 costliest functions (own
+    time)."""
+    import cProfile  # noqa: PLC0415
+    import pstats  # noqa: PLC0415
+
+    destination = _fill(df, sidecar_port, "read-profile")
+    profiler = cProfile.Profile()
+    profiler.enable()
+    rate, _, _ = read_driver(sidecar_port, destination, rows, work)
+    profiler.disable()
+    print(f"driver alone under cProfile: {rate:,.0f} msg/s", flush=True)
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
 
 
 def measure_read_log(work: Path, batches: int = 6) -> dict[str, float]:
@@ -286,6 +406,10 @@ def measure_read_log(work: Path, batches: int = 6) -> dict[str, float]:
     }
 
 
+def _load() -> str:
+    return ", ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
 def _median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
@@ -305,11 +429,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--read-rows", type=int, default=20_000, help="messages per read")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--only", choices=("publish", "read", "log"), action="append")
+    parser.add_argument(
+        "--profile", action="store_true", help="also profile the reader's driver side"
+    )
     args = parser.parse_args(argv)
     only = set(args.only or ("publish", "read", "log"))
     with tempfile.TemporaryDirectory(prefix="bench-spark-") as tmp:
         work = Path(tmp)
-        print(f"bench.spark on {platform.node()} ({platform.python_version()})", flush=True)
+        print(
+            f"bench.spark on {platform.node()} ({platform.python_version()}), load average "
+            f"{_load()}",
+            flush=True,
+        )
         if "log" in only:
             cost = measure_read_log(work)
             print(
@@ -320,10 +451,12 @@ def main(argv: list[str] | None = None) -> None:
                 flush=True,
             )
         if only & {"publish", "read"}:
-            _run_spark(work, args.rows, args.read_rows, args.rounds, only)
+            _run_spark(work, args.rows, args.read_rows, args.rounds, only, profile=args.profile)
 
 
-def _run_spark(work: Path, rows: int, read_rows: int, rounds: int, only: set[str]) -> None:
+def _run_spark(
+    work: Path, rows: int, read_rows: int, rounds: int, only: set[str], *, profile: bool
+) -> None:
     from mq_sidecar_spark import StompDataSource  # noqa: PLC0415
     from pipeline.rows import ROW_COLUMN, extract_flights, load_flights  # noqa: PLC0415
     from pipeline.spark import start_spark, stop_spark  # noqa: PLC0415
@@ -362,6 +495,8 @@ def _run_spark(work: Path, rows: int, read_rows: int, rounds: int, only: set[str
             rates |= measure_read(
                 spark, src, read_rows, sidecar_port=sidecar.port, rounds=rounds, work=work
             )
+            if profile:
+                profile_driver(src, read_rows, sidecar_port=sidecar.port, work=work)
         print("medians:")
         for label, values in rates.items():
             each = ", ".join(f"{v:,.0f}" for v in values)
@@ -369,8 +504,11 @@ def _run_spark(work: Path, rows: int, read_rows: int, rounds: int, only: set[str
         print(_ratio(rates, "data source", "direct", 0.95))
         print(_ratio(rates, "data source", "harness writer"))
         print(_ratio(rates, "harness writer", "direct"))
-        print(_ratio(rates, "streaming", "stomp.py", 0.9))
-        print(_ratio(rates, "streaming batches", "stomp.py", 0.9))
+        for label in ("streaming parquet", "streaming noop"):
+            print(_ratio(rates, label, "stomp.py", 0.9))
+            print(_ratio(rates, f"{label} batches", "stomp.py"))
+        print(_ratio(rates, "driver alone", "stomp.py"))
+        print(f"load average (1, 5, 15 min): {_load()}")
     finally:
         if spark is not None:
             stop_spark(spark)

@@ -21,11 +21,18 @@ What this reader does with that:
   ``max_bytes_per_batch``), appends it to the durable read log (fsync) and returns
   ``{"seq": N}``; :mod:`._read_log`. An uncommitted batch already in the log that starts at
   ``start`` (a driver that died after logging it) is offered again instead.
-- **partitions** reads ``(start, end]`` back from the log; the records travel in the
-  ``InputPartition`` (the log is on the driver's disk, executors need not see it).
+- **partitions** gives the records ``(start, end]`` as logged: from memory for a batch this
+  driver logged (kept until committed), else read back from the log (a restarted driver); the
+  records travel in the ``InputPartition`` (the log is on the driver's disk, executors need not
+  see it).
 - **commit(end)** stores the committed messages' identities durably, then ACKs them; so does
   ``latestOffset(start)`` for everything up to ``start`` (Spark plans a batch only once the
-  previous one is in its commit log, and calls ``commit`` only after planning the next).
+  previous one is in its commit log, and calls ``commit`` only after planning the next). The
+  ACKs are written on a thread while Spark runs the next batch (:class:`_AckWriter`): after
+  the identities' fsync, as before, but off the planning's path (measured: 26 % of the
+  driver's time was ACK writes); the session is used again only once they are all written.
+- **Progress**: ``reportLatestOffset`` carries the received position and the ACK figures into
+  each ``StreamingQueryProgress`` (docs/spark.md, "Progress of the read").
 - **Redeliveries** (after a driver restart, or of a message whose ACK was lost) are recognised by
   identity (``id_header``'s value, else ``mq-sidecar-id``, else ``message-id``): one of a logged,
   uncommitted batch only lends its new ack id to the coming commit; one already committed is
@@ -39,8 +46,13 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
+import os
+import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -74,6 +86,7 @@ from .errors import (
 
 __all__ = [
     "READ_SCHEMA",
+    "AckReport",
     "ReadLogError",
     "StompReadError",
     "StompReadPartition",
@@ -108,6 +121,22 @@ PARTITION_BYTES = 16 * 1024 * 1024
 
 #: The subscription's id (its RECEIPT's id is this with ``-sub``).
 SUBSCRIPTION_ID = "mq-sidecar-spark-read"
+
+LOG = logging.getLogger("mq_sidecar_spark")
+
+
+def _spark_committed_at(checkpoint: Path) -> float | None:
+    """When Spark committed its newest batch (s since the epoch): the modification time of the
+    highest-numbered file in ``<checkpoint>/commits/`` (Spark's commit log, one file per batch
+    id, written to a temporary name and renamed), or None when there is none (a
+    ``checkpoint_location`` that is not the query's ``checkpointLocation``)."""
+    try:
+        names = [name for name in os.listdir(checkpoint / "commits") if name.isdigit()]
+        if not names:
+            return None
+        return (checkpoint / "commits" / max(names, key=int)).stat().st_mtime
+    except OSError:
+        return None
 
 
 def _read_error(link: Link, exc: StompWriteError, waited_for: str | None) -> StompReadError:
@@ -222,6 +251,85 @@ class _Pending:
         self.acks: list[str] = []
 
 
+@dataclass(frozen=True)
+class AckReport:
+    """One settled range of the read log, ``(after, to]``: ``acked`` ACKs written, ``ack_ms``
+    the identities' fsync and the ACKs' writes took, ``delay_ms`` from Spark's commit of the
+    newest batch (its commit log file) to the last ACK written (None when the commit log is
+    not under ``checkpoint_location``)."""
+
+    after: int
+    to: int
+    acked: int
+    ack_ms: int
+    delay_ms: int | None
+
+    def progress(self) -> dict[str, int]:
+        """The fields :meth:`StompStreamReader.reportLatestOffset` shows."""
+        fields = {
+            "acked_after": self.after,
+            "acked_to": self.to,
+            "acked": self.acked,
+            "ack_ms": self.ack_ms,
+        }
+        if self.delay_ms is not None:
+            fields["ack_delay_ms"] = self.delay_ms
+        return fields
+
+    def __str__(self) -> str:
+        delay = "" if self.delay_ms is None else f", {self.delay_ms} ms after Spark's commit"
+        return (
+            f"committed ({self.after}, {self.to}], {self.acked} ACK(s) written in "
+            f"{self.ack_ms} ms{delay}"
+        )
+
+
+class _AckWriter:
+    """The ACKs of one settled range, written to ``session`` on a thread of their own while
+    Spark runs the next batch (the driver's Python process is idle then); ``done`` gets the
+    time the last one was written. The session is never used by two threads at once: the reader
+    calls :meth:`finish` before it uses the session again (:meth:`StompStreamReader._receive`,
+    :meth:`StompStreamReader.stop`)."""
+
+    def __init__(self, session: Link, acks: list[str], done: Callable[[float], None]) -> None:
+        self.session = session
+        self.acks = acks
+        self.written = 0
+        self.error: StompReadError | None = None
+        self._done = done
+        self._thread = threading.Thread(target=self._run, name="mq-sidecar-spark-acks", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for ack in self.acks:
+                self.session.ack(ack)
+                self.written += 1
+        except StompWriteError as exc:
+            self.error = _read_error(self.session, exc, None)
+            return
+        except Exception as exc:  # raised on the reader's thread by finish()
+            self.error = StompReadError(f"writing ACKs to {self.session.address} failed: {exc!r}")
+            return
+        self._done(time.time())
+
+    def finish(self) -> None:
+        """Wait until every ACK is written. Raises :class:`StompReadError`: the session failed
+        under a write (its reason), or no ACK was written for ``timeout`` seconds (the thread
+        is left to the socket's close)."""
+        timeout = self.session.timeout
+        while self._thread.is_alive():
+            before = self.written
+            self._thread.join(timeout)
+            if self._thread.is_alive() and self.written == before:
+                raise StompReadError(
+                    f"no ACK written to the sidecar at {self.session.address} for "
+                    f"{timeout:g} s (option timeout), {self.written} of {len(self.acks)} written"
+                )
+        if self.error is not None:
+            raise self.error
+
+
 class StompStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """The streaming reader of ``StompDataSource`` (see module docstring).
 
@@ -242,8 +350,11 @@ class StompStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._pending: list[_Pending] = []
         self._pending_by_id: dict[str, _Pending] = {}
         self._acks: dict[int, list[str]] = {}  # logged seq -> live ack ids
+        self._logged: dict[int, list[LogRecord]] = {}  # start -> records logged by this run
+        self._acking: _AckWriter | None = None
         self._available_now = False
         self.dropped = 0  # redeliveries recognised and not emitted again
+        self.last_ack: AckReport | None = None
 
     # The instance is pickled to the executors for read(): only the options travel.
     def __getstate__(self) -> dict[str, Any]:
@@ -255,8 +366,11 @@ class StompStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._log = None
         self._session = None
         self._pending, self._pending_by_id, self._acks = [], {}, {}
+        self._logged = {}
+        self._acking = None
         self._available_now = False
         self.dropped = 0
+        self.last_ack = None
 
     # -- driver side ----------------------------------------------------------------------------
 
@@ -271,10 +385,18 @@ class StompStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._session = _open_link(self.options)
         return self._log
 
+    def _finish_acks(self) -> None:
+        """Wait for the ACKs being written (:class:`_AckWriter`); raises its error."""
+        acking, self._acking = self._acking, None
+        if acking is not None:
+            acking.finish()
+
     def _receive(self, log: ReadLog, session: Link) -> None:
         """Sort what arrived: committed copies are ACKed and dropped, copies of logged messages
-        lend their ack id to the commit, the rest waits to be logged. Raises
-        :class:`StompReadError` once the session failed."""
+        lend their ack id to the commit, the rest waits to be logged. The ACKs of the last
+        settled range are all written first. Raises :class:`StompReadError` once the session
+        failed."""
+        self._finish_acks()
         with _read_errors(session):
             self._sort(log, session)
 
@@ -397,6 +519,7 @@ class StompStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 )
             )
         end = log.append(records)
+        self._logged[begin] = records
         for seq, item in enumerate(batch, begin + 1):
             self._acks[seq] = item.acks
             if item.identity is not None:
@@ -416,10 +539,15 @@ class StompStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return int(given["seq"])
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
-        """The records ``(start, end]`` from the read log, in partitions of at most
-        ``PARTITION_RECORDS`` records or ``PARTITION_BYTES`` of bodies."""
+        """The records ``(start, end]`` as logged, in partitions of at most
+        ``PARTITION_RECORDS`` records or ``PARTITION_BYTES`` of bodies. A batch this run logged
+        is still in memory (kept until committed); any other (a restarted driver's) is read
+        back from the read log."""
         log = self._start()
-        records = log.read(self._seq(start, "start"), self._seq(end, "end"))
+        begin, stop = self._seq(start, "start"), self._seq(end, "end")
+        records = self._logged.get(begin)
+        if records is None or not records or records[-1].seq != stop:
+            records = log.read(begin, stop)
         parts: list[InputPartition] = []
         chunk: list[LogRecord] = []
         size = 0
@@ -439,23 +567,75 @@ class StompStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Spark committed everything up to ``end``: their identities are stored (fsync), then
         each live delivery of them is ACKed; the rest is ACKed when redelivered."""
         log = self._start()
+        upto = self._seq(end, "end")
+        if upto <= log.committed_seq:
+            return  # settled by latestOffset already (the usual case): the session is not used
         session = self._session
         assert session is not None
         self._receive(log, session)
-        self._settle(log, session, self._seq(end, "end"))
+        self._settle(log, session, upto)
 
     def _settle(self, log: ReadLog, session: Link, end: int) -> None:
         """Everything up to ``end`` is committed by Spark: store the identities (fsync), then
-        ACK every live delivery of them. Raises :class:`StompReadError` once the session
-        failed."""
-        with _read_errors(session):
-            for seq in log.commit(end):
-                for ack in self._acks.pop(seq, ()):
-                    session.ack(ack)
+        ACK every live delivery of them, on a thread while Spark goes on (:class:`_AckWriter`;
+        the session is not used by this thread meanwhile). Once all are written, the range is
+        reported (:attr:`last_ack`, and on the logger ``mq_sidecar_spark`` at INFO). Must be
+        called after :meth:`_receive` (no ACK thread running)."""
+        first = log.committed_seq
+        if end <= first:
+            return
+        began = time.time()
+        committed_at = _spark_committed_at(self.options.checkpoint_location)
+        acks = [ack for seq in log.commit(end) for ack in self._acks.pop(seq, ())]
+        for start in [start for start in self._logged if start < end]:
+            del self._logged[start]
+
+        def done(at: float) -> None:
+            delay = None if committed_at is None else max(0, round((at - committed_at) * 1000))
+            report = AckReport(first, end, len(acks), round((at - began) * 1000), delay)
+            self.last_ack = report
+            LOG.info(
+                "stomp read of %s: %s; %d redeliveries dropped",
+                self.options.destination,
+                report,
+                self.dropped,
+            )
+
+        self._acking = _AckWriter(session, acks, done)
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        """The progress of the read, shown as the source's ``latestOffset`` in each
+        ``StreamingQueryProgress`` (Spark calls this right after ``latestOffset``, and only
+        reports it: its offset log holds ``endOffset``; docs/spark.md, "Progress of the read").
+
+        ``seq``: the position of the last message received (logged, or waiting for a batch):
+        ``seq - startOffset.seq`` were received and not committed when the batch was planned,
+        ``seq - endOffset.seq`` wait for a later batch. ``redeliveries_dropped``: redeliveries
+        recognised and not emitted again since the query (re)started. Of the last range whose
+        ACKs are all written, ``(acked_after, acked_to]``: ``acked`` (ACKs written), ``ack_ms``
+        (its identities stored, then its ACKs written) and, when Spark's commit log is under
+        ``checkpoint_location``, ``ack_delay_ms`` (from Spark's commit of the range's last
+        batch to its last ACK written). A batch's ACKs are written while the next one runs, so
+        the range is the batch before the one reported, or the one before it while those ACKs
+        are still being written. None before the first ``latestOffset``."""
+        log = self._log
+        if log is None:
+            return None
+        progress: dict[str, Any] = {
+            "seq": log.end_seq + len(self._pending),
+            "redeliveries_dropped": self.dropped,
+        }
+        if self.last_ack is not None:
+            progress |= self.last_ack.progress()
+        return progress
 
     def stop(self) -> None:
         """Close the STOMP session (nothing more is ACKed: the broker redelivers what was not
         committed, and the next run recognises it)."""
+        acking, self._acking = self._acking, None
+        if acking is not None:
+            with contextlib.suppress(StompReadError):
+                acking.finish()  # the committed batches' ACKs go out before the DISCONNECT
         session, self._session = self._session, None
         if session is not None:
             session.close()

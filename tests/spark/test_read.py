@@ -188,6 +188,43 @@ def test_messages_reach_a_parquet_sink_exactly_once(
     assert row["redelivered"] is False
     assert "ack" not in row["headers"]
     assert left_on_queue(amq_sidecar.address, destination) == 0
+    check_progress(progress, dropped=True)
+
+
+def check_progress(progress: list[Any], *, dropped: bool) -> None:
+    """The reader's progress in each ``StreamingQueryProgress`` (``reportLatestOffset``, shown
+    as the source's ``latestOffset``; docs/spark.md, "Progress of the read"): the received
+    position at or past the batch's end, the settled ranges with their ACKs and Spark's commit
+    before them, and (``dropped``) redeliveries dropped."""
+    # A batch a restarted query runs again from its offset log is not planned again: no
+    # latestOffset, so none reported.
+    reports = [
+        (json.loads(s["startOffset"]), json.loads(s["endOffset"]), json.loads(s["latestOffset"]))
+        for p in progress
+        for s in p["sources"]
+        if p["numInputRows"] and s["latestOffset"] not in (None, "null")
+    ]
+    print("progress of the read:", *reports, sep="\n  ")
+    assert reports, progress
+    for start, end, latest in reports:
+        assert latest["seq"] >= end["seq"] > start["seq"], (start, end, latest)
+        assert latest["redeliveries_dropped"] >= 0
+    settled = [latest for _, _, latest in reports if "acked" in latest]
+    assert settled, reports
+    for latest in settled:
+        assert latest["acked_to"] > latest["acked_after"] >= 0, latest
+        assert latest["acked"] >= 0
+        assert latest["ack_ms"] >= 0
+        assert latest["ack_delay_ms"] >= 0  # the commit log is under checkpoint_location
+    # Settled ranges end at batch ends, and before the batch reported (a batch's ACKs are
+    # written while the next one runs).
+    ends = {end["seq"] for _, end, _ in reports} | {start["seq"] for start, _, _ in reports}
+    for start, _, latest in reports:
+        if "acked_to" in latest:
+            assert latest["acked_to"] in ends, (latest, ends)
+            assert latest["acked_to"] <= start["seq"], (start, latest)
+    if dropped:
+        assert max(latest["redeliveries_dropped"] for _, _, latest in reports) > 0, reports
 
 
 class Driver:
@@ -534,3 +571,27 @@ def test_trigger_available_now_reads_until_quiet_and_ends(
     check_exactly_once(sink_rows(spark, out), range(400))
     assert [sum(run) for run in sizes] == [300, 100], sizes
     assert max(max(run) for run in sizes) <= 100, sizes
+
+
+def test_progress_before_any_batch_and_the_time_of_sparks_commit(tmp_path: Path) -> None:
+    """Scripted, no broker: no progress before the first ``latestOffset``; Spark's commit time
+    is the modification time of the highest-numbered file in ``<checkpoint>/commits/``
+    (numbers compared as numbers), none without that directory."""
+    from mq_sidecar_spark.reader import (
+        READ_SCHEMA,
+        StompStreamReader,
+        _spark_committed_at,
+    )
+
+    reader = StompStreamReader(
+        READ_SCHEMA, {"destination": "/queue/x", "checkpoint_location": str(tmp_path)}
+    )
+    assert reader.reportLatestOffset() is None
+    assert _spark_committed_at(tmp_path) is None
+    commits = tmp_path / "commits"
+    commits.mkdir()
+    assert _spark_committed_at(tmp_path) is None
+    for name, when in (("9", 2_000_000_000), ("10", 1_000_000_000), (".10.crc", 3_000_000_000)):
+        (commits / name).write_text("v1\n{}\n")
+        os.utime(commits / name, (when, when))
+    assert _spark_committed_at(tmp_path) == 1_000_000_000
