@@ -284,7 +284,11 @@ def _skip_hidden(options: StreamOptions, expected: int, end: int, seen: set[int]
     sent headers) equals one the task read is such a copy, and is passed over. The first one
     that is not stops it (the task's subscription is only slow). Returns the new ``expected``
     (``end`` once every offset left is a copy or beyond the range)."""
-    link = _open_subscribed(options, "mq-sidecar-spark-check", f"offset={expected}", 1)
+    # A window for the whole rest of the range (within prefetch): with a window of 1 and
+    # messages in chunks of one (sent one by one), a check passed one copy, and on a loaded
+    # machine checks that saw nothing within tail_wait left the task at its timeout.
+    window = max(1, min(options.prefetch, end - expected))
+    link = _open_subscribed(options, "mq-sidecar-spark-check", f"offset={expected}", window)
     try:
         at = expected
         wait = options.tail_wait
