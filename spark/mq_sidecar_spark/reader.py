@@ -28,7 +28,7 @@ What this reader does with that:
 - **commit(end)** stores the committed messages' identities durably, then ACKs them; so does
   ``latestOffset(start)`` for everything up to ``start`` (Spark plans a batch only once the
   previous one is in its commit log, and calls ``commit`` only after planning the next). The
-  ACKs are written right after the identities' fsync (:class:`_AckWriter`, on the reader's
+  ACKs are written right after the identities' fsync (:func:`_write_acks`, on the reader's
   thread: a thread of their own was measured and left out, its docstring says why).
 - **Progress**: ``reportLatestOffset`` carries the received position and the ACK figures into
   each ``StreamingQueryProgress`` (docs/spark.md, "Progress of the read").
@@ -46,11 +46,8 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
-import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -74,6 +71,7 @@ from pyspark.sql.types import (
 from ._link import Link
 from ._read_log import LogRecord, ReadLog, ReadLogError
 from ._read_options import ReadOptions, parse_read_options
+from ._read_progress import AckReport, spark_committed_at
 from .errors import (
     StompConnectError,
     StompConnectionLost,
@@ -121,20 +119,6 @@ PARTITION_BYTES = 16 * 1024 * 1024
 SUBSCRIPTION_ID = "mq-sidecar-spark-read"
 
 LOG = logging.getLogger("mq_sidecar_spark")
-
-
-def _spark_committed_at(checkpoint: Path) -> float | None:
-    """When Spark committed its newest batch (s since the epoch): the modification time of the
-    highest-numbered file in ``<checkpoint>/commits/`` (Spark's commit log, one file per batch
-    id, written to a temporary name and renamed), or None when there is none (a
-    ``checkpoint_location`` that is not the query's ``checkpointLocation``)."""
-    try:
-        names = [name for name in os.listdir(checkpoint / "commits") if name.isdigit()]
-        if not names:
-            return None
-        return (checkpoint / "commits" / max(names, key=int)).stat().st_mtime
-    except OSError:
-        return None
 
 
 def _read_error(link: Link, exc: StompWriteError, waited_for: str | None) -> StompReadError:
@@ -249,75 +233,20 @@ class _Pending:
         self.acks: list[str] = []
 
 
-@dataclass(frozen=True)
-class AckReport:
-    """One settled range of the read log, ``(after, to]``: ``acked`` ACKs written, ``ack_ms``
-    the identities' fsync and the ACKs' writes took, ``delay_ms`` from Spark's commit of the
-    newest batch (its commit log file) to the last ACK written (None when the commit log is
-    not under ``checkpoint_location``)."""
-
-    after: int
-    to: int
-    acked: int
-    ack_ms: int
-    delay_ms: int | None
-
-    def progress(self) -> dict[str, int]:
-        """The fields :meth:`StompStreamReader.reportLatestOffset` shows."""
-        fields = {
-            "acked_after": self.after,
-            "acked_to": self.to,
-            "acked": self.acked,
-            "ack_ms": self.ack_ms,
-        }
-        if self.delay_ms is not None:
-            fields["ack_delay_ms"] = self.delay_ms
-        return fields
-
-    def __str__(self) -> str:
-        delay = "" if self.delay_ms is None else f", {self.delay_ms} ms after Spark's commit"
-        return (
-            f"committed ({self.after}, {self.to}], {self.acked} ACK(s) written in "
-            f"{self.ack_ms} ms{delay}"
-        )
-
-
-class _AckWriter:
-    """The ACKs of one settled range, written to ``session`` at once, on the reader's thread
-    (in :meth:`StompStreamReader.commit`); ``done`` gets the time the last one was written.
+def _write_acks(session: Link, acks: list[str]) -> None:
+    """Write ``acks`` to ``session``, on the reader's thread (in :meth:`StompStreamReader.commit`
+    and ``latestOffset``). Raises :class:`StompReadError`: the session failed under a write.
 
     Writing them on a thread of their own while Spark runs the next batch was measured (issue
     33: the reader's calls fell from 275-291 to 212-223 us a message, the whole query's rate
     did not change beyond the machine's noise) and left out: one run of 33 of that driver side
     stalled with nothing pending, unexplained, and :class:`~mq_sidecar_spark._link.Link` is
-    written for one thread. :meth:`finish` raises what the writes raised."""
-
-    def __init__(self, session: Link, acks: list[str], done: Callable[[float], None]) -> None:
-        self.session = session
-        self.acks = acks
-        self.written = 0
-        self.error: StompReadError | None = None
-        self._done = done
-        self._run()
-
-    def _run(self) -> None:
-        try:
-            for ack in self.acks:
-                self.session.ack(ack)
-                self.written += 1
-        except StompWriteError as exc:
-            self.error = _read_error(self.session, exc, None)
-            return
-        except Exception as exc:  # raised on the reader's thread by finish()
-            self.error = StompReadError(f"writing ACKs to {self.session.address} failed: {exc!r}")
-            return
-        self._done(time.time())
-
-    def finish(self) -> None:
-        """Raise the :class:`StompReadError` the writes met (the session failed under a write:
-        its reason), if any."""
-        if self.error is not None:
-            raise self.error
+    written for one thread."""
+    try:
+        for ack in acks:
+            session.ack(ack)
+    except StompWriteError as exc:
+        raise _read_error(session, exc, None) from None
 
 
 class StompStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -557,30 +486,29 @@ class StompStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _settle(self, log: ReadLog, session: Link, end: int) -> None:
         """Everything up to ``end`` is committed by Spark: store the identities (fsync), then
-        ACK every live delivery of them (:class:`_AckWriter`). Once all are written, the range
+        ACK every live delivery of them (:func:`_write_acks`). Once all are written, the range
         is reported (:attr:`last_ack`, and on the logger ``mq_sidecar_spark`` at INFO). Raises
         :class:`StompReadError` when a write failed."""
         first = log.committed_seq
         if end <= first:
             return
         began = time.time()
-        committed_at = _spark_committed_at(self.options.checkpoint_location)
+        committed_at = spark_committed_at(self.options.checkpoint_location)
         acks = [ack for seq in log.commit(end) for ack in self._acks.pop(seq, ())]
         for start in [start for start in self._logged if start < end]:
             del self._logged[start]
 
-        def done(at: float) -> None:
-            delay = None if committed_at is None else max(0, round((at - committed_at) * 1000))
-            report = AckReport(first, end, len(acks), round((at - began) * 1000), delay)
-            self.last_ack = report
-            LOG.info(
-                "stomp read of %s: %s; %d redeliveries dropped",
-                self.options.destination,
-                report,
-                self.dropped,
-            )
-
-        _AckWriter(session, acks, done).finish()
+        _write_acks(session, acks)
+        at = time.time()
+        delay = None if committed_at is None else max(0, round((at - committed_at) * 1000))
+        report = AckReport(first, end, len(acks), round((at - began) * 1000), delay)
+        self.last_ack = report
+        LOG.info(
+            "stomp read of %s: %s; %d redeliveries dropped",
+            self.options.destination,
+            report,
+            self.dropped,
+        )
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
         """The progress of the read, shown as the source's ``latestOffset`` in each

@@ -577,21 +577,18 @@ def test_progress_before_any_batch_and_the_time_of_sparks_commit(tmp_path: Path)
     """Scripted, no broker: no progress before the first ``latestOffset``; Spark's commit time
     is the modification time of the highest-numbered file in ``<checkpoint>/commits/``
     (numbers compared as numbers), none without that directory."""
-    from mq_sidecar_spark.reader import (
-        READ_SCHEMA,
-        StompStreamReader,
-        _spark_committed_at,
-    )
+    from mq_sidecar_spark._read_progress import spark_committed_at
+    from mq_sidecar_spark.reader import READ_SCHEMA, StompStreamReader
 
     reader = StompStreamReader(
         READ_SCHEMA, {"destination": "/queue/x", "checkpoint_location": str(tmp_path)}
     )
     assert reader.reportLatestOffset() is None
-    assert _spark_committed_at(tmp_path) is None
+    assert spark_committed_at(tmp_path) is None
     commits = tmp_path / "commits"
     commits.mkdir()
-    assert _spark_committed_at(tmp_path) is None
+    assert spark_committed_at(tmp_path) is None
     for name, when in (("9", 2_000_000_000), ("10", 1_000_000_000), (".10.crc", 3_000_000_000)):
         (commits / name).write_text("v1\n{}\n")
         os.utime(commits / name, (when, when))
-    assert _spark_committed_at(tmp_path) == 1_000_000_000
+    assert spark_committed_at(tmp_path) == 1_000_000_000
