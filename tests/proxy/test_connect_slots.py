@@ -1,7 +1,8 @@
 """The per-broker slots of connection attempts (``max_connecting``,
 :meth:`proxy.reconnect.board.ReconnectBoard.connect_slot`): at most that many in flight to one
 broker, the others waiting first come first served, other brokers not held up, nothing kept
-for a broker once no attempt holds or waits for a slot."""
+for a broker once no attempt holds or waits for a slot; a session waiting for one still has
+its frames named at ``call_timeout``."""
 
 from __future__ import annotations
 
@@ -9,7 +10,12 @@ import pytest
 import trio
 import trio.testing
 
+from protocol import Command
 from proxy.reconnect.board import ReconnectBoard
+from tests.proxy.scripted_broker import Network
+from tests.proxy.test_session_modes import connected
+
+QUEUE = "/queue/orders"
 
 
 async def test_attempts_wait_for_a_slot_in_the_order_they_came(
@@ -72,3 +78,46 @@ async def test_a_cancelled_waiter_leaves_the_queue_and_frees_nothing(
 def test_max_connecting_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_connecting must be > 0"):
         ReconnectBoard(max_connecting=0)
+
+
+async def test_a_session_waiting_for_a_slot_still_names_its_frames_at_call_timeout(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, network: Network
+) -> None:
+    """A reconnect that waits for a slot (every one of its broker's held) is no new ending: at
+    ``call_timeout`` the SEND the lost leg had is ``unknown`` and the one handed over meanwhile
+    ``lost``, in one OUTCOME and an ERROR each, as for any reconnect; once a slot frees, the
+    session reconnects and carries on."""
+    broker = network.add("broker", 61001)
+    running = await connected(
+        nursery, network, broker, call_timeout=1000, reconnect_attempts=-1, max_connecting=1
+    )
+    app, board = running.app, running.session.link.reconnects
+    release = trio.Event()
+
+    async def hold_the_slot(task_status: trio.TaskStatus[None]) -> None:
+        async with board.connect_slot(broker.config.label):
+            task_status.started()
+            await release.wait()
+
+    await nursery.start(hold_the_slot)
+    broker.receipts = "hold"
+    await app.send(Command.SEND, {"destination": QUEUE, "receipt": "r1"}, b"x")
+    await broker.wait_for(Command.SEND, 1)
+    await broker.link.drop("reset")
+    await app.wait_event("RECONNECTING")
+    await app.send(Command.SEND, {"destination": QUEUE, "receipt": "r2"}, b"y")
+    await app.wait_error(2)
+    assert board.connecting(broker.config.label) == (1, 1)  # the session waits its turn
+    assert len(broker.links) == 1  # and has not connected meanwhile
+    event = await app.wait_event("OUTCOME")
+    assert [(f["receipt"], f["outcome"]) for f in event["frames"]] == [
+        ("r1", "unknown"),
+        ("r2", "lost"),
+    ]
+    assert [e.get("mq-sidecar-outcome") for e in app.errors()] == ["unknown", "lost"]
+    broker.receipts = "auto"
+    release.set()
+    await app.wait_event("FAILOVER")
+    await app.send(Command.SEND, {"destination": QUEUE, "receipt": "r3"}, b"z")
+    await app.wait_receipt("r3")
+    assert len(broker.links) == 2
