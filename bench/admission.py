@@ -320,11 +320,16 @@ def _direct(args: argparse.Namespace, primary: Any, backup: Any) -> None:
         f"| {figures.duplicated} | {_pct(figures.after_kill, 0.5):.2f} / "
         f"{_pct(figures.after_kill, 1.0):.2f} |"
     )
+    _errors(figures, "sessions ended by an error")
+    print(f"CPU seconds: broker {cpu:.1f}, load (this process) {time.process_time():.1f}")
+
+
+def _errors(figures: Figures, title: str) -> None:
+    """Print how many sessions ended with an error, and the five most frequent kinds."""
     kinds = collections.Counter(e.split(": ", 1)[-1][:70] for e in figures.errors)
-    print(f"sessions ended by an error: {len(figures.errors)}")
+    print(f"{title}: {len(figures.errors)}")
     for kind, n in kinds.most_common(5):
         print(f"  {n} x {kind}")
-    print(f"CPU seconds: broker {cpu:.1f}, load (this process) {time.process_time():.1f}")
 
 
 def _latencies(figures: Figures) -> None:
@@ -517,10 +522,7 @@ def _report(
         f"| {_pct(figures.after_kill, 0.5):.2f} / {_pct(figures.after_kill, 1.0):.2f} |"
     )
     _latencies(figures)
-    kinds = collections.Counter(e.split(": ", 1)[-1][:70] for e in figures.errors)
-    print(f"sessions ended by an ERROR after CONNECTED: {len(figures.errors)}")
-    for kind, n in kinds.most_common(5):
-        print(f"  {n} x {kind}")
+    _errors(figures, "sessions ended by an ERROR after CONNECTED")
     print(f"memory at the end: {memory}")
     print(f"/status answered {status_wait:.1f} s after it was asked, once the load had ended")
     print("CPU seconds: " + ", ".join(f"{name} {value:.1f}" for name, value in cpu.items()))

@@ -487,6 +487,18 @@ class HeldTask:
         assert len(under) == 1, f"the held task (pid {held[0]}) runs under no executor"
         return cluster.kill_executor(pid=under[0])
 
+    def parquet_query(self, stream: Any, column: str, out: Path, checkpoint: Path) -> Any:
+        """Start ``stream`` into Parquet at ``out`` (checkpoint ``checkpoint``, a trigger every
+        200 ms) with ``column`` passed through :attr:`udf`, where a task may be held."""
+        return (
+            stream.withColumn(column, self.udf(column))
+            .writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(processingTime="200 milliseconds")
+            .start()
+        )
+
     def release(self) -> None:
         """Let a held task go on (cleanup: normally its executor was killed)."""
         (self.marks / "release").touch()
@@ -616,14 +628,7 @@ def test_streaming_read_with_an_executor_killed_every_message_once(
     # Both executors up (the one the previous test killed was replaced).
     wait_until(lambda: len(cluster.executor_pids()) == 2, timeout=DRAIN_TIMEOUT)
     started = time.monotonic()
-    query = (
-        stream.withColumn("message_id", hold.udf("message_id"))
-        .writeStream.format("parquet")
-        .option("path", str(out))
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(processingTime="200 milliseconds")
-        .start()
-    )
+    query = hold.parquet_query(stream, "message_id", out, checkpoint)
 
     try:
         wait_until(read_at_least(query, 2 * per_batch), timeout=DRAIN_TIMEOUT)
@@ -682,14 +687,7 @@ def test_stream_read_with_an_executor_killed_every_message_once(
         )
         wait_until(lambda: len(cluster.executor_pids()) == 2, timeout=DRAIN_TIMEOUT)
         started = time.monotonic()
-        query = (
-            stream.withColumn("destination", hold.udf("destination"))
-            .writeStream.format("parquet")
-            .option("path", str(out))
-            .option("checkpointLocation", str(checkpoint))
-            .trigger(processingTime="200 milliseconds")
-            .start()
-        )
+        query = hold.parquet_query(stream, "destination", out, checkpoint)
 
         try:
             wait_until(read_at_least(query, 500), timeout=DRAIN_TIMEOUT)
